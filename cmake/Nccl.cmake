@@ -1,0 +1,23 @@
+# Resolves RINGRUN_WITH_NCCL (AUTO|ON|OFF) into RINGRUN_HAVE_NCCL (0/1) and, when found,
+# the imported targets ringrun::cudart and ringrun::nccl.
+set(RINGRUN_HAVE_NCCL 0)
+if(NOT RINGRUN_WITH_NCCL STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} /usr/local/cuda)
+  if(CUDAToolkit_FOUND)
+    list(APPEND _nccl_hints ${CUDAToolkit_LIBRARY_ROOT})
+  endif()
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib64 lib)
+  if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(RINGRUN_HAVE_NCCL 1)
+    add_library(ringrun::nccl UNKNOWN IMPORTED)
+    set_target_properties(ringrun::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+                          INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+    message(STATUS "ringrun: NCCL backend ON (${NCCL_LIBRARY}, CUDA ${CUDAToolkit_VERSION})")
+  elseif(RINGRUN_WITH_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "RINGRUN_WITH_NCCL=ON but CUDA (${CUDAToolkit_FOUND}) or NCCL (${NCCL_LIBRARY}) was not found")
+  else()
+    message(STATUS "ringrun: NCCL backend OFF (CUDA or NCCL not found)")
+  endif()
+endif()

@@ -1,0 +1,44 @@
+// The environment each rank starts with: the launcher's own, minus the denylist, plus -x
+// settings, plus the contract (RINGRUN_*, HOROVOD_*, torchrun's RANK/WORLD_SIZE/...).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launcher/placement.h"
+#include "ringrun/common/status.h"
+
+namespace ringrun::launcher {
+
+// Variables that describe the launching shell or session and must not reach ranks
+// (documented in the README): e.g. SHLVL, PWD, OLDPWD, _, TERM_SESSION_ID, SSH_*,
+// DISPLAY, XDG_SESSION_*, XAUTHORITY, WINDOWID, PROMPT_COMMAND, PS1, and any RINGRUN_*,
+// HOROVOD_*, RANK-style contract variable already set.
+bool IsDeniedVariable(const std::string& name);
+
+// Parses one "-x NAME[=VALUE]": a bare NAME takes its value from `launcher_env`; an unset
+// bare NAME or an invalid name is an InvalidArgument naming the flag.
+Result<std::pair<std::string, std::string>> ParseExportFlag(
+    const std::string& flag, const std::vector<std::string>& launcher_env);
+
+// Everything the contract needs beyond the placement.
+struct JobContext {
+  std::string job_id;
+  std::string job_service;   // host:port of the job service as seen from the rank's host
+  std::string secret;
+  std::string hostname;      // the rank's host, as in the host list
+  std::string host_addr;     // the rank's host address as the launcher sees it
+  std::string master_addr;   // rank 0's host address
+  int master_port = 0;       // a port found free on rank 0's host
+  int size = 0;
+};
+
+// launcher_env: "NAME=VALUE" strings (environ). Exports override the launcher's values;
+// contract variables override both. Order: inherited, then exports, then contract.
+std::vector<std::string> BuildRankEnvironment(
+    const std::vector<std::string>& launcher_env,
+    const std::vector<std::pair<std::string, std::string>>& exports,
+    const RankPlacement& placement, const JobContext& job);
+
+}  // namespace ringrun::launcher

@@ -1,0 +1,1 @@
+// hostfile: to be written

@@ -1,0 +1,1 @@
+// job: to be written

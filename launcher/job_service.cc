@@ -1,0 +1,1 @@
+// job_service: to be written

@@ -1,0 +1,1 @@
+// local_agent_starter: to be written

@@ -1,0 +1,1 @@
+// output: to be written

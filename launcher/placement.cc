@@ -1,0 +1,1 @@
+// placement: to be written

@@ -1,0 +1,37 @@
+// The Join barrier of the job service: every rank publishes its data-plane endpoint, and once
+// all `size` ranks have joined, each gets the whole peer table in one reply.
+// Sized for 10,000 ranks: calls are held as gRPC callback reactors (no thread per caller) and
+// the reply is built once and copied into each caller's response.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ringrun/job.grpc.pb.h"
+
+namespace ringrun::launcher {
+
+class Rendezvous {
+ public:
+  Rendezvous(int size, std::string job_id);
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Handles one Join call (the secret is already checked by the caller). Fails the call with
+  // INVALID_ARGUMENT for a bad rank/size, ALREADY_EXISTS for a rank joining twice, and
+  // ABORTED once Abort() has been called. Thread-safe.
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinReply* reply);
+
+  // Fails every held and future Join with ABORTED and `reason` (the job is being torn down).
+  void Abort(const std::string& reason);
+
+  // How many ranks have joined so far.
+  int joined() const;
+};
+
+}  // namespace ringrun::launcher

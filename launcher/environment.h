@@ -15,10 +15,20 @@ namespace ringrun::launcher {
 // (documented in the README): e.g. SHLVL, PWD, OLDPWD, _, TERM_SESSION_ID, SSH_*,
 // DISPLAY, XDG_SESSION_*, XAUTHORITY, WINDOWID, PROMPT_COMMAND, PS1, and any RINGRUN_*,
 // HOROVOD_*, RANK-style contract variable already set.
+// The full list, with the reason for each entry, is in environment.cc.
 bool IsDeniedVariable(const std::string& name);
 
+// True for the names BuildRankEnvironment sets for every rank (RINGRUN_RANK, HOROVOD_SIZE,
+// RANK, MASTER_PORT, ...). They cannot be exported with -x. All of them are also denied.
+bool IsContractVariable(const std::string& name);
+
+// The names BuildRankEnvironment sets, in the order it sets them.
+const std::vector<std::string>& ContractVariableNames();
+
 // Parses one "-x NAME[=VALUE]": a bare NAME takes its value from `launcher_env`; an unset
-// bare NAME or an invalid name is an InvalidArgument naming the flag.
+// bare NAME or an invalid name is an InvalidArgument naming the flag. NAME must be
+// [A-Za-z_][A-Za-z0-9_]*; VALUE is taken byte for byte (it may be empty or contain '=').
+// A denied name may be exported explicitly (the user asked for it); a contract name may not.
 Result<std::pair<std::string, std::string>> ParseExportFlag(
     const std::string& flag, const std::vector<std::string>& launcher_env);
 
@@ -36,6 +46,14 @@ struct JobContext {
 
 // launcher_env: "NAME=VALUE" strings (environ). Exports override the launcher's values;
 // contract variables override both. Order: inherited, then exports, then contract.
+// Each name appears once in the result: a later setting replaces an earlier one in place (the
+// variable keeps the position where it first appeared). Entries of launcher_env without '=' or
+// with an empty name are dropped; for a name given twice in launcher_env the first wins, as
+// getenv() would have it. Inherited entries whose name IsDeniedVariable are dropped.
+// Contract values: RINGRUN_* and HOROVOD_* from the placement and `job`; torchrun's RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (= placement.node_rank),
+// GROUP_WORLD_SIZE (= placement.node_count; left out when 0), ROLE_RANK, ROLE_WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT.
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
     const std::vector<std::pair<std::string, std::string>>& exports,

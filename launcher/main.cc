@@ -1,1 +1,58 @@
-int main() { return 1; }
+// ringrun: starts a data-parallel job on one or many hosts. See README.md.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "launcher/job.h"
+#include "launcher/options.h"
+#include "launcher/placement.h"
+#include "ringrun/common/log.h"
+
+extern char** environ;
+
+namespace ringrun::launcher {
+namespace {
+
+// --dry-run: the placement table, and nothing started.
+int PrintPlacement(const Options& options) {
+  auto placed = PlaceRanks(options.hosts, options.np);
+  if (!placed.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
+    return 2;
+  }
+  std::printf("%-6s %-24s %-10s %-10s %-10s %-10s\n", "rank", "host", "local_rank", "local_size",
+              "cross_rank", "cross_size");
+  for (const auto& p : placed.value()) {
+    std::printf("%-6d %-24s %-10d %-10d %-10d %-10d\n", p.rank,
+                options.hosts[p.host_index].Display().c_str(), p.local_rank, p.local_size,
+                p.cross_rank, p.cross_size);
+  }
+  std::printf("command:");
+  for (const auto& a : options.command) std::printf(" %s", a.c_str());
+  std::printf("\n");
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  ParseOutcome parsed = ParseCommandLine(argc, argv, env);
+  if (parsed.kind == ParseOutcome::kExitNow) {
+    std::FILE* f = parsed.exit_code == 0 ? stdout : stderr;
+    std::fprintf(f, "%s%s", parsed.message.c_str(),
+                 !parsed.message.empty() && parsed.message.back() != '\n' ? "\n" : "");
+    return parsed.exit_code;
+  }
+  const Options& options = parsed.options;
+  InitLogging("ringrun", options.log_level);
+  if (options.dry_run) return PrintPlacement(options);
+  auto local = MakeLocalAgentStarter();
+  Starters starters;
+  starters.local = local.get();
+  return RunJob(options, starters);
+}
+
+}  // namespace
+}  // namespace ringrun::launcher
+
+int main(int argc, char** argv) { return ringrun::launcher::Main(argc, argv); }

@@ -55,7 +55,20 @@ struct ParseOutcome {
 
 // Parses argv; never exits and never prints. Usage errors give kExitNow with exit_code 2 and
 // a message naming the flag, or the hostfile and line. `environ_vars` serves -x NAME.
+//
+// The command is argv from the first word that is neither an option nor an option's value
+// (or from the word after "--"), unchanged: later words that look like flags are the command's.
+// Options take "--flag VALUE", "--flag=VALUE", and for one-letter flags "-HVALUE"; horovodrun's
+// "-np", "-hostfile" and "-cb" are accepted. A value-taking flag given twice keeps the last
+// value, except -H and --hostfile (an error); -x accumulates, a repeated NAME keeping its last
+// value. On success: hosts is non-empty (localhost with np slots when none are given, 1 slot
+// for --check-gpu/--check-build), np is in [1, total slots], and command is non-empty unless
+// check_gpu or check_build. Error messages are one line without "ringrun:" or a newline; the
+// help and version texts end with a newline.
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars);
+
+// The --help text.
+std::string UsageText();
 
 }  // namespace ringrun::launcher

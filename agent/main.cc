@@ -1,0 +1,64 @@
+// ringrun-agent --launcher HOST:PORT --host-index N [--log-level L]
+// The job secret is the first line of stdin; stdin then stays open, and its EOF means the
+// launcher is gone.
+#include <poll.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "agent/agent.h"
+#include "ringrun/common/defaults.h"
+#include "ringrun/common/log.h"
+#include "ringrun/common/version.h"
+
+namespace {
+
+constexpr int kSecretReadTimeoutMs = 30000;
+
+// Reads one line from fd 0 within the deadline, byte by byte so nothing beyond it is taken.
+bool ReadSecretLine(std::string* out) {
+  out->clear();
+  while (out->size() < 1024) {
+    pollfd p{0, POLLIN, 0};
+    if (::poll(&p, 1, kSecretReadTimeoutMs) <= 0) return false;
+    char c;
+    ssize_t n = ::read(0, &c, 1);
+    if (n <= 0) return false;
+    if (c == '\n') return !out->empty();
+    out->push_back(c);
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringrun-agent: runs one host's ranks for a ringrun job (started by ringrun)"};
+  std::string target, level = "warn";
+  int host_index = 0;
+  int start_timeout_s = ringrun::kDefaultStartTimeoutS;
+  app.add_option("--launcher", target, "host:port of the job service")->required();
+  app.add_option("--host-index", host_index, "this host's index in the job's host list")
+      ->required();
+  app.add_option("--log-level", level, "trace|debug|info|warn|error|off");
+  app.add_option("--start-timeout", start_timeout_s, "seconds to wait for registration");
+  app.set_version_flag("--version", std::string("ringrun-agent ") + RINGRUN_VERSION_STRING);
+  CLI11_PARSE(app, argc, argv);
+  if (!ringrun::InitLogging("ringrun-agent", level)) {
+    std::fprintf(stderr, "ringrun-agent: --log-level %s: unknown level\n", level.c_str());
+    return 2;
+  }
+  ringrun::agent::AgentConfig config;
+  config.launcher_target = target;
+  config.host_index = host_index;
+  config.register_timeout_ms = (start_timeout_s + 10) * 1000;
+  config.stdin_fd = 0;
+  if (!ReadSecretLine(&config.secret)) {
+    spdlog::error("no job secret on stdin (ringrun-agent is started by ringrun)");
+    return 2;
+  }
+  auto spawner = ringrun::agent::MakeForkExecSpawner();
+  return ringrun::agent::RunAgent(config, *spawner);
+}

@@ -1,0 +1,142 @@
+#include "agent/process.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <linux/close_range.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace ringrun::agent {
+namespace {
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Child side of fork: never returns. Reports a failure as {stage, errno} on `status_fd`.
+[[noreturn]] void ExecChild(const std::string& path, char* const* argv, char* const* envp,
+                            const char* cwd, int out_fd, int err_fd, int status_fd,
+                            pid_t parent) {
+  auto fail = [&](int stage) {
+    int msg[2] = {stage, errno};
+    (void)!::write(status_fd, msg, sizeof(msg));
+    ::_exit(127);
+  };
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(137);
+  // Default dispositions and an empty mask, whatever the agent (or the launcher) had.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull < 0 || ::dup2(devnull, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
+    fail(0);
+  }
+  // Everything above 2 closes on exec: ours are O_CLOEXEC already, this catches the rest.
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  if (::chdir(cwd) != 0) fail(1);
+  ::execve(path.c_str(), argv, envp);
+  fail(2);
+}
+
+class ForkExecSpawner final : public Spawner {
+ public:
+  Result<SpawnedProcess> Spawn(const SpawnRequest& req) override {
+    if (req.argv.empty()) return InvalidArgument("empty command");
+    struct stat st;
+    if (::stat(req.cwd.c_str(), &st) != 0) {
+      return ErrnoStatus("working directory " + req.cwd, errno);
+    }
+    if (!S_ISDIR(st.st_mode)) return NotFound("working directory " + req.cwd + ": not a directory");
+    auto path = ResolveExecutable(req.argv[0], req.env);
+    if (!path.ok()) return path.status();
+
+    std::vector<char*> argv, envp;
+    std::vector<std::string> args = req.argv, env = req.env;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    auto out = MakePipe();
+    auto err = MakePipe();
+    auto status = MakePipe();
+    if (!out.ok()) return out.status();
+    if (!err.ok()) return err.status();
+    if (!status.ok()) return status.status();
+    const pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) return ErrnoStatus("fork", errno);
+    if (pid == 0) {
+      ExecChild(path.value(), argv.data(), envp.data(), req.cwd.c_str(), out->write.get(),
+                err->write.get(), status->write.get(), parent);
+    }
+    ::setpgid(pid, pid);  // also in the parent, so that killpg works before the child runs
+    out->write.Reset();
+    err->write.Reset();
+    status->write.Reset();
+    int msg[2];
+    ssize_t n;
+    do {
+      n = ::read(status->read.get(), msg, sizeof(msg));
+    } while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(sizeof(msg))) {
+      ::waitpid(pid, nullptr, 0);
+      if (msg[0] == 1) return ErrnoStatus("working directory " + req.cwd, msg[1]);
+      if (msg[0] == 2) return ErrnoStatus("cannot execute '" + path.value() + "'", msg[1]);
+      return ErrnoStatus("redirecting stdio", msg[1]);
+    }
+    SetNonBlocking(out->read.get(), true);
+    SetNonBlocking(err->read.get(), true);
+    SpawnedProcess p;
+    p.pid = pid;
+    p.out = std::move(out->read);
+    p.err = std::move(err->read);
+    return p;
+  }
+};
+
+}  // namespace
+
+Result<std::string> ResolveExecutable(const std::string& file,
+                                      const std::vector<std::string>& env) {
+  if (file.empty()) return NotFound("cannot execute '': empty command name");
+  if (file.find('/') != std::string::npos) {
+    if (IsExecutableFile(file)) return file;
+    int e = errno;
+    struct stat st;
+    if (::stat(file.c_str(), &st) == 0) {
+      return PermissionDenied("cannot execute '" + file + "': " +
+                              (S_ISDIR(st.st_mode) ? "is a directory" : "permission denied"));
+    }
+    return ErrnoStatus("cannot execute '" + file + "'", e);
+  }
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& kv : env) {
+    if (kv.rfind("PATH=", 0) == 0) path = kv.substr(5);
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
+    if (IsExecutableFile(candidate)) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return NotFound("cannot execute '" + file + "': command not found in PATH (" + path + ")");
+}
+
+std::unique_ptr<Spawner> MakeForkExecSpawner() { return std::make_unique<ForkExecSpawner>(); }
+
+}  // namespace ringrun::agent

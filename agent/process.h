@@ -1,0 +1,44 @@
+// The seam between the agent and the OS for starting ranks.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringrun/common/fd.h"
+#include "ringrun/common/status.h"
+
+namespace ringrun::agent {
+
+struct SpawnRequest {
+  std::vector<std::string> argv;  // argv[0] without '/' is looked up in env's PATH
+  std::vector<std::string> env;   // "NAME=VALUE"
+  std::string cwd;
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;   // also the process group id: each rank leads its own group
+  UniqueFd out;     // read ends of the rank's stdout and stderr (O_CLOEXEC, non-blocking)
+  UniqueFd err;
+};
+
+class Spawner {
+ public:
+  virtual ~Spawner() = default;
+  // Starts one process. Errors name the path and the errno ("cannot execute 'x': ...",
+  // "working directory /d: No such file or directory"); nothing is left running on error.
+  virtual Result<SpawnedProcess> Spawn(const SpawnRequest& req) = 0;
+};
+
+// fork + execve. The child leads a new process group, has PR_SET_PDEATHSIG(SIGKILL) so that it
+// dies with the agent, default signal dispositions, an empty signal mask, stdin from /dev/null,
+// and no fd of ours beyond 0, 1 and 2. Spawn() must be called from the agent's main thread
+// (the death signal follows the forking thread).
+std::unique_ptr<Spawner> MakeForkExecSpawner();
+
+// Resolves argv[0] against PATH as execvp would, but with the rank's PATH.
+Result<std::string> ResolveExecutable(const std::string& file, const std::vector<std::string>& env);
+
+}  // namespace ringrun::agent

@@ -1,0 +1,74 @@
+// The job service: the gRPC face of a running job. Every call is checked against the job's
+// secret first (UNAUTHENTICATED otherwise). Register and Session are synchronous handlers
+// (one per agent); Join is a callback method so that 10,000 waiting ranks hold no threads.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "launcher/rendezvous.h"
+#include "ringrun/job.grpc.pb.h"
+
+namespace ringrun::launcher {
+
+// What the service reports to the job. Called from gRPC threads; implementations are
+// thread-safe.
+class JobEvents {
+ public:
+  virtual ~JobEvents() = default;
+  // An agent registered. May block until the job can answer (every agent registered), and
+  // must return by the start deadline. `peer_address` is the agent's IP as we see it.
+  virtual grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
+                                  v1::RegisterReply* reply) = 0;
+  // One event from a host's Session stream, in stream order.
+  virtual void OnAgentEvent(int host_index, const v1::AgentEvent& event) = 0;
+  // The host's Session ended. `clean` when the agent closed it after reporting all its ranks;
+  // otherwise `why` says what broke (stream error, heartbeat silence).
+  virtual void OnSessionEnded(int host_index, bool clean, const std::string& why) = 0;
+};
+
+class JobService final : public v1::JobService::WithCallbackMethod_Join<v1::JobService::Service> {
+ public:
+  JobService(std::string secret, JobEvents* events, Rendezvous* rendezvous,
+             int heartbeat_interval_ms, int heartbeat_timeout_ms);
+  ~JobService() override;
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                        v1::RegisterReply* reply) override;
+  grpc::Status Session(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinReply* reply) override;
+
+  // Queues a command for one host's Session (dropped if it has none). Thread-safe.
+  void Send(int host_index, const v1::AgentCommand& command);
+  // Ends every Session handler promptly (the job is over). Thread-safe, idempotent.
+  void Close();
+
+ private:
+  struct Outbox {
+    std::deque<v1::AgentCommand> queue;
+  };
+
+  // Constant after construction.
+  const std::string secret_;
+  JobEvents* const events_;
+  Rendezvous* const rendezvous_;
+  const int heartbeat_interval_ms_;
+  const int heartbeat_timeout_ms_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, Outbox> outboxes_;  // guarded by mu_: one per live Session, by host
+  bool closed_ = false;             // guarded by mu_
+};
+
+// Parses grpc's peer string ("ipv4:1.2.3.4:567", "ipv6:[::1]:567") into the bare address.
+std::string PeerAddress(const std::string& grpc_peer);
+
+}  // namespace ringrun::launcher

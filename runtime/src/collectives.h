@@ -1,0 +1,76 @@
+// The collective algorithms, written only against Transport.
+//
+// A Group is an ordered subset of the job's ranks (the whole job, the ranks of one host, or one
+// rank per host); algorithms index peers by position in the group. Every function is called by
+// every member with matching arguments, and fails (naming the peer) when the transport does.
+// Buffers are host memory, already validated by the caller (runtime.cc); send and recv are
+// either equal or disjoint unless a function says otherwise.
+#pragma once
+
+#include <vector>
+
+#include "transport.h"
+
+namespace ringrun::runtime {
+
+struct Group {
+  std::vector<int> ranks;  // global ranks, in group order
+  int me = 0;              // my index in ranks
+  int size() const { return static_cast<int>(ranks.size()); }
+  int peer(int index) const { return ranks[((index % size()) + size()) % size()]; }
+};
+
+// Reusable scratch memory, owned by the caller (one per runtime).
+class Scratch {
+ public:
+  char* Get(size_t which, size_t bytes) {
+    if (bufs_.size() <= which) bufs_.resize(which + 1);
+    if (bufs_[which].size() < bytes) bufs_[which].resize(bytes);
+    return bufs_[which].data();
+  }
+
+ private:
+  std::vector<std::vector<char>> bufs_;
+};
+
+struct CollectiveContext {
+  Transport* transport;
+  Deadline deadline;
+  Scratch* scratch;
+};
+
+// Algorithm choice thresholds (bytes of the whole buffer).
+inline constexpr size_t kSmallAllreduceBytes = 64 << 10;   // recursive doubling below
+inline constexpr size_t kSmallBroadcastBytes = 256 << 10;  // binomial tree below, chain above
+
+// recv = op(send) over the group; op AVERAGE is reduced as SUM (the caller divides).
+// Small messages: recursive doubling; large: ring reduce-scatter + allgather; when the group
+// spans hosts with the same number of ranks on each (and more than one), hierarchical:
+// reduce-scatter on each host, allreduce across hosts, allgather on each host.
+Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                 size_t count, ringrun_dtype dtype, ReduceFn fn);
+Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t bytes, int root);
+// recv block i (bytes each) = member i's send. send may be recv + me * bytes (in place).
+Status Allgather(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                 size_t bytes);
+// recv = block `me` (recvcount elements) of op(send). send and recv may overlap in any way.
+Status ReduceScatter(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                     size_t recvcount, ringrun_dtype dtype, ReduceFn fn);
+// Block j of send goes to member j; recv block i comes from member i. May be in place.
+Status Alltoall(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                size_t bytes_per_rank);
+Status Barrier(const CollectiveContext& c, const Group& g);
+
+// The ring phases, exposed for the hierarchical path and tests. `count` elements are split in
+// size() blocks as BlockRange says; after RingReduceScatter member `me` holds block me of the
+// reduction in recv (other blocks hold partial sums); RingAllgather then completes recv.
+struct BlockRange {
+  size_t begin, count;
+};
+BlockRange Block(size_t count, int blocks, int index);
+Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void* send,
+                         void* recv, size_t count, size_t elem, ReduceFn fn);
+Status RingAllgather(const CollectiveContext& c, const Group& g, void* buf, size_t count,
+                     size_t elem);
+
+}  // namespace ringrun::runtime

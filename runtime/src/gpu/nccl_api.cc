@@ -1,0 +1,74 @@
+#include "gpu/nccl_api.h"
+
+#include <dlfcn.h>
+
+namespace ringrun::runtime {
+namespace {
+
+// The driver's cuCtxGetCurrent, without linking libcuda: CUresult (*)(CUcontext*).
+using CuCtxGetCurrentFn = int (*)(void**);
+
+class RealNcclApi final : public NcclApi {
+ public:
+  cudaError_t DriverGetVersion(int* version) override { return cudaDriverGetVersion(version); }
+  cudaError_t GetDeviceCount(int* count) override { return cudaGetDeviceCount(count); }
+  cudaError_t GetDevice(int* device) override { return cudaGetDevice(device); }
+  cudaError_t SetDevice(int device) override { return cudaSetDevice(device); }
+  bool ThreadHasCudaContext() override {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+    if (lib == nullptr) return false;
+    bool has = false;
+    if (auto fn = reinterpret_cast<CuCtxGetCurrentFn>(dlsym(lib, "cuCtxGetCurrent"))) {
+      void* ctx = nullptr;
+      has = fn(&ctx) == 0 && ctx != nullptr;
+    }
+    dlclose(lib);
+    return has;
+  }
+  cudaError_t StreamCreateNonBlocking(cudaStream_t* stream) override {
+    return cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking);
+  }
+  cudaError_t StreamDestroy(cudaStream_t stream) override { return cudaStreamDestroy(stream); }
+  cudaError_t StreamQuery(cudaStream_t stream) override { return cudaStreamQuery(stream); }
+  const char* CudaErrorString(cudaError_t error) override { return cudaGetErrorString(error); }
+
+  ncclResult_t GetVersion(int* version) override { return ncclGetVersion(version); }
+  ncclResult_t GetUniqueId(ncclUniqueId* id) override { return ncclGetUniqueId(id); }
+  ncclResult_t CommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                  ncclConfig_t* config) override {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, config);
+  }
+  ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) override {
+    return ncclCommGetAsyncError(comm, async_error);
+  }
+  ncclResult_t CommFinalize(ncclComm_t comm) override { return ncclCommFinalize(comm); }
+  ncclResult_t CommDestroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
+  ncclResult_t CommAbort(ncclComm_t comm) override { return ncclCommAbort(comm); }
+  ncclResult_t AllReduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
+    return ncclAllReduce(send, recv, count, dtype, op, comm, stream);
+  }
+  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                         int root, ncclComm_t comm, cudaStream_t stream) override {
+    return ncclBroadcast(send, recv, count, dtype, root, comm, stream);
+  }
+  ncclResult_t AllGather(const void* send, void* recv, size_t send_count, ncclDataType_t dtype,
+                         ncclComm_t comm, cudaStream_t stream) override {
+    return ncclAllGather(send, recv, send_count, dtype, comm, stream);
+  }
+  const char* GetErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
+  const char* GetLastError(ncclComm_t comm) override { return ncclGetLastError(comm); }
+};
+
+}  // namespace
+
+std::shared_ptr<NcclApi> MakeRealNcclApi() { return std::make_shared<RealNcclApi>(); }
+
+bool CudaDriverLoaded() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+  if (lib == nullptr) return false;
+  dlclose(lib);
+  return true;
+}
+
+}  // namespace ringrun::runtime

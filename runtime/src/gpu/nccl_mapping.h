@@ -1,0 +1,37 @@
+// How ringrun's public dtypes and ops map onto NCCL's. Pure functions: no CUDA or NCCL call is
+// made, so the mapping is unit-tested on machines without a GPU.
+//
+// Where NCCL (at the version the process actually loaded) lacks a dtype or op, the answer is an
+// InvalidArgument that says so; nothing ever falls back to a different type or reduction.
+#pragma once
+
+#include <nccl.h>
+
+#include <string>
+
+#include "ringrun/common/status.h"
+#include "ringrun/ringrun.h"
+
+namespace ringrun::runtime {
+
+// The first NCCL that has ncclAvg and ncclBfloat16 (2.10.0, as ncclGetVersion codes it).
+inline constexpr int kNcclVersionWithAvgAndBf16 = 21000;
+
+// "FLOAT16", "SUM", ... for messages; "dtype(42)" for a value outside the enum.
+const char* DtypeName(ringrun_dtype dtype);
+const char* OpName(ringrun_op op);
+
+// FLOAT16 -> ncclFloat16, BFLOAT16 -> ncclBfloat16, ... `nccl_version` is ncclGetVersion's code.
+Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version);
+
+// SUM -> ncclSum, AVERAGE -> ncclAvg, PRODUCT -> ncclProd, MIN -> ncclMin, MAX -> ncclMax.
+// AVERAGE is for floating types only (ringrun.h), whatever NCCL would do with integers.
+Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_version);
+
+// Why CUDA is unusable, from cudaGetDeviceCount's error (`cuda_error`, `error_text`) and
+// cudaDriverGetVersion (0: no driver): "no CUDA driver: <CUDA's text>", "no CUDA device: ...",
+// "CUDA driver 12.2 is older than the runtime 13.0: ...". The prefix is what --check-gpu shows.
+std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int driver_version,
+                                    int runtime_version);
+
+}  // namespace ringrun::runtime

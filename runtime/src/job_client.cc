@@ -1,0 +1,75 @@
+#include "job_client.h"
+
+#include "ringrun/common/auth.h"
+#include "ringrun/common/defaults.h"
+#include "ringrun/job.grpc.pb.h"
+
+namespace ringrun::runtime {
+namespace {
+
+Status FromGrpc(const grpc::Status& s, const std::string& target) {
+  const std::string m = "job service " + target + ": Join: " + s.error_message();
+  switch (s.error_code()) {
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return Timeout(m);
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return PermissionDenied(m);
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::CANCELLED: return Aborted(m);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::ALREADY_EXISTS: return InvalidArgument(m);
+    case grpc::StatusCode::UNAVAILABLE: return Unavailable(m);
+    default: return Internal(m);
+  }
+}
+
+class GrpcJobClient final : public JobClient {
+ public:
+  GrpcJobClient(std::string target, std::string secret)
+      : target_(std::move(target)), secret_(std::move(secret)),
+        stub_(v1::JobService::NewStub(MakeChannel(target_, kKeepaliveMs, kKeepaliveTimeoutMs))) {}
+
+  Result<PeerTable> Join(const JoinInfo& info, int timeout_ms) override {
+    grpc::ClientContext ctx;
+    AttachSecret(&ctx, secret_);
+    ctx.set_deadline(DeadlineAfterMs(timeout_ms));
+    ctx.set_wait_for_ready(true);  // the service may still be coming up
+    v1::JoinRequest req;
+    req.set_rank(info.rank);
+    req.set_size(info.size);
+    req.set_address(info.address);
+    req.set_port(info.port);
+    req.set_nccl_id(info.nccl_id);
+    v1::JoinReply reply;
+    grpc::Status s = stub_->Join(&ctx, req, &reply);
+    if (!s.ok()) return FromGrpc(s, target_);
+    PeerTable t;
+    t.addresses.assign(reply.addresses().begin(), reply.addresses().end());
+    t.address_of_rank.assign(reply.address_of_rank().begin(), reply.address_of_rank().end());
+    t.port_of_rank.assign(reply.port_of_rank().begin(), reply.port_of_rank().end());
+    t.nccl_id = reply.nccl_id();
+    t.job_id = reply.job_id();
+    if (reply.size() != info.size || t.size() != info.size ||
+        t.address_of_rank.size() != t.port_of_rank.size()) {
+      return Internal("job service " + target_ + ": Join reply has a peer table of size " +
+                      std::to_string(t.size()) + ", expected " + std::to_string(info.size));
+    }
+    for (uint32_t a : t.address_of_rank) {
+      if (a >= t.addresses.size()) return Internal("job service: Join reply address out of range");
+    }
+    return t;
+  }
+
+ private:
+  const std::string target_;
+  const std::string secret_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target,
+                                             const std::string& secret) {
+  return std::make_unique<GrpcJobClient>(target, secret);
+}
+
+}  // namespace ringrun::runtime

@@ -1,0 +1,33 @@
+// The runtime's view of the job service: one Join call that publishes this rank's data-plane
+// endpoint and returns the whole peer table. An interface, so that tests drive a fake.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ringrun/common/status.h"
+#include "transport.h"
+
+namespace ringrun::runtime {
+
+struct JoinInfo {
+  int rank = 0;
+  int size = 1;
+  std::string address;  // where peers reach this rank's listener
+  uint16_t port = 0;
+  std::string nccl_id;  // rank 0 only, may be empty
+};
+
+class JobClient {
+ public:
+  virtual ~JobClient() = default;
+  // Blocks until every rank has joined, or fails (kTimeout at timeout_ms, kPermissionDenied for
+  // a wrong secret, kAborted when the job is torn down, kUnavailable when the service is gone).
+  // The table's size equals info.size.
+  virtual Result<PeerTable> Join(const JoinInfo& info, int timeout_ms) = 0;
+};
+
+// The real client: a gRPC JobService.Join to `target` (host:port) carrying `secret`.
+std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target, const std::string& secret);
+
+}  // namespace ringrun::runtime

@@ -1,0 +1,111 @@
+// The data-plane seam. Collectives are written only against Transport; underneath, each peer is
+// reached through a Pair (TCP, or shared memory for a peer on the same host), in the manner of
+// Gloo's transport/{device,pair}.h.
+//
+// Semantics: messages between two ranks are matched by order and length. A Send of n bytes to
+// peer p is received by exactly one Recv (or RecvReduce) of n bytes from this rank on p, in the
+// order both sides issue them. There are no tags and no headers on the wire.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "reduce.h"
+#include "ringrun/common/fd.h"
+#include "ringrun/common/status.h"
+
+namespace ringrun::runtime {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline DeadlineAfter(int timeout_ms) {
+  return Clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+// One point-to-point operation of a Transport::Run.
+struct Op {
+  enum Kind { kSend, kRecv, kRecvReduce };
+  Kind kind = kSend;
+  int peer = -1;          // global rank
+  void* buf = nullptr;    // kSend: the source; kRecv/kRecvReduce: the destination
+  size_t bytes = 0;
+  // kRecvReduce only: buf[i] = reduce(src[i], incoming[i]) over elements of elem_size bytes,
+  // applied as data arrives (so reduction overlaps the transfer). src may equal buf.
+  const void* src = nullptr;
+  ReduceFn reduce = nullptr;
+  size_t elem_size = 1;
+
+  static Op Send(int peer, const void* p, size_t n) {
+    Op o;
+    o.kind = kSend, o.peer = peer, o.buf = const_cast<void*>(p), o.bytes = n;
+    return o;
+  }
+  static Op Recv(int peer, void* p, size_t n) {
+    Op o;
+    o.kind = kRecv, o.peer = peer, o.buf = p, o.bytes = n;
+    return o;
+  }
+  static Op RecvReduce(int peer, void* dst, const void* src, size_t n, ReduceFn fn,
+                       size_t elem_size) {
+    Op o;
+    o.kind = kRecvReduce, o.peer = peer, o.buf = dst, o.bytes = n, o.src = src, o.reduce = fn;
+    o.elem_size = elem_size;
+    return o;
+  }
+};
+
+// Where the ranks of a job listen: rank r at addresses[address_of_rank[r]]:port_of_rank[r].
+// Ranks sharing an address index are on the same host.
+struct PeerTable {
+  std::vector<std::string> addresses;
+  std::vector<uint32_t> address_of_rank;
+  std::vector<uint32_t> port_of_rank;
+  std::string nccl_id;
+  std::string job_id;
+
+  int size() const { return static_cast<int>(port_of_rank.size()); }
+  const std::string& address(int rank) const { return addresses[address_of_rank[rank]]; }
+  bool SameHost(int a, int b) const { return address_of_rank[a] == address_of_rank[b]; }
+  // "rank 3 (10.0.0.2:4711)", for error messages.
+  std::string Describe(int rank) const;
+};
+
+// Connects this rank to its peers and moves bytes. Not thread-safe: one Run at a time.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const PeerTable& peers() const = 0;
+
+  // Progresses all ops concurrently until every one is complete. Ops on the same peer and
+  // direction complete in list order. Connections are made on first use. Fails with kTimeout
+  // at the deadline and kUnavailable when a peer closes or resets its connection, naming the
+  // peer. After a failure the transport is broken: every later Run fails with that status.
+  virtual Status Run(std::vector<Op>& ops, Deadline deadline) = 0;
+};
+
+struct TransportOptions {
+  bool use_shm = true;              // shared memory for same-host peers
+  size_t shm_ring_bytes = 1 << 20;  // per direction and pair; a power of two
+  bool spin = true;                 // busy-wait briefly before sleeping (off when oversubscribed)
+};
+
+// A bound, listening TCP socket (port 0 picks one).
+struct Listener {
+  UniqueFd fd;
+  uint16_t port = 0;
+};
+Result<Listener> Listen(const std::string& address);
+
+// TCP between hosts, shared memory between ranks on one host. `listener` must be the socket
+// this rank advertised in `peers`.
+Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers,
+                                                       Listener listener,
+                                                       const TransportOptions& options);
+
+}  // namespace ringrun::runtime

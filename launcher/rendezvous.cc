@@ -1,1 +1,147 @@
-// rendezvous: to be written
+#include "launcher/rendezvous.h"
+
+#include <unordered_map>
+
+namespace ringrun::launcher {
+
+struct Rendezvous::State {
+  State(int n, std::string id)
+      : size(n), job_id(std::move(id)), held(n, nullptr), address_of(n), port_of(n) {}
+
+  const int size;
+  const std::string job_id;
+
+  std::mutex mu;  // guards everything below
+  std::vector<JoinReactor*> held;  // by rank: the call waiting for the barrier, or nullptr
+  int joined = 0;
+  bool released = false;
+  bool aborted = false;
+  std::string abort_reason;
+  std::unordered_map<std::string, uint32_t> address_index;
+  std::vector<std::string> addresses;
+  std::vector<uint32_t> address_of;
+  std::vector<uint32_t> port_of;
+  std::string nccl_id;
+};
+
+// One held Join call. Deleted by gRPC's OnDone; finished_ is guarded by State::mu, and whoever
+// sets it (release, abort or cancel) is the one that calls Finish.
+class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
+ public:
+  JoinReactor(std::shared_ptr<State> state, int rank, v1::JoinReply* reply)
+      : state_(std::move(state)), rank_(rank), reply_(reply) {}
+
+  void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (finished_) return;
+      finished_ = true;
+      // The rank gave up (deadline or disconnect) before the barrier: it may join again.
+      state_->held[rank_] = nullptr;
+      --state_->joined;
+    }
+    Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+  bool finished_ = false;  // guarded by State::mu
+  const std::shared_ptr<State> state_;
+  const int rank_;
+  v1::JoinReply* const reply_;
+};
+
+Rendezvous::Rendezvous(int size, std::string job_id)
+    : state_(std::make_shared<State>(size, std::move(job_id))) {}
+
+Rendezvous::~Rendezvous() { Abort("the job service is shutting down"); }
+
+grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
+                                           const v1::JoinRequest* req, v1::JoinReply* reply) {
+  State& s = *state_;
+  auto* reactor = new JoinReactor(state_, req->rank(), reply);
+  auto reject = [&](grpc::StatusCode code, const std::string& msg) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      reactor->finished_ = true;
+    }
+    reactor->Finish(grpc::Status(code, msg));
+    return reactor;
+  };
+  if (req->size() != s.size) {
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "rank " + std::to_string(req->rank()) + " believes the job has " +
+                      std::to_string(req->size()) + " ranks; it has " + std::to_string(s.size));
+  }
+  if (req->rank() < 0 || req->rank() >= s.size) {
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "rank " + std::to_string(req->rank()) + " outside a job of size " +
+                      std::to_string(s.size));
+  }
+  if (req->address().empty() || req->port() == 0 || req->port() > 65535) {
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "rank " + std::to_string(req->rank()) + " sent no usable data-plane endpoint");
+  }
+  const int r = req->rank();
+  std::vector<JoinReactor*> release;
+  v1::JoinReply built;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.aborted || s.released || s.held[r] != nullptr) {
+      reactor->finished_ = true;
+      const grpc::Status st =
+          s.aborted ? grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason)
+                    : grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                   "rank " + std::to_string(r) + " has already joined");
+      reactor->Finish(st);
+      return reactor;
+    }
+    auto [it, inserted] =
+        s.address_index.emplace(req->address(), static_cast<uint32_t>(s.addresses.size()));
+    if (inserted) s.addresses.push_back(req->address());
+    s.address_of[r] = it->second;
+    s.port_of[r] = req->port();
+    if (r == 0) s.nccl_id = req->nccl_id();
+    s.held[r] = reactor;
+    if (++s.joined < s.size) return reactor;
+    // Everyone is here: build the reply once, then hand a copy to each held call.
+    built.set_size(s.size);
+    for (const auto& a : s.addresses) built.add_addresses(a);
+    built.mutable_address_of_rank()->Add(s.address_of.begin(), s.address_of.end());
+    built.mutable_port_of_rank()->Add(s.port_of.begin(), s.port_of.end());
+    built.set_nccl_id(s.nccl_id);
+    built.set_job_id(s.job_id);
+    s.released = true;
+    release.reserve(s.size);
+    for (JoinReactor*& h : s.held) {
+      if (h != nullptr && !h->finished_) h->finished_ = true, release.push_back(h);
+      h = nullptr;
+    }
+  }
+  for (JoinReactor* h : release) {
+    *h->reply_ = built;
+    h->Finish(grpc::Status::OK);
+  }
+  return reactor;
+}
+
+void Rendezvous::Abort(const std::string& reason) {
+  std::vector<JoinReactor*> held;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->aborted) return;
+    state_->aborted = true;
+    state_->abort_reason = reason;
+    for (JoinReactor*& h : state_->held) {
+      if (h != nullptr && !h->finished_) h->finished_ = true, held.push_back(h);
+      h = nullptr;
+    }
+  }
+  for (JoinReactor* h : held) h->Finish(grpc::Status(grpc::StatusCode::ABORTED, reason));
+}
+
+int Rendezvous::joined() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->joined;
+}
+
+}  // namespace ringrun::launcher

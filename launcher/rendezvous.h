@@ -8,6 +8,7 @@
 
 #include <mutex>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "ringrun/job.grpc.pb.h"
@@ -32,6 +33,13 @@ class Rendezvous {
 
   // How many ranks have joined so far.
   int joined() const;
+
+ private:
+  // Lifetime: held calls keep the shared state alive, so the Rendezvous may be destroyed
+  // (which aborts held calls) before or after the server that routes Join to it shuts down.
+  struct State;
+  class JoinReactor;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace ringrun::launcher

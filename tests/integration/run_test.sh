@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Integration tests of the control plane on one host: real ringrun, agents and ranks.
+# Usage: BIN=build/bin run_test.sh NAME
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
+
+t_env_contract() {
+  "$RINGRUN" -np 3 -H localhost:2,127.0.0.1:1 -x RINGRUN_TEST_X=hello "$PROBE" env \
+    >"$WORK/out" 2>"$WORK/err" || fail "ringrun failed: $(cat "$WORK/err")"
+  for r in 0 1 2; do
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_RANK=$r"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_RANK=$r"
+    expect_contains "$WORK/out" "[$r]<stdout>:RANK=$r"
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_SIZE=3"
+    expect_contains "$WORK/out" "[$r]<stdout>:WORLD_SIZE=3"
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_TEST_X=hello"
+    expect_contains "$WORK/out" "[$r]<stdout>:MASTER_ADDR=127.0.0.1"
+    expect_contains "$WORK/out" "[$r]<stdout>:CWD=$PWD"
+  done
+  expect_contains "$WORK/out" "[1]<stdout>:LOCAL_RANK=1"
+  expect_contains "$WORK/out" "[1]<stdout>:LOCAL_WORLD_SIZE=2"
+  expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_LOCAL_RANK=0"
+  expect_contains "$WORK/out" "[2]<stdout>:HOROVOD_LOCAL_SIZE=1"
+  expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_CROSS_RANK=1"
+  expect_contains "$WORK/out" "[2]<stdout>:HOROVOD_CROSS_SIZE=2"
+  expect_contains "$WORK/out" "[1]<stdout>:RINGRUN_CROSS_SIZE=1"
+  expect_contains "$WORK/out" "[2]<stdout>:GROUP_RANK=1"
+  expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_HOSTNAME=127.0.0.1"
+  # One MASTER_PORT for the whole job, and a real port number.
+  local ports
+  ports=$(grep -o 'MASTER_PORT=[0-9]*' "$WORK/out" | sort -u | wc -l)
+  [[ $ports == 1 ]] || fail "ranks disagree on MASTER_PORT"
+  # The launching shell's session variables stay behind.
+  SHLVL=7 OLDPWD=/nowhere "$RINGRUN" -np 1 "$PROBE" env >"$WORK/out2" 2>&1
+  expect_not_contains "$WORK/out2" "SHLVL="
+  expect_not_contains "$WORK/out2" "OLDPWD="
+  expect_no_orphans
+}
+
+t_args_integrity() {
+  local args=("two words" "it's \"quoted\"" '$(touch '"$WORK"'/pwned)' '`touch '"$WORK"'/pwned2`'
+              'a;touch '"$WORK"'/pwned3' $'line1\nline2' "naïve 日本語" "" "--np" "-x" "*" '\')
+  "$RINGRUN" -np 2 "$PROBE" args "${args[@]}" >"$WORK/out" 2>"$WORK/err" ||
+    fail "ringrun failed: $(cat "$WORK/err")"
+  local i=0 a hex
+  for a in "${args[@]}"; do
+    hex=$(printf '%s' "$a" | od -An -tx1 | tr -d ' \n')
+    for r in 0 1; do expect_contains "$WORK/out" "[$r]<stdout>:arg$i=$hex"; done
+    i=$((i + 1))
+  done
+  [[ ! -e $WORK/pwned && ! -e $WORK/pwned2 && ! -e $WORK/pwned3 ]] || fail "an argument was executed"
+  expect_no_orphans
+}
+
+t_output_integrity() {
+  local n=20000
+  "$RINGRUN" -np 2 "$PROBE" lines $n >"$WORK/out" 2>"$WORK/err" || fail "ringrun failed"
+  for r in 0 1; do
+    grep -F "[$r]<stdout>:r$r l" "$WORK/out" | sed "s/^\[$r\]<stdout>:r$r l\([0-9]*\) the quick brown fox jumps over the lazy dog$/\1/" \
+      >"$WORK/seq$r"
+    seq 0 $((n - 1)) >"$WORK/want"
+    cmp -s "$WORK/seq$r" "$WORK/want" || fail "rank $r: lines lost, reordered or mixed"
+    expect_contains "$WORK/out" "[$r]<stdout>:r$r partial"
+  done
+  local total
+  total=$(wc -l <"$WORK/out")
+  [[ $total == $((2 * n + 2)) ]] || fail "expected $((2 * n + 2)) lines, got $total"
+  # Every line is whole: nothing but tagged lines.
+  ! grep -vE '^\[[01]\]<stdout>:r[01] (l[0-9]+ the quick brown fox jumps over the lazy dog|partial)$' \
+    "$WORK/out" | grep -q . || fail "a line was mixed or mangled"
+  expect_no_orphans
+}
+
+t_exit_code() {
+  local rc
+  "$RINGRUN" -np 3 --grace-period 2 "$PROBE" fail 1 7 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 7 $rc "a rank exiting 7"
+  expect_contains "$WORK/err" "rank 1 on host localhost exited with code 7"
+  expect_contains "$WORK/err" "rank 1: something went wrong"
+  [[ $(grep -c "exited with code" "$WORK/err") == 1 ]] || fail "the failure was reported more than once"
+  expect_no_orphans
+  "$RINGRUN" -np 2 "$PROBE" signal 0 11 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 139 $rc "a rank killed by SIGSEGV"
+  expect_contains "$WORK/err" "rank 0 on host localhost was killed by SIGSEGV"
+  expect_no_orphans
+  "$RINGRUN" -np 2 /bin/true; rc=$?
+  expect_rc 0 $rc "/bin/true"
+  "$RINGRUN" -np 1 /nonexistent/prog >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 127 $rc "a missing command"
+  expect_contains "$WORK/err" "/nonexistent/prog"
+  "$RINGRUN" -np 1 --wdir /nonexistent-dir /bin/true >"$WORK/out" 2>"$WORK/err"; rc=$?
+  [[ $rc != 0 ]] || fail "a missing working directory was accepted"
+  expect_contains "$WORK/err" "/nonexistent-dir"
+  expect_no_orphans
+}
+
+t_teardown_time() {
+  # A failing rank ends the job; a rank that ignores SIGTERM is killed after the grace period.
+  local start rc
+  start=$(date +%s%N)
+  "$RINGRUN" -np 3 --grace-period 1 "$PROBE" fail 2 3 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_rc 3 $rc "failing rank"
+  (( ms < 5000 )) || fail "teardown took $ms ms"
+  expect_no_orphans
+  start=$(date +%s%N)
+  "$RINGRUN" -np 2 --grace-period 1 "$PROBE" ignore-term 60 >"$WORK/out" 2>"$WORK/err" &
+  local pid=$!
+  sleep 1.5
+  kill -TERM $pid
+  wait $pid; rc=$?
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  expect_rc 143 $rc "SIGTERM to ringrun"
+  (( ms < 6000 )) || fail "a rank ignoring SIGTERM survived $ms ms"
+  wait
+  expect_no_orphans
+}
+
+t_sigint() {
+  "$RINGRUN" -np 2 "$PROBE" sleep 60 >"$WORK/out" 2>"$WORK/err" &
+  local pid=$! rc
+  for _ in $(seq 50); do grep -q "sleeping" "$WORK/out" 2>/dev/null && [[ $(grep -c sleeping "$WORK/out") == 2 ]] && break; sleep 0.1; done
+  kill -INT $pid
+  wait $pid; rc=$?
+  expect_rc 130 $rc "SIGINT"
+  expect_no_orphans
+  # A second Ctrl-C kills at once, even ranks that ignore the first.
+  "$RINGRUN" -np 2 --grace-period 30 "$PROBE" ignore-term 60 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  for _ in $(seq 50); do [[ $(grep -c ignoring "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
+  local start=$SECONDS
+  kill -TERM $pid; sleep 0.3; kill -TERM $pid
+  wait $pid; rc=$?
+  expect_rc 143 $rc "SIGTERM twice"
+  (( SECONDS - start < 5 )) || fail "a second signal did not kill at once"
+  expect_no_orphans
+}
+
+t_sigusr() {
+  "$RINGRUN" -np 2 "$PROBE" sleep 3 >"$WORK/out" 2>"$WORK/err" &
+  local pid=$! rc
+  for _ in $(seq 50); do [[ $(grep -c sleeping "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
+  kill -USR1 $pid; sleep 0.3; kill -USR2 $pid
+  wait $pid; rc=$?
+  expect_rc 0 $rc "the job after SIGUSR1/SIGUSR2"
+  for r in 0 1; do
+    expect_contains "$WORK/out" "[$r]<stdout>:rank $r got SIGUSR1"
+    expect_contains "$WORK/out" "[$r]<stdout>:rank $r got SIGUSR2"
+  done
+  expect_no_orphans
+}
+
+t_start_timeout() {
+  # An "agent" that never registers.
+  printf '#!/bin/sh\nexec sleep 60\n' >"$WORK/agent"; chmod +x "$WORK/agent"
+  local start=$SECONDS rc
+  "$RINGRUN" -np 1 --start-timeout 2 --agent-path "$WORK/agent" /bin/true >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 1 $rc "start timeout"
+  (( SECONDS - start < 8 )) || fail "the start timeout took $((SECONDS - start)) s"
+  expect_contains "$WORK/err" "start timeout"
+  expect_contains "$WORK/err" "localhost"
+  expect_no_orphans
+}
+
+t_launcher_killed() {
+  # kill -9 of the launcher: its agents and ranks go too.
+  "$RINGRUN" -np 2 "$PROBE" sleep 60 >"$WORK/out" 2>"$WORK/err" &
+  local pid=$!
+  for _ in $(seq 50); do [[ $(grep -c sleeping "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  expect_no_orphans 15
+}
+
+t_hygiene() {
+  # Ranks start with an empty signal mask, nothing ignored, and no inherited fds,
+  # even when ringrun itself was started with signals blocked or ignored.
+  trap '' USR1 HUP
+  "$RINGRUN" -np 1 "$PROBE" hygiene >"$WORK/out" 2>"$WORK/err" || fail "ringrun failed"
+  trap - USR1 HUP
+  expect_contains "$WORK/out" "SigBlk:	0000000000000000"
+  expect_contains "$WORK/out" "SigIgn:	0000000000000000"
+  expect_not_contains "$WORK/out" "open"
+  expect_no_orphans
+}
+
+t_output_files() {
+  "$RINGRUN" -np 2 --output-filename "$WORK/logs" --prefix-timestamp "$PROBE" fail 1 4 \
+    >"$WORK/out" 2>"$WORK/err"
+  [[ -f $WORK/logs/rank.0/stdout && -f $WORK/logs/rank.1/stderr ]] || fail "no per-rank files"
+  expect_contains "$WORK/logs/rank.1/stderr" "rank 1: something went wrong"
+  grep -qE '^[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\[1\]<stderr>:rank 1: something went wrong' \
+    "$WORK/err" || fail "no timestamped line on the console: $(cat "$WORK/err")"
+  expect_no_orphans
+}
+
+t_usage_errors() {
+  local rc
+  "$RINGRUN" -np 0 /bin/true 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "-np 0"
+  expect_contains "$WORK/err" "-np"
+  "$RINGRUN" --bogus /bin/true 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "an unknown flag"
+  expect_contains "$WORK/err" "--bogus"
+  printf 'localhost slots=abc\n' >"$WORK/hosts"
+  "$RINGRUN" --hostfile "$WORK/hosts" /bin/true 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "slots=abc"
+  expect_contains "$WORK/err" "$WORK/hosts:1"
+  "$RINGRUN" -np 4 --dry-run -H localhost:2,127.0.0.1:2 /bin/true >"$WORK/out"; rc=$?
+  expect_rc 0 $rc "--dry-run"
+  expect_contains "$WORK/out" "127.0.0.1"
+  "$RINGRUN" --version >"$WORK/out"; rc=$?
+  expect_rc 0 $rc "--version"
+  expect_contains "$WORK/out" "ringrun"
+  expect_no_orphans
+}
+
+t_torch_env() {
+  # An unmodified torch.distributed program with init_method="env://" finds its peers.
+  if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+    echo "SKIP: python3-torch is not installed"; exit 77
+  fi
+  cat >"$WORK/t.py" <<'PY'
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank={dist.get_rank()} world={dist.get_world_size()} sum={t.item()}")
+dist.destroy_process_group()
+PY
+  OMP_NUM_THREADS=1 "$RINGRUN" -np 3 /usr/bin/python3 "$WORK/t.py" >"$WORK/out" 2>"$WORK/err" ||
+    fail "torch job failed: $(tail -20 "$WORK/err")"
+  for r in 0 1 2; do expect_contains "$WORK/out" "[$r]<stdout>:rank=$r world=3 sum=6.0"; done
+  expect_no_orphans
+}
+
+name=${1:?test name}
+"t_$name"
+pass "$name"

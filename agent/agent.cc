@@ -343,6 +343,7 @@ int Agent::Run() {
       return 1;
     }
   }
+  spdlog::debug("registered: {} ranks", reply.ranks_size());
   const int heartbeat_ms = reply.heartbeat_interval_ms() > 0 ? reply.heartbeat_interval_ms()
                                                              : kHeartbeatIntervalMs;
   const int silence_ms = reply.heartbeat_timeout_ms() > 0 ? reply.heartbeat_timeout_ms()
@@ -483,6 +484,7 @@ int Agent::Run() {
     }
   }
 
+  spdlog::debug("every rank reported");
   // Every rank is reported: hand the rest to the launcher, then wait for it to close.
   if (!lost) {
     outbox_->Drain(Clock::now() + milliseconds(5000));
@@ -493,6 +495,7 @@ int Agent::Run() {
   reader.join();
   outbox_->Close();
   grpc::Status st = stream->Finish();
+  spdlog::debug("session finished");
   if (!st.ok() && !lost) spdlog::debug("session ended: {}", st.error_message());
   return exit_code;
 }

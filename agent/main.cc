@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   config.host_index = host_index;
   config.register_timeout_ms = (start_timeout_s + 10) * 1000;
   config.stdin_fd = 0;
+  spdlog::debug("started");
   if (!ReadSecretLine(&config.secret)) {
     spdlog::error("no job secret on stdin (ringrun-agent is started by ringrun)");
     return 2;

@@ -28,8 +28,10 @@ namespace {
 //   terminal / GUI   TERM_SESSION_ID WINDOWID DISPLAY XAUTHORITY WAYLAND_DISPLAY TMUX
 //                    TMUX_PANE STY WINDOW ITERM_SESSION_ID KONSOLE_DBUS_SESSION
 //                    VTE_VERSION GPG_TTY
+//   host identity    HOSTNAME (Docker and some shells export it: on another host it lies;
+//                    ranks have gethostname() and RINGRUN_HOSTNAME)
 //   contracts        every name ContractVariableNames() lists (ours, Horovod's, torchrun's),
-//                    GROUP_WORLD_SIZE ROLE_NAME LOCAL_WORLD_SIZE, Horovod's HOROVOD_CONTROLLER
+//                    torchrun's ROLE_NAME, Horovod's HOROVOD_CONTROLLER
 //                    HOROVOD_CPU_OPERATIONS HOROVOD_GLOO_RENDEZVOUS_ADDR
 //                    HOROVOD_GLOO_RENDEZVOUS_PORT HOROVOD_GLOO_IFACE, Open MPI's
 //                    OMPI_UNIVERSE_SIZE OMPI_FIRST_RANKS OMPI_APP_CTX_NUM_PROCS
@@ -56,7 +58,7 @@ const std::unordered_set<std::string_view>& DeniedNames() {
       "TERM_SESSION_ID", "WINDOWID", "DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "TMUX",
       "TMUX_PANE", "STY", "WINDOW", "ITERM_SESSION_ID", "KONSOLE_DBUS_SESSION", "VTE_VERSION",
       "GPG_TTY",
-      "GROUP_WORLD_SIZE", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+      "HOSTNAME", "ROLE_NAME",
       "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
       "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_IFACE",
       "OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX",

@@ -23,7 +23,9 @@ Result<std::vector<HostSpec>> ParseHostList(const std::string& list);
 
 // Parses a hostfile. Lines: "host slots=N", "host:N" or "host"; '#' comments, blank lines,
 // CRLF and tabs accepted. Errors name the file and line: "hosts.txt:3: slots=abc: ...".
-// A host listed twice, an empty file and a missing file are errors.
+// A host listed twice (names compared case-insensitively, whatever the user@), an empty file
+// and a missing file are errors. Slots are in [1, 65536]. IPv6: "[addr]:N", or a bare address
+// for 1 slot.
 Result<std::vector<HostSpec>> ParseHostfile(const std::string& path);
 // The same, from text already read (`origin` names it in messages).
 Result<std::vector<HostSpec>> ParseHostfileText(const std::string& text, const std::string& origin);

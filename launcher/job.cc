@@ -555,6 +555,7 @@ bool Job::AllFinished() const {
 }
 
 int Job::Run() {
+  spdlog::debug("job starting");
   auto placed = PlaceRanks(options_.hosts, options_.np);
   if (!placed.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
@@ -602,7 +603,7 @@ int Job::Run() {
     timespec ts{0, 100 * 1000 * 1000};
     while (!stop_signals) {
       int s = sigtimedwait(&sigs, nullptr, &ts);
-      if (s > 0) {
+      if (s > 0 && !stop_signals) {
         Event e;
         e.kind = Event::kSignal;
         e.signo = s;
@@ -660,6 +661,7 @@ int Job::Run() {
       queue_.clear();
     }
     output_->Flush();
+    spdlog::debug("every host finished");
     if (interrupted_) rc = interrupted_ == SIGINT ? 130 : 128 + interrupted_;
     else rc = exit_code_.value_or(0);
   }
@@ -675,7 +677,7 @@ int Job::Run() {
   auto give_up = Clock::now() + milliseconds(1000);
   for (auto& [h, hs] : hosts_) {
     if (!hs.handle) continue;
-    while (!hs.handle->Poll() && Clock::now() < give_up) std::this_thread::sleep_for(milliseconds(10));
+    while (!hs.handle->Poll() && Clock::now() < give_up) std::this_thread::sleep_for(milliseconds(1));
     hs.handle->Kill();
   }
   for (auto& t : start_threads_) t.join();
@@ -689,8 +691,10 @@ int Job::Run() {
   }
   hosts_.clear();
   stop_signals = true;
+  pthread_kill(signal_thread.native_handle(), SIGUSR2);  // wakes sigtimedwait at once
   signal_thread.join();
   sigaction(SIGPIPE, &old_pipe, nullptr);
+  spdlog::debug("job over");
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   return rc;
 }

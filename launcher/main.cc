@@ -3,9 +3,13 @@
 #include <string>
 #include <vector>
 
+#include "launcher/check_build.h"
+#include "launcher/check_gpu.h"
 #include "launcher/job.h"
 #include "launcher/options.h"
 #include "launcher/placement.h"
+#include "launcher/ssh_agent_starter.h"
+#include "launcher/ssh_agent_starter.h"
 #include "ringrun/common/log.h"
 
 extern char** environ;
@@ -49,6 +53,8 @@ int Main(int argc, char** argv) {
   auto local = MakeLocalAgentStarter();
   Starters starters;
   starters.local = local.get();
+  auto remote = MakeSshAgentStarter(SshConfigFromOptions(options));
+  starters.remote = remote.get();
   return RunJob(options, starters);
 }
 

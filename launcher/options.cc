@@ -49,7 +49,7 @@ struct FlagDef {
 
 constexpr FlagDef kFlags[] = {
     {FlagId::kNumProc, "--num-proc", "--num-proc", "-np", true, false, "Job", "N",
-     "Number of ranks (also -np). Default: the total of the slots; required without hosts."},
+     "Number of ranks. Default: the total of the slots; required without hosts."},
     {FlagId::kHosts, "-H,--hosts", "--hosts", "", true, false, "Job", "HOST[:SLOTS],...",
      "Hosts and their slots, e.g. a:4,b:4 (a bare host has 1 slot; user@host allowed)."},
     {FlagId::kHostfile, "--hostfile", "--hostfile", "-hostfile", true, false, "Job", "FILE",
@@ -102,6 +102,9 @@ constexpr FlagDef kFlags[] = {
     {FlagId::kHelp, "-h,--help", "--help", "", false, false, "Diagnostics", "",
      "Print this help."},
 };
+
+// Far beyond any real job; it keeps a typo like "-np 40000000" from starting a fork storm.
+constexpr int kMaxNumProc = 1 << 20;
 
 const char kUsageLine[] = "Usage: ringrun [OPTIONS] [--] COMMAND [ARGS...]";
 
@@ -244,8 +247,9 @@ Result<int> ParseIntFlag(const std::string& spelling, const std::string& text, l
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(s, &end, 10);
-  bool blank_start = !text.empty() && (text[0] == ' ' || text[0] == '\t' || text[0] == '+');
-  if (text.empty() || blank_start || *end != '\0' || end == s) {
+  // strtol would also take leading blanks and '+'; a flag value is digits with an optional '-'.
+  bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-');
+  if (!plain || *end != '\0' || end == s) {
     return InvalidArgument(spelling + " " + text + ": not a whole number" + unit);
   }
   if (errno == ERANGE || v > hi) {
@@ -257,10 +261,12 @@ Result<int> ParseIntFlag(const std::string& spelling, const std::string& text, l
 
 Result<double> ParseSecondsFlag(const std::string& spelling, const std::string& text, double lo,
                                 double hi) {
+  // Decimal only: strtod would also take blanks, hex, exponents, "inf" and "nan".
+  bool plain = !text.empty() && text.find_first_not_of("0123456789.-") == std::string::npos;
   const char* s = text.c_str();
   char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (text.empty() || end == s || *end != '\0' || !std::isfinite(v) || text[0] == ' ') {
+  double v = plain ? std::strtod(s, &end) : 0;
+  if (!plain || end == s || *end != '\0' || !std::isfinite(v)) {
     return InvalidArgument(spelling + " " + text + ": not a number of seconds");
   }
   if (v < lo) return InvalidArgument(spelling + " " + text + ": must be at least " + CLI::detail::to_string(lo));
@@ -268,10 +274,33 @@ Result<double> ParseSecondsFlag(const std::string& spelling, const std::string& 
   return v;
 }
 
+const char kHelpIntro[] =
+    "Start COMMAND as a distributed job, one rank per slot, horovodrun-style.\n"
+    "Everything after the first word that is neither an option nor an option's value (or\n"
+    "after --) is the command; it reaches every rank byte for byte, with no shell between.\n";
+
+const char kHelpOutro[] =
+    "Examples:\n"
+    "  ringrun -np 4 python train.py\n"
+    "  ringrun -np 8 -H a:4,b:4 -x NCCL_DEBUG=INFO ./bench --size 1M\n"
+    "  ringrun --hostfile hosts.txt --check-gpu --allreduce\n"
+    "\n"
+    "Exit status: the first failing rank's code (128+signal if a signal killed it),\n"
+    "2 for a usage error, 1 when ringrun itself fails.\n";
+
+// Usage comes from us (CLI11 would say "[OPTIONS]" only), and the horovodrun spellings CLI11
+// cannot hold as names are shown beside the canonical ones.
 class UsageFormatter : public CLI::Formatter {
  public:
-  std::string make_usage(const CLI::App*, std::string) const override {
-    return std::string(kUsageLine) + "\n";
+  std::string make_usage(const CLI::App*, std::string) const override { return ""; }
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    std::string name = CLI::Formatter::make_option_name(opt, positional);
+    for (const FlagDef& def : kFlags) {
+      if (*def.extra_spellings && opt->check_name(def.long_name)) {
+        return std::string(def.extra_spellings) + "," + name;
+      }
+    }
+    return name;
   }
 };
 
@@ -283,21 +312,11 @@ struct RawValues {
 };
 
 std::unique_ptr<CLI::App> MakeApp(RawValues* raw) {
-  auto app = std::make_unique<CLI::App>(
-      "ringrun " RINGRUN_VERSION_STRING
-      ": start COMMAND as a distributed job, one rank per slot, horovodrun-style.\n"
-      "Everything after the first word that is not an option (or after --) is the command;\n"
-      "it reaches every rank byte for byte, with no shell in between.",
-      "ringrun");
-  app->formatter(std::make_shared<UsageFormatter>());
+  auto app = std::make_unique<CLI::App>("", "ringrun");
+  auto formatter = std::make_shared<UsageFormatter>();
+  formatter->column_width(34);
+  app->formatter(formatter);
   app->set_help_flag();  // --help is ours: it must not throw or print
-  app->footer(
-      "Examples:\n"
-      "  ringrun -np 4 python train.py\n"
-      "  ringrun -np 8 -H a:4,b:4 -x NCCL_DEBUG=INFO ./bench --size 1M\n"
-      "  ringrun --hostfile hosts.txt --check-gpu --allreduce\n"
-      "Exit status: the first failing rank's code (128+signal if killed), 2 for a usage error,\n"
-      "1 when ringrun itself fails.");
   for (const FlagDef& def : kFlags) {
     std::string help = def.help;
     CLI::Option* opt = nullptr;
@@ -327,7 +346,9 @@ ParseOutcome UsageError(std::string message) {
 
 std::string UsageText() {
   RawValues raw;
-  return MakeApp(&raw)->help();
+  std::string options = MakeApp(&raw)->help();
+  while (!options.empty() && (options.back() == '\n' || options.back() == ' ')) options.pop_back();
+  return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" + kHelpOutro;
 }
 
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
@@ -401,7 +422,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
   o.check_build = flag(FlagId::kCheckBuild);
 
   if (given(FlagId::kNumProc)) {
-    Result<int> np = ParseIntFlag(name_of(FlagId::kNumProc), value(FlagId::kNumProc), 1, INT_MAX);
+    Result<int> np = ParseIntFlag(name_of(FlagId::kNumProc), value(FlagId::kNumProc), 1, kMaxNumProc);
     if (!np.ok()) return UsageError(np.status().message());
     o.np = *np;
   }

@@ -182,13 +182,13 @@ size_t DtypeSize(ringrun_dtype d) {
   return 0;
 }
 
-const char* DtypeName(ringrun_dtype d) {
+const char* NameOfDtype(ringrun_dtype d) {
   static constexpr const char* kNames[] = {"int8", "uint8", "int32", "int64",
                                            "float16", "bfloat16", "float32", "float64"};
   return IsValidDtype(d) ? kNames[d] : "invalid";
 }
 
-const char* OpName(ringrun_op o) {
+const char* NameOfOp(ringrun_op o) {
   static constexpr const char* kNames[] = {"sum", "avg", "min", "max", "prod"};
   return IsValidOp(o) ? kNames[o] : "invalid";
 }

@@ -24,8 +24,8 @@ bool IsValidDtype(int dtype);
 bool IsValidOp(int op);
 bool IsFloating(ringrun_dtype dtype);
 size_t DtypeSize(ringrun_dtype dtype);
-const char* DtypeName(ringrun_dtype dtype);
-const char* OpName(ringrun_op op);
+const char* NameOfDtype(ringrun_dtype dtype);
+const char* NameOfOp(ringrun_op op);
 
 // IEEE binary16 and bfloat16 <-> float, round-to-nearest-even, NaN preserved as NaN.
 float HalfToFloat(uint16_t h);

@@ -46,7 +46,7 @@ Status CheckOp(ringrun_dtype dtype, ringrun_op op) {
   RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
   if (!IsValidOp(op)) return InvalidArgument("invalid op " + std::to_string(op));
   if (op == RINGRUN_AVERAGE && !IsFloating(dtype)) {
-    return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") + DtypeName(dtype));
+    return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") + NameOfDtype(dtype));
   }
   return Status::Ok();
 }

@@ -362,7 +362,12 @@ class SocketTransport final : public Transport {
   Status Run(std::vector<Op>& ops, Deadline deadline) override {
     if (!broken_.ok()) return broken_;
     Status st = RunOps(ops, deadline);
-    if (!st.ok()) broken_ = st;
+    if (!st.ok()) {
+      // Close every connection, so that peers waiting on this rank fail at once too instead of
+      // waiting for their timeout.
+      broken_ = st;
+      pairs_.clear();
+    }
     return st;
   }
 

@@ -85,7 +85,8 @@ class Transport {
   // Progresses all ops concurrently until every one is complete. Ops on the same peer and
   // direction complete in list order. Connections are made on first use. Fails with kTimeout
   // at the deadline and kUnavailable when a peer closes or resets its connection, naming the
-  // peer. After a failure the transport is broken: every later Run fails with that status.
+  // peer. After a failure the transport is broken: it closes every connection (so that peers
+  // waiting on this rank fail at once too) and every later Run fails with that status.
   virtual Status Run(std::vector<Op>& ops, Deadline deadline) = 0;
 };
 

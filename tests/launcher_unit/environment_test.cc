@@ -128,6 +128,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
       "OMPI_COMM_WORLD_SIZE=9", "PMI_RANK=9", "PMIX_RANK=9", "TORCHELASTIC_RUN_ID=r",
       "SLURM_PROCID=9", "HOROVOD_FUSION_THRESHOLD=64", "NCCL_DEBUG=INFO", "OMPI_MCA_btl=tcp",
       "CUDA_VISIBLE_DEVICES=0,1", "TERM=xterm", "LANG=C.UTF-8", "SLURM_JOB_ID=77",
+      "HOSTNAME=launcher-host",
   };
   auto built = BuildRankEnvironment(launcher, {}, Placement(), Job());
   CheckNoDuplicates(built);
@@ -143,7 +144,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
                            "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "PS1", "PROMPT_COMMAND", "TMUX",
                            "TMUX_PANE", "STY", "RINGRUN_ANYTHING", "OMPI_COMM_WORLD_RANK",
                            "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "TORCHELASTIC_RUN_ID",
-                           "SLURM_PROCID"}) {
+                           "SLURM_PROCID", "HOSTNAME"}) {
     INFO(gone);
     CHECK(env.count(gone) == 0);
     CHECK(IsDeniedVariable(gone));
@@ -197,7 +198,7 @@ TEST_CASE("environment: values are byte for byte", "[environment]") {
   CHECK(env["ODD2"] == odd);
 }
 
-TEST_CASE("-x NAME=VALUE and -x NAME", "[environment]") {
+TEST_CASE("export: -x NAME=VALUE and -x NAME", "[environment]") {
   const std::vector<std::string> launcher = {"FOO=from-env", "EMPTY="};
   auto r = ParseExportFlag("FOO", launcher);
   REQUIRE(r.ok());
@@ -217,7 +218,7 @@ TEST_CASE("-x NAME=VALUE and -x NAME", "[environment]") {
   CHECK_FALSE(r.ok());  // valid name, but unset
 }
 
-TEST_CASE("-x errors name the flag", "[environment]") {
+TEST_CASE("export: -x errors name the flag", "[environment]") {
   CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("-x NOPE"));
   CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("not set"));
   CHECK_THAT(ParseExportFlag("1A=2", {}).status().message(), Contains("-x 1A=2"));

@@ -41,7 +41,7 @@ std::string ErrorOf(const R& r) {
 
 }  // namespace
 
-TEST_CASE("-H accepts host:slots, bare hosts and user@host", "[hostfile]") {
+TEST_CASE("hosts: -H accepts host:slots, bare hosts and user@host", "[hostfile]") {
   auto r = ParseHostList("a:4,b:4");
   REQUIRE(r.ok());
   CHECK(Shape(*r) == "a:4,b:4");
@@ -62,13 +62,13 @@ TEST_CASE("-H accepts host:slots, bare hosts and user@host", "[hostfile]") {
   CHECK((*r)[2].slots == 3);
 }
 
-TEST_CASE("-H trims blanks around elements", "[hostfile]") {
+TEST_CASE("hosts: -H trims blanks around elements", "[hostfile]") {
   auto r = ParseHostList(" a:2 , b ");
   REQUIRE(r.ok());
   CHECK(Shape(*r) == "a:2,b:1");
 }
 
-TEST_CASE("-H accepts IPv6: bracketed with slots, bare without", "[hostfile]") {
+TEST_CASE("hosts: -H accepts IPv6: bracketed with slots, bare without", "[hostfile]") {
   auto r = ParseHostList("[fe80::1]:2,::1");
   REQUIRE(r.ok());
   REQUIRE(r->size() == 2);
@@ -78,26 +78,26 @@ TEST_CASE("-H accepts IPv6: bracketed with slots, bare without", "[hostfile]") {
   CHECK((*r)[1].slots == 1);
 }
 
-TEST_CASE("-H host:x is rejected naming the element", "[hostfile]") {
+TEST_CASE("hosts: -H host:x is rejected naming the element", "[hostfile]") {
   std::string m = ErrorOf(ParseHostList("a:2,host:x"));
   CHECK_THAT(m, Contains("-H host:x"));
   CHECK_THAT(m, Contains("slots must be a positive integer"));
 }
 
-TEST_CASE("-H :2 is rejected: no host name", "[hostfile]") {
+TEST_CASE("hosts: -H :2 is rejected: no host name", "[hostfile]") {
   std::string m = ErrorOf(ParseHostList(":2"));
   CHECK_THAT(m, Contains("-H :2"));
   CHECK_THAT(m, Contains("missing host name"));
 }
 
-TEST_CASE("-H zero, negative and huge slots are rejected", "[hostfile]") {
+TEST_CASE("hosts: -H zero, negative and huge slots are rejected", "[hostfile]") {
   CHECK_THAT(ErrorOf(ParseHostList("a:0")), Contains("-H a:0"));
   CHECK_THAT(ErrorOf(ParseHostList("a:-3")), Contains("-H a:-3"));
   CHECK_THAT(ErrorOf(ParseHostList("a:")), Contains("-H a:"));
   CHECK_THAT(ErrorOf(ParseHostList("a:99999999999999999999")), Contains("-H a:9999"));
 }
 
-TEST_CASE("-H empty elements are rejected", "[hostfile]") {
+TEST_CASE("hosts: -H empty elements are rejected", "[hostfile]") {
   CHECK_THAT(ErrorOf(ParseHostList("a,,b")), Contains("element 2 is empty"));
   CHECK_THAT(ErrorOf(ParseHostList("a,")), Contains("element 2 is empty"));
   CHECK_THAT(ErrorOf(ParseHostList(",a")), Contains("element 1 is empty"));
@@ -105,13 +105,13 @@ TEST_CASE("-H empty elements are rejected", "[hostfile]") {
   CHECK_THAT(ErrorOf(ParseHostList("  ")), Contains("-H"));
 }
 
-TEST_CASE("-H rejects a host listed twice, naming both", "[hostfile]") {
+TEST_CASE("hosts: -H rejects a host listed twice, naming both", "[hostfile]") {
   std::string m = ErrorOf(ParseHostList("a:2,b,A:1"));
   CHECK_THAT(m, Contains("'A'"));
   CHECK_THAT(m, Contains("elements 1 and 3"));
 }
 
-TEST_CASE("-H rejects names no host has", "[hostfile]") {
+TEST_CASE("hosts: -H rejects names no host has", "[hostfile]") {
   CHECK_THAT(ErrorOf(ParseHostList("a b")), Contains("-H a b"));
   CHECK_THAT(ErrorOf(ParseHostList("a/b")), Contains("'/'"));
   CHECK_THAT(ErrorOf(ParseHostList("@a")), Contains("missing user name"));
@@ -229,7 +229,7 @@ TEST_CASE("hostfile: line numbers count CRLF lines and comments", "[hostfile]") 
              Contains("w.txt:4: slots=x"));
 }
 
-TEST_CASE("IsLocalHost", "[hostfile]") {
+TEST_CASE("hosts: IsLocalHost", "[hostfile]") {
   CHECK(IsLocalHost("localhost"));
   CHECK(IsLocalHost("LOCALHOST"));
   CHECK(IsLocalHost("127.0.0.1"));

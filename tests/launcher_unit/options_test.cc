@@ -91,7 +91,8 @@ TEST_CASE("cli: --hostfile", "[options]") {
 }
 
 TEST_CASE("cli: -x, repeatable, NAME and NAME=VALUE", "[options]") {
-  Options o = Ok({"-x", "FOO", "-x", "BAR=a b", "-xBAZ=", "-x", "FOO=2", "prog"}, {"FOO=1"});
+  Options o = Ok({"-x", "FOO", "-x", "BAR=a b", "-xBAZ=", "-x", "FOO=2", "-np", "1", "prog"},
+                 {"FOO=1"});
   REQUIRE(o.exports.size() == 3);
   CHECK(o.exports[0] == std::make_pair(std::string("FOO"), std::string("2")));
   CHECK(o.exports[1] == std::make_pair(std::string("BAR"), std::string("a b")));
@@ -208,6 +209,9 @@ TEST_CASE("cli error: -np 0 and -np -1", "[options]") {
   CHECK_THAT(Usage({"-np", "abc", "prog"}), Contains("-np abc: not a whole number"));
   CHECK_THAT(Usage({"-np", "4x", "prog"}), Contains("-np 4x"));
   CHECK_THAT(Usage({"-np", "99999999999999", "prog"}), Contains("-np 99999999999999: must be at most"));
+  CHECK_THAT(Usage({"-np", "40000000", "prog"}), Contains("-np 40000000: must be at most"));
+  CHECK_THAT(Usage({"-np", " 4", "prog"}), Contains("-np  4: not a whole number"));
+  CHECK_THAT(Usage({"-np", "+4", "prog"}), Contains("-np +4: not a whole number"));
 }
 
 TEST_CASE("cli error: -np larger than the slots names the slots per host", "[options]") {
@@ -279,6 +283,9 @@ TEST_CASE("cli error: values out of range name the flag", "[options]") {
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "-1", "p"}), Contains("--grace-period -1"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "soon", "p"}), Contains("--grace-period soon: not a number"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "nan", "p"}), Contains("--grace-period nan"));
+  CHECK_THAT(Usage({"-np", "1", "--grace-period", "0x10", "p"}), Contains("--grace-period 0x10"));
+  CHECK_THAT(Usage({"-np", "1", "--grace-period", "1e3", "p"}), Contains("--grace-period 1e3"));
+  CHECK_THAT(Usage({"-np", "1", "--grace-period", "3601", "p"}), Contains("must be at most"));
   CHECK_THAT(Usage({"-np", "1", "-p", "0", "p"}), Contains("-p 0: must be at least 1"));
   CHECK_THAT(Usage({"-np", "1", "--ssh-port", "70000", "p"}), Contains("--ssh-port 70000: must be at most 65535"));
   CHECK_THAT(Usage({"-np", "1", "--ssh-fanout", "0", "p"}), Contains("--ssh-fanout 0"));

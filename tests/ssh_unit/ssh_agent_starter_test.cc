@@ -109,7 +109,7 @@ TEST_CASE("BuildAgentCommand runs the agent by its quoted path with the contract
 
   SECTION("a missing agent exits 127 and prints nothing") {
     l.agent_path = dir + "/missing/ringrun-agent";
-    std::string cmd = BuildAgentCommand(l, "198.18.0.1") + " 2>&1; echo \"rc=$?\"";
+    std::string cmd = "(" + BuildAgentCommand(l, "198.18.0.1") + ") 2>&1; echo \"rc=$?\"";
     CHECK(RunShell(cmd) == "rc=127\n");
   }
   REQUIRE(system(("rm -rf " + ShellQuote(dir)).c_str()) == 0);

@@ -1,0 +1,105 @@
+// --check-build's text and --check-gpu's parsing and table, in both build configurations.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include "gpu/gpu_info.h"
+#include "launcher/check_build.h"
+#include "launcher/check_gpu.h"
+#include "ringrun/gpu/config.h"
+
+using namespace ringrun::launcher;
+
+TEST_CASE("--check-build lists the version, backends and libraries", "[check_build]") {
+  const std::string text = CheckBuildText();
+  CHECK_THAT(text, Catch::StartsWith("ringrun v"));
+  CHECK_THAT(text, Catch::Contains("[X] CPU TCP") && Catch::Contains("[X] CPU shared memory"));
+  CHECK_THAT(text, Catch::Contains("libssh") && Catch::Contains("gRPC") &&
+                       Catch::Contains("Protobuf") && Catch::Contains("CUDA runtime"));
+#if RINGRUN_HAVE_NCCL
+  CHECK_THAT(text, Catch::Contains("[X] NCCL 2."));
+  CHECK_THAT(text, !Catch::Contains("CUDA runtime    none"));
+#else
+  CHECK_THAT(text, Catch::Contains("[ ] NCCL"));
+  CHECK_THAT(text, Catch::Contains("none (built without CUDA)"));
+#endif
+}
+
+TEST_CASE("a probe line without devices is a failing row that says why", "[check_gpu]") {
+  GpuHostReport rep;
+  rep.host = "node1";
+  REQUIRE(ParseGpuProbeLine(
+      R"J({"hostname":"vm","ok":false,"driver_version":"none","runtime_version":"13.0",)J"
+      R"J("nccl_version":"2.28.9","error":"no CUDA driver: CUDA driver version is insufficient for CUDA runtime version (cudaError 35)","devices":[]})J",
+      &rep));
+  CHECK(rep.reported);
+  CHECK_FALSE(rep.ok);
+  CHECK(rep.runtime_version == "13.0");
+  CHECK_THAT(rep.error, Catch::StartsWith("no CUDA driver: CUDA driver version is insufficient"));
+  const std::string table = FormatGpuTable({rep}, "");
+  CHECK_THAT(table, Catch::StartsWith("HOST"));
+  CHECK_THAT(table, Catch::Contains("node1") && Catch::Contains("FAIL") &&
+                        Catch::Contains("no CUDA driver: "));
+}
+
+TEST_CASE("a probe line with devices is a passing row listing them", "[check_gpu]") {
+  GpuHostReport rep;
+  rep.host = "gpu7";
+  REQUIRE(ParseGpuProbeLine(
+      R"J({"hostname":"gpu7","ok":true,"driver_version":"13.0","runtime_version":"13.0",)J"
+      R"J("nccl_version":"2.28.9","error":"","devices":[)J"
+      R"J({"index":0,"name":"NVIDIA H200","memory_bytes":150754820096,"compute_capability":"9.0","pci_bus_id":"0000:19:00.0"},)J"
+      R"J({"index":1,"name":"NVIDIA H200","memory_bytes":150754820096,"compute_capability":"9.0","pci_bus_id":"0000:3B:00.0"}]})J",
+      &rep));
+  CHECK(rep.ok);
+  REQUIRE(rep.devices.size() == 2);
+  CHECK(rep.devices[1].pci_bus_id == "0000:3B:00.0");
+  const std::string table = FormatGpuTable({rep}, "OK 12.34 GB/s (np=2, 0 wrong)");
+  CHECK_THAT(table, Catch::Contains("ALLREDUCE") && Catch::Contains("12.34 GB/s"));
+  CHECK_THAT(table, Catch::Contains("2x NVIDIA H200 (140.4 GiB, cc 9.0) at 0000:19:00.0, 0000:3B:00.0"));
+}
+
+TEST_CASE("anything else is not a probe report", "[check_gpu]") {
+  GpuHostReport rep;
+  CHECK_FALSE(ParseGpuProbeLine("Segmentation fault", &rep));
+  CHECK_FALSE(ParseGpuProbeLine(R"J({"op":"allreduce"})J", &rep));
+  CHECK_FALSE(rep.reported);
+  CHECK_THAT(rep.error, Catch::Contains("not a ringrun-gpu-probe report"));
+}
+
+TEST_CASE("the probe library answers without a GPU, naming the cause", "[check_gpu]") {
+  ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
+  if (!info.devices.empty()) {
+    SUCCEED("this machine has a GPU");
+    return;
+  }
+  CHECK_FALSE(info.error.empty());
+#if RINGRUN_HAVE_NCCL
+  CHECK(info.build.cuda_runtime_version > 0);
+  CHECK(info.build.nccl_runtime_version > 0);
+#endif
+}
+
+// A real --check-gpu job on this machine (local agent, real probe). Hidden from the unit run;
+// CTest runs it as gpu_check_gpu_local (label integration).
+TEST_CASE("--check-gpu on a host without a GPU exits 1 within 10 s", "[.][check_gpu_job]") {
+  ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
+  if (!info.devices.empty()) {
+    SUCCEED("this machine has a GPU");
+    return;
+  }
+  Options options;
+  HostSpec local;
+  local.name = "localhost";
+  options.hosts = {local};
+  options.np = 1;
+  options.check_gpu = true;
+  auto starter = MakeLocalAgentStarter();
+  Starters starters;
+  starters.local = starter.get();
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = RunCheckGpu(options, starters);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(rc == 1);
+  CHECK(took < std::chrono::seconds(10));
+}

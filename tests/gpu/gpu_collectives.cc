@@ -1,0 +1,266 @@
+// Allreduce (every op), broadcast and allgather on CUDA device memory, for every dtype, in place
+// and out of place, through the public C API. Run it under ringrun (scripts/gpu-check.sh runs it
+// at np=2 on one GPU with a distinct NCCL_HOSTID per rank), or alone as a job of size 1.
+// Exits 0 when every check passed, 1 on a wrong result or a failed call, 77 without a device.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ringrun/ringrun.h"
+
+namespace {
+
+const ringrun_dtype kDtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,    RINGRUN_INT32,
+                                 RINGRUN_INT64,   RINGRUN_FLOAT16,  RINGRUN_BFLOAT16,
+                                 RINGRUN_FLOAT32, RINGRUN_FLOAT64};
+const char* const kDtypeNames[] = {"int8",    "uint8",    "int32",   "int64",
+                                   "float16", "bfloat16", "float32", "float64"};
+const ringrun_op kOps[] = {RINGRUN_SUM, RINGRUN_AVERAGE, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT};
+const char* const kOpNames[] = {"sum", "avg", "min", "max", "prod"};
+const size_t kCounts[] = {1, 1027, (size_t{1} << 20) + 3};
+
+bool IsFloat(ringrun_dtype t) {
+  return t == RINGRUN_FLOAT16 || t == RINGRUN_BFLOAT16 || t == RINGRUN_FLOAT32 ||
+         t == RINGRUN_FLOAT64;
+}
+
+// IEEE half from a float that is exactly representable (small integers and halves here).
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
+  const uint32_t mant = x & 0x7fffff;
+  if ((x & 0x7fffffff) == 0) return static_cast<uint16_t>(sign);
+  if (exp <= 0 || exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);  // not used here
+  return static_cast<uint16_t>(sign | (exp << 10) | (mant >> 13));
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ff;
+  uint32_t x;
+  if (exp == 0 && mant == 0) {
+    x = sign;
+  } else if (exp == 0) {  // subnormal
+    float f = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -f : f;
+  } else if (exp == 31) {
+    x = sign | 0x7f800000 | (mant << 13);
+  } else {
+    x = sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+void Encode(ringrun_dtype t, double v, void* dst) {
+  switch (t) {
+    case RINGRUN_INT8: *static_cast<int8_t*>(dst) = static_cast<int8_t>(v); break;
+    case RINGRUN_UINT8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(v); break;
+    case RINGRUN_INT32: *static_cast<int32_t*>(dst) = static_cast<int32_t>(v); break;
+    case RINGRUN_INT64: *static_cast<int64_t*>(dst) = static_cast<int64_t>(v); break;
+    case RINGRUN_FLOAT16: *static_cast<uint16_t*>(dst) = FloatToHalf(static_cast<float>(v)); break;
+    case RINGRUN_BFLOAT16: {
+      float f = static_cast<float>(v);
+      uint32_t x;
+      std::memcpy(&x, &f, 4);
+      *static_cast<uint16_t*>(dst) = static_cast<uint16_t>(x >> 16);
+      break;
+    }
+    case RINGRUN_FLOAT32: *static_cast<float*>(dst) = static_cast<float>(v); break;
+    case RINGRUN_FLOAT64: *static_cast<double*>(dst) = v; break;
+  }
+}
+
+double Decode(ringrun_dtype t, const void* src) {
+  switch (t) {
+    case RINGRUN_INT8: return *static_cast<const int8_t*>(src);
+    case RINGRUN_UINT8: return *static_cast<const uint8_t*>(src);
+    case RINGRUN_INT32: return *static_cast<const int32_t*>(src);
+    case RINGRUN_INT64: return static_cast<double>(*static_cast<const int64_t*>(src));
+    case RINGRUN_FLOAT16: return HalfToFloat(*static_cast<const uint16_t*>(src));
+    case RINGRUN_BFLOAT16: {
+      uint32_t x = static_cast<uint32_t>(*static_cast<const uint16_t*>(src)) << 16;
+      float f;
+      std::memcpy(&f, &x, 4);
+      return f;
+    }
+    case RINGRUN_FLOAT32: return *static_cast<const float*>(src);
+    case RINGRUN_FLOAT64: return *static_cast<const double*>(src);
+  }
+  return NAN;
+}
+
+// Rank r's element i: small integers, so that every result is exact in every dtype at np <= 2
+// (int8 products stay below 127, half and bfloat16 averages are multiples of 1/2).
+double Value(int rank, size_t i) { return static_cast<double>(i % 5) + rank + 1; }
+
+double Expected(ringrun_op op, int size, size_t i) {
+  double acc = Value(0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Value(r, i);
+    switch (op) {
+      case RINGRUN_SUM:
+      case RINGRUN_AVERAGE: acc += v; break;
+      case RINGRUN_MIN: acc = std::min(acc, v); break;
+      case RINGRUN_MAX: acc = std::max(acc, v); break;
+      case RINGRUN_PRODUCT: acc *= v; break;
+    }
+  }
+  return op == RINGRUN_AVERAGE ? acc / size : acc;
+}
+
+struct Checker {
+  int rank = 0;
+  int checks = 0;
+  int failures = 0;
+
+  void Fail(const std::string& what) {
+    ++failures;
+    if (failures <= 20) std::fprintf(stderr, "rank %d: FAIL %s\n", rank, what.c_str());
+  }
+  bool Cuda(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    Fail(std::string(what) + ": " + cudaGetErrorString(e));
+    return false;
+  }
+  bool Call(int rc, const std::string& what) {
+    ++checks;
+    if (rc == 0) return true;
+    Fail(what + ": " + ringrun_error_message());
+    return false;
+  }
+  // Compares n device elements with want(i); reports the first mismatch.
+  template <typename Want>
+  void Compare(const std::string& what, ringrun_dtype t, const void* dev, size_t n, Want want) {
+    const size_t es = ringrun_dtype_size(t);
+    std::vector<unsigned char> host(n * es);
+    if (!Cuda(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H")) return;
+    for (size_t i = 0; i < n; ++i) {
+      const double got = Decode(t, host.data() + i * es);
+      const double w = want(i);
+      if (got != w) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "%s: element %zu is %g, expected %g", what.c_str(), i, got, w);
+        Fail(buf);
+        return;
+      }
+    }
+  }
+};
+
+void* DeviceFill(Checker& c, ringrun_dtype t, size_t n, double (*value)(int, size_t), int rank,
+                 size_t alloc_n) {
+  const size_t es = ringrun_dtype_size(t);
+  std::vector<unsigned char> host(alloc_n * es, 0);
+  for (size_t i = 0; i < n; ++i) Encode(t, value(rank, i), host.data() + i * es);
+  void* dev = nullptr;
+  if (!c.Cuda(cudaMalloc(&dev, host.size()), "cudaMalloc")) return nullptr;
+  c.Cuda(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  return dev;
+}
+
+}  // namespace
+
+int main() {
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    std::printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  // The program chooses its device, as a training program would; the backend must keep it.
+  const char* lr = std::getenv("RINGRUN_LOCAL_RANK");
+  const int local_rank = lr != nullptr ? std::atoi(lr) : 0;
+  cudaSetDevice(local_rank % ndev);
+  if (ringrun_init() != 0) {
+    std::fprintf(stderr, "ringrun_init: %s\n", ringrun_error_message());
+    return 1;
+  }
+  Checker c;
+  c.rank = ringrun_rank();
+  const int size = ringrun_size();
+
+  for (size_t ti = 0; ti < sizeof(kDtypes) / sizeof(kDtypes[0]); ++ti) {
+    const ringrun_dtype t = kDtypes[ti];
+    const size_t es = ringrun_dtype_size(t);
+    for (size_t count : kCounts) {
+      const std::string where = std::string(kDtypeNames[ti]) + " count=" + std::to_string(count);
+      // Allreduce, every op valid for the type; out of place, then in place.
+      for (size_t oi = 0; oi < sizeof(kOps) / sizeof(kOps[0]); ++oi) {
+        const ringrun_op op = kOps[oi];
+        if (op == RINGRUN_AVERAGE && !IsFloat(t)) continue;
+        for (bool in_place : {false, true}) {
+          const std::string what = "allreduce " + std::string(kOpNames[oi]) + " " + where +
+                                   (in_place ? " in place" : "");
+          void* send = DeviceFill(c, t, count, Value, c.rank, count);
+          void* recv = in_place ? send : DeviceFill(c, t, 0, Value, c.rank, count);
+          if (send != nullptr && recv != nullptr &&
+              c.Call(ringrun_allreduce(send, recv, count, t, op), what)) {
+            c.Compare(what, t, recv, count, [&](size_t i) { return Expected(op, size, i); });
+          }
+          cudaFree(send);
+          if (!in_place) cudaFree(recv);
+        }
+      }
+      // Broadcast from the last rank (non-zero when size > 1).
+      {
+        const int root = size - 1;
+        const std::string what = "broadcast root=" + std::to_string(root) + " " + where;
+        void* buf = DeviceFill(c, t, count, Value, c.rank, count);
+        if (buf != nullptr && c.Call(ringrun_broadcast(buf, count, t, root), what)) {
+          c.Compare(what, t, buf, count, [&](size_t i) { return Value(root, i); });
+        }
+        cudaFree(buf);
+      }
+      // Allgather, out of place and in NCCL's in-place form (send = recv + rank * count).
+      for (bool in_place : {false, true}) {
+        const std::string what = "allgather " + where + (in_place ? " in place" : "");
+        void* recv = DeviceFill(c, t, 0, Value, c.rank, count * size);
+        void* send = nullptr;
+        if (in_place && recv != nullptr) {
+          send = static_cast<unsigned char*>(recv) + c.rank * count * es;
+          std::vector<unsigned char> mine(count * es);
+          for (size_t i = 0; i < count; ++i) Encode(t, Value(c.rank, i), mine.data() + i * es);
+          c.Cuda(cudaMemcpy(send, mine.data(), mine.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+        } else {
+          send = DeviceFill(c, t, count, Value, c.rank, count);
+        }
+        if (send != nullptr && recv != nullptr &&
+            c.Call(ringrun_allgather(send, recv, count, t), what)) {
+          c.Compare(what, t, recv, count * size,
+                    [&](size_t i) { return Value(static_cast<int>(i / count), i % count); });
+        }
+        if (!in_place) cudaFree(send);
+        cudaFree(recv);
+      }
+    }
+  }
+  // A host buffer and a device buffer in one call is an argument error, not a crash.
+  {
+    float host = 1;
+    void* dev = nullptr;
+    if (c.Cuda(cudaMalloc(&dev, sizeof(float)), "cudaMalloc")) {
+      ++c.checks;
+      if (ringrun_allreduce(&host, dev, 1, RINGRUN_FLOAT32, RINGRUN_SUM) == 0) {
+        c.Fail("mixed host/device allreduce was accepted");
+      }
+      cudaFree(dev);
+    }
+  }
+
+  std::printf("gpu_collectives: rank %d/%d checks=%d failures=%d\n", c.rank, size, c.checks,
+              c.failures);
+  std::fflush(stdout);
+  ringrun_shutdown();
+  return c.failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,91 @@
+// The dtype and op mapping onto NCCL, and the no-CUDA messages. Pure: no GPU needed.
+#include <catch2/catch.hpp>
+
+#include "gpu/nccl_mapping.h"
+
+using namespace ringrun;
+using namespace ringrun::runtime;
+
+namespace {
+constexpr int kNccl = 22809;  // 2.28.9
+constexpr int kOldNccl = 2804;  // 2.8.4: before ncclAvg and ncclBfloat16
+}  // namespace
+
+TEST_CASE("every ringrun dtype maps onto the NCCL type of the same layout", "[mapping]") {
+  const std::pair<ringrun_dtype, ncclDataType_t> expected[] = {
+      {RINGRUN_INT8, ncclInt8},       {RINGRUN_UINT8, ncclUint8},
+      {RINGRUN_INT32, ncclInt32},     {RINGRUN_INT64, ncclInt64},
+      {RINGRUN_FLOAT16, ncclHalf},    {RINGRUN_BFLOAT16, ncclBfloat16},
+      {RINGRUN_FLOAT32, ncclFloat32}, {RINGRUN_FLOAT64, ncclFloat64}};
+  for (const auto& [dtype, nccl] : expected) {
+    INFO(DtypeName(dtype));
+    Result<ncclDataType_t> r = ToNcclDataType(dtype, kNccl);
+    REQUIRE(r.ok());
+    CHECK(*r == nccl);
+  }
+}
+
+TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
+  const std::pair<ringrun_op, ncclRedOp_t> expected[] = {{RINGRUN_SUM, ncclSum},
+                                                         {RINGRUN_AVERAGE, ncclAvg},
+                                                         {RINGRUN_MIN, ncclMin},
+                                                         {RINGRUN_MAX, ncclMax},
+                                                         {RINGRUN_PRODUCT, ncclProd}};
+  for (ringrun_dtype dtype : {RINGRUN_FLOAT16, RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64}) {
+    for (const auto& [op, nccl] : expected) {
+      INFO(DtypeName(dtype) << " " << OpName(op));
+      Result<ncclRedOp_t> r = ToNcclRedOp(op, dtype, kNccl);
+      REQUIRE(r.ok());
+      CHECK(*r == nccl);
+    }
+  }
+}
+
+TEST_CASE("AVERAGE on an integer type is refused, other integer ops map", "[mapping]") {
+  for (ringrun_dtype dtype : {RINGRUN_INT8, RINGRUN_UINT8, RINGRUN_INT32, RINGRUN_INT64}) {
+    INFO(DtypeName(dtype));
+    Result<ncclRedOp_t> avg = ToNcclRedOp(RINGRUN_AVERAGE, dtype, kNccl);
+    REQUIRE_FALSE(avg.ok());
+    CHECK(avg.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(avg.status().message(), Catch::Contains("AVERAGE is for floating types") &&
+                                           Catch::Contains(DtypeName(dtype)));
+    CHECK(ToNcclRedOp(RINGRUN_SUM, dtype, kNccl).ok());
+    CHECK(ToNcclRedOp(RINGRUN_PRODUCT, dtype, kNccl).ok());
+    CHECK(ToNcclRedOp(RINGRUN_MIN, dtype, kNccl).ok());
+    CHECK(ToNcclRedOp(RINGRUN_MAX, dtype, kNccl).ok());
+  }
+}
+
+TEST_CASE("what an old NCCL lacks is an error naming its version, never a fallback", "[mapping]") {
+  Result<ncclDataType_t> bf16 = ToNcclDataType(RINGRUN_BFLOAT16, kOldNccl);
+  REQUIRE_FALSE(bf16.ok());
+  CHECK(bf16.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(bf16.status().message(), Catch::Contains("BFLOAT16") && Catch::Contains("2.8.4"));
+  Result<ncclRedOp_t> avg = ToNcclRedOp(RINGRUN_AVERAGE, RINGRUN_FLOAT32, kOldNccl);
+  REQUIRE_FALSE(avg.ok());
+  CHECK_THAT(avg.status().message(), Catch::Contains("ncclAvg") && Catch::Contains("2.8.4"));
+  // The rest still works on the old NCCL.
+  CHECK(ToNcclDataType(RINGRUN_FLOAT16, kOldNccl).ok());
+  CHECK(ToNcclRedOp(RINGRUN_SUM, RINGRUN_FLOAT32, kOldNccl).ok());
+}
+
+TEST_CASE("values outside the enums are InvalidArgument", "[mapping]") {
+  Result<ncclDataType_t> t = ToNcclDataType(static_cast<ringrun_dtype>(42), kNccl);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(t.status().message(), Catch::Contains("42"));
+  Result<ncclRedOp_t> o = ToNcclRedOp(static_cast<ringrun_op>(-1), RINGRUN_FLOAT32, kNccl);
+  REQUIRE_FALSE(o.ok());
+  CHECK(o.status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("a machine without CUDA is described as --check-gpu shows it", "[mapping]") {
+  const char* text = "CUDA driver version is insufficient for CUDA runtime version";
+  CHECK_THAT(DescribeCudaUnavailable(cudaErrorInsufficientDriver, text, 0, 13000),
+             Catch::StartsWith(std::string("no CUDA driver: ") + text));
+  CHECK_THAT(DescribeCudaUnavailable(cudaErrorInsufficientDriver, text, 12020, 13000),
+             Catch::StartsWith("CUDA driver 12.2 is older than the runtime 13.0"));
+  CHECK_THAT(DescribeCudaUnavailable(cudaErrorNoDevice, "no CUDA-capable device is detected", 13000,
+                                     13000),
+             Catch::StartsWith("no CUDA device: no CUDA-capable device"));
+}

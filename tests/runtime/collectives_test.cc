@@ -1,0 +1,287 @@
+// The collectives over real loopback sockets and real shared memory, ranks as threads.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+
+#include "thread_job.h"
+#include "values.h"
+
+namespace ringrun::runtime::testing {
+namespace {
+
+const size_t kCounts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
+
+enum class Mode { kTcp, kShm, kTwoHosts };
+
+ThreadJobOptions Options(int np, Mode mode) {
+  ThreadJobOptions o;
+  o.np = np;
+  o.transport.use_shm = mode != Mode::kTcp;
+  o.transport.spin = false;  // ranks are threads on a small machine
+  o.transport.shm_ring_bytes = 64 << 10;  // small, so that messages wrap many times
+  if (mode == Mode::kTwoHosts) {
+    for (int r = 0; r < np; ++r) o.hosts.push_back(r < (np + 1) / 2 ? "127.0.0.1" : "127.0.0.2");
+  }
+  return o;
+}
+
+// Every dtype x op x count, in place and out of place. `big` includes 2^20+3.
+void AllreduceMatrix(int np, Mode mode, bool big) {
+  std::string failures = RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
+    for (size_t count : kCounts) {
+      if (!big && count > 65537) continue;
+      for (ringrun_dtype d : AllDtypes()) {
+        for (ringrun_op op : OpsFor(d)) {
+          const size_t e = DtypeSize(d);
+          std::vector<char> in = Inputs(op, d, rank, count);
+          // Out of place; recv starts as garbage, send must be left alone.
+          std::vector<char> out(count * e + 1, '\x5a');
+          Status st = rt.Allreduce(in.data(), out.data(), count, d, op);
+          if (!st.ok()) return f.Add(rank, st.ToString());
+          std::string bad = CheckReduced(op, d, np, out.data(), count);
+          if (!bad.empty()) return f.Add(rank, "out of place: " + bad);
+          if (out[count * e] != '\x5a') return f.Add(rank, "wrote past recvbuf");
+          if (in != Inputs(op, d, rank, count)) return f.Add(rank, "sendbuf modified");
+          // In place.
+          st = rt.Allreduce(in.data(), in.data(), count, d, op);
+          if (!st.ok()) return f.Add(rank, st.ToString());
+          bad = CheckReduced(op, d, np, in.data(), count);
+          if (!bad.empty()) return f.Add(rank, "in place: " + bad);
+        }
+      }
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: every dtype, op and count over TCP", "[allreduce]") {
+  for (int np : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTcp, true); }
+  }
+}
+
+TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce][shm]") {
+  for (int np : {2, 3, 5}) {
+    DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kShm, np != 5); }
+  }
+}
+
+TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm]") {
+  // np=4: two hosts of two (hierarchical); np=3 and 5: uneven hosts (flat ring, mixed pairs).
+  for (int np : {3, 4, 5}) {
+    DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTwoHosts, np == 4); }
+  }
+}
+
+TEST_CASE("broadcast from every root, small and large", "[broadcast]") {
+  for (Mode mode : {Mode::kTcp, Mode::kShm}) {
+    for (int np : {1, 2, 3, 5}) {
+      DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
+        std::string failures =
+            RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
+              for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, size_t{300001}}) {
+                for (int root = 0; root < np; ++root) {
+                  std::vector<int32_t> buf(count);
+                  for (size_t i = 0; i < count; ++i) {
+                    buf[i] = rank == root ? static_cast<int32_t>(i * 31 + root) : -1;
+                  }
+                  Status st = rt.Broadcast(buf.data(), count, RINGRUN_INT32, root);
+                  if (!st.ok()) return f.Add(rank, st.ToString());
+                  for (size_t i = 0; i < count; ++i) {
+                    if (buf[i] != static_cast<int32_t>(i * 31 + root)) {
+                      return f.Add(rank, "broadcast root " + std::to_string(root) + " count " +
+                                             std::to_string(count) + " wrong at " +
+                                             std::to_string(i));
+                    }
+                  }
+                }
+              }
+            });
+        INFO(failures);
+        CHECK(failures.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("allgather, reduce-scatter and all-to-all", "[allgather][reducescatter][alltoall]") {
+  for (Mode mode : {Mode::kTcp, Mode::kShm}) {
+    for (int np : {1, 2, 3, 5}) {
+      DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
+        std::string failures =
+            RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
+              for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{70001}}) {
+                // Allgather, out of place and in place (sendbuf = recvbuf + rank * count).
+                std::vector<int64_t> mine(count), all(count * np, -7);
+                for (size_t i = 0; i < count; ++i) mine[i] = rank * 1000000 + i;
+                Status st = rt.Allgather(mine.data(), all.data(), count, RINGRUN_INT64);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                for (int r = 0; r < np; ++r) {
+                  for (size_t i = 0; i < count; ++i) {
+                    if (all[r * count + i] != static_cast<int64_t>(r * 1000000 + i)) {
+                      return f.Add(rank, "allgather wrong at rank block " + std::to_string(r));
+                    }
+                  }
+                }
+                std::vector<int64_t> inplace(count * np, -7);
+                std::copy(mine.begin(), mine.end(), inplace.begin() + rank * count);
+                st = rt.Allgather(inplace.data() + rank * count, inplace.data(), count,
+                                  RINGRUN_INT64);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                if (inplace != all) return f.Add(rank, "in-place allgather differs");
+
+                // Reduce-scatter (float sum, then average), out of place and sendbuf == recvbuf.
+                std::vector<float> send(count * np), recv(count, -1);
+                for (size_t i = 0; i < send.size(); ++i) send[i] = float((i + rank) % 13);
+                st = rt.ReduceScatter(send.data(), recv.data(), count, RINGRUN_FLOAT32,
+                                      RINGRUN_SUM);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                for (size_t i = 0; i < count; ++i) {
+                  float want = 0;
+                  for (int r = 0; r < np; ++r) want += float((rank * count + i + r) % 13);
+                  if (recv[i] != want) return f.Add(rank, "reducescatter wrong");
+                }
+                std::vector<float> same = send;
+                st = rt.ReduceScatter(same.data(), same.data(), count, RINGRUN_FLOAT32,
+                                      RINGRUN_AVERAGE);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                for (size_t i = 0; i < count; ++i) {
+                  if (same[i] != recv[i] / float(np)) return f.Add(rank, "in-place average wrong");
+                }
+
+                // All-to-all, out of place and in place.
+                std::vector<int32_t> a2a(count * np), got(count * np, -1);
+                for (int to = 0; to < np; ++to) {
+                  for (size_t i = 0; i < count; ++i) a2a[to * count + i] = rank * 100 + to + i;
+                }
+                st = rt.Alltoall(a2a.data(), got.data(), count, RINGRUN_INT32);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                for (int from = 0; from < np; ++from) {
+                  for (size_t i = 0; i < count; ++i) {
+                    if (got[from * count + i] != static_cast<int32_t>(from * 100 + rank + i)) {
+                      return f.Add(rank, "alltoall wrong");
+                    }
+                  }
+                }
+                st = rt.Alltoall(a2a.data(), a2a.data(), count, RINGRUN_INT32);
+                if (!st.ok()) return f.Add(rank, st.ToString());
+                if (a2a != got) return f.Add(rank, "in-place alltoall differs");
+              }
+              for (int i = 0; i < 3; ++i) {
+                Status st = rt.Barrier();
+                if (!st.ok()) return f.Add(rank, st.ToString());
+              }
+            });
+        INFO(failures);
+        CHECK(failures.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("bad arguments are rejected before communicating and leave the runtime usable",
+          "[args]") {
+  std::string failures = RunThreadJob(Options(3, Mode::kShm), [&](int rank, Runtime& rt,
+                                                                    Failures& f) {
+    float x[4] = {1, 2, 3, 4};
+    int32_t n[4] = {1, 2, 3, 4};
+    auto expect_invalid = [&](const Status& st, const char* what) {
+      if (st.code() != Code::kInvalidArgument) f.Add(rank, std::string(what) + ": " + st.ToString());
+    };
+    expect_invalid(rt.Allreduce(x, x, 4, static_cast<ringrun_dtype>(99), RINGRUN_SUM), "dtype");
+    expect_invalid(rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, static_cast<ringrun_op>(-1)), "op");
+    expect_invalid(rt.Allreduce(n, n, 4, RINGRUN_INT32, RINGRUN_AVERAGE), "average int");
+    expect_invalid(rt.Allreduce(nullptr, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM), "null");
+    expect_invalid(rt.Allreduce(x, x + 1, 3, RINGRUN_FLOAT32, RINGRUN_SUM), "overlap");
+    expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 2, RINGRUN_FLOAT32, RINGRUN_SUM), "overflow");
+    expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, 3), "root");
+    expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, -1), "negative root");
+    expect_invalid(rt.Allgather(x, nullptr, 1, RINGRUN_FLOAT32), "allgather null");
+    expect_invalid(rt.ReduceScatter(n, n, 1, RINGRUN_INT32, RINGRUN_AVERAGE), "rs average");
+    // Still usable, and nothing above was sent: the next collective matches up.
+    Status st = rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM);
+    if (!st.ok()) return f.Add(rank, st.ToString());
+    if (x[0] != 3 || x[3] != 12) f.Add(rank, "allreduce after rejected calls is wrong");
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("a missing peer times out with an error that names it", "[timeout]") {
+  ThreadJobOptions o = Options(3, Mode::kTcp);
+  o.timeout_ms = 300;
+  std::vector<std::unique_ptr<Runtime>> rts;
+  REQUIRE(MakeThreadJob(o, &rts).empty());
+  // Rank 2 never calls: ranks 0 and 1 must fail within the timeout, naming a peer.
+  Failures f;
+  std::vector<Status> errors(2);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> buf(1 << 18, 1.0f);
+      errors[r] = rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32,
+                                    RINGRUN_SUM);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  CHECK(ms < 5000);
+  // The first to time out closes its connections, so the other may see that instead.
+  int timeouts = 0;
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[r].ToString());
+    CHECK((errors[r].code() == Code::kTimeout || errors[r].code() == Code::kUnavailable));
+    CHECK(errors[r].message().find("peer rank") != std::string::npos);
+    timeouts += errors[r].code() == Code::kTimeout;
+  }
+  CHECK(timeouts >= 1);
+  // The failure is sticky.
+  float x = 1;
+  CHECK_FALSE(rts[0]->Allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM).ok());
+}
+
+TEST_CASE("a peer that closes mid-collective fails the others at once", "[dead-peer]") {
+  for (Mode mode : {Mode::kTcp, Mode::kShm}) {
+    DYNAMIC_SECTION("shm=" << (mode == Mode::kShm)) {
+      ThreadJobOptions o = Options(3, mode);
+      o.timeout_ms = 30000;
+      std::vector<std::unique_ptr<Runtime>> rts;
+      REQUIRE(MakeThreadJob(o, &rts).empty());
+      // Connect everyone first, then drop rank 1's runtime (its sockets close) while the others
+      // are inside a large allreduce.
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 3; ++r) {
+        threads.emplace_back([&, r] { (void)rts[r]->Barrier(); });
+      }
+      for (auto& t : threads) t.join();
+      threads.clear();
+      std::vector<Status> errors(3);
+      const auto t0 = Clock::now();
+      for (int r : {0, 2}) {
+        threads.emplace_back([&, r] {
+          std::vector<float> buf(1 << 20, 1.0f);
+          errors[r] = rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32,
+                                        RINGRUN_SUM);
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      rts[1].reset();
+      for (auto& t : threads) t.join();
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      CHECK(ms < 10000);  // well inside the 30 s timeout: EOF is seen at once
+      for (int r : {0, 2}) {
+        INFO(errors[r].ToString());
+        CHECK(errors[r].code() == Code::kUnavailable);
+        CHECK(errors[r].message().find("peer rank") != std::string::npos);
+      }
+    }
+  }
+}
+
+}  // namespace ringrun::runtime::testing

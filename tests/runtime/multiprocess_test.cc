@@ -1,0 +1,206 @@
+// Real worker processes (runtime_test_worker, linked against libringrun.so) joined through a
+// real Rendezvous job server, with the environment contract set as the launcher sets it.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "ringrun/common/env_contract.h"
+#include "test_job_server.h"
+
+extern char** environ;
+
+namespace ringrun::runtime::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Worker {
+  pid_t pid = -1;
+  std::string err_path;
+  int status = -1;
+  bool exited = false;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Job {
+ public:
+  Job(int np, std::vector<std::string> extra_env, const std::string& mode) : np_(np) {
+    server_ = TestJobServer::Start(np, kSecret, "mp-job");
+    for (int r = 0; r < np; ++r) {
+      std::vector<std::string> env = {
+          std::string(env::kRank) + "=" + std::to_string(r),
+          std::string(env::kSize) + "=" + std::to_string(np),
+          std::string(env::kLocalRank) + "=" + std::to_string(r),
+          std::string(env::kLocalSize) + "=" + std::to_string(np),
+          std::string(env::kCrossRank) + "=0",
+          std::string(env::kCrossSize) + "=1",
+          std::string(env::kJobService) + "=" + server_->target(),
+          std::string(env::kSecret) + "=" + kSecret,
+          std::string(env::kHostAddr) + "=127.0.0.1",
+          std::string(env::kJobId) + "=mp-job",
+      };
+      env.insert(env.end(), extra_env.begin(), extra_env.end());
+      for (char** e = environ; *e; ++e) {
+        if (std::strncmp(*e, "RINGRUN_", 8) != 0) env.push_back(*e);
+      }
+      std::vector<char*> envp;
+      for (auto& s : env) envp.push_back(s.data());
+      envp.push_back(nullptr);
+      Worker w;
+      w.err_path = "/tmp/ringrun-test-worker-" + std::to_string(::getpid()) + "-" +
+                   std::to_string(r) + ".err";
+      posix_spawn_file_actions_t fa;
+      posix_spawn_file_actions_init(&fa);
+      posix_spawn_file_actions_addopen(&fa, 2, w.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0600);
+      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+      std::string m = mode;
+      char* argv[] = {const_cast<char*>(RINGRUN_TEST_WORKER), m.data(), nullptr};
+      if (posix_spawn(&w.pid, RINGRUN_TEST_WORKER, &fa, nullptr, argv, envp.data()) != 0) {
+        w.pid = -1;
+      }
+      posix_spawn_file_actions_destroy(&fa);
+      workers_.push_back(w);
+    }
+  }
+  ~Job() {
+    for (Worker& w : workers_) {
+      if (w.pid > 0 && !w.exited) {
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, &w.status, 0);
+      }
+      ::unlink(w.err_path.c_str());
+    }
+  }
+  // Waits for every worker (except already-exited ones) until the deadline; false on timeout.
+  bool WaitAll(int timeout_ms) {
+    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      bool all = true;
+      for (Worker& w : workers_) {
+        if (w.exited || w.pid < 0) continue;
+        if (::waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
+          w.exited = true;
+        } else {
+          all = false;
+        }
+      }
+      if (all) return true;
+      if (Clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  void Kill(int rank) {
+    ::kill(workers_[rank].pid, SIGKILL);
+    ::waitpid(workers_[rank].pid, &workers_[rank].status, 0);
+    workers_[rank].exited = true;
+  }
+  bool joined_all() { return server_->rendezvous().joined() == np_; }
+  const Worker& worker(int r) const { return workers_[r]; }
+  std::string Stderr(int r) const { return ReadFile(workers_[r].err_path); }
+  int ExitCode(int r) const {
+    const int s = workers_[r].status;
+    return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+  }
+  bool server_ok() const { return server_ != nullptr; }
+
+ private:
+  static constexpr const char* kSecret = "0123456789abcdef0123456789abcdef";
+  const int np_;
+  std::unique_ptr<TestJobServer> server_;
+  std::vector<Worker> workers_;
+};
+
+// /dev/shm entries of ours: ringrun segments carry the creating process's pid.
+int ShmSegmentsOf(const Job& job, int np) {
+  int found = 0;
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind("ringrun-", 0) != 0) continue;
+    for (int r = 0; r < np; ++r) {
+      if (name.find("-" + std::to_string(job.worker(r).pid) + "-") != std::string::npos) ++found;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+void RunCheck(int np, std::vector<std::string> env) {
+  Job job(np, env, "check");
+  REQUIRE(job.server_ok());
+  const bool done = job.WaitAll(120000);
+  REQUIRE(done);
+  for (int r = 0; r < np; ++r) {
+    INFO("rank " << r << " stderr: " << job.Stderr(r));
+    CHECK(job.ExitCode(r) == 0);
+  }
+  CHECK(ShmSegmentsOf(job, np) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("processes: collectives through the C API, shared memory", "[multiprocess]") {
+  for (int np : {1, 2, 3, 5}) {
+    DYNAMIC_SECTION("np=" << np) { RunCheck(np, {}); }
+  }
+}
+
+TEST_CASE("processes: collectives through the C API, TCP", "[multiprocess]") {
+  for (int np : {2, 3}) {
+    DYNAMIC_SECTION("np=" << np) { RunCheck(np, {"RINGRUN_DISABLE_SHM=1"}); }
+  }
+}
+
+TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hanging",
+          "[multiprocess][dead-peer]") {
+  for (const char* shm : {"0", "1"}) {
+    DYNAMIC_SECTION("disable_shm=" << shm) {
+      constexpr int kNp = 3;
+      constexpr int kTimeoutMs = 8000;
+      Job job(kNp, {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
+                    std::string("RINGRUN_DISABLE_SHM=") + shm},
+              "loop");
+      REQUIRE(job.server_ok());
+      const auto t_join = Clock::now() + std::chrono::seconds(30);
+      while (!job.joined_all() && Clock::now() < t_join) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      REQUIRE(job.joined_all());
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-allreduce by now
+      const auto t0 = Clock::now();
+      job.Kill(1);
+      const bool done = job.WaitAll(kTimeoutMs + 5000);
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      REQUIRE(done);
+      CHECK(ms < kTimeoutMs + 2000);
+      for (int r : {0, 2}) {
+        INFO("rank " << r << " stderr: " << job.Stderr(r));
+        CHECK(job.ExitCode(r) == 3);
+        CHECK(job.Stderr(r).find("peer rank") != std::string::npos);
+      }
+      // The killed rank's segments were unlinked as soon as its peers mapped them.
+      CHECK(ShmSegmentsOf(job, kNp) == 0);
+    }
+  }
+}
+
+}  // namespace ringrun::runtime::testing

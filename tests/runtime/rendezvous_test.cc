@@ -1,0 +1,69 @@
+// The Rendezvous behind a real gRPC server, driven by the real job-service client.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "job_client.h"
+#include "ringrun/common/auth.h"
+#include "test_job_server.h"
+
+namespace ringrun::runtime::testing {
+
+TEST_CASE("rendezvous: every rank gets the whole columnar table", "[rendezvous]") {
+  constexpr int kSize = 6;
+  auto server = TestJobServer::Start(kSize, "secret", "job-7");
+  REQUIRE(server);
+  std::vector<Result<PeerTable>> results(kSize, Result<PeerTable>(Internal("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = MakeGrpcJobClient(server->target(), "secret");
+      JoinInfo info;
+      info.rank = r, info.size = kSize, info.port = static_cast<uint16_t>(1000 + r);
+      info.address = r < 3 ? "10.0.0.1" : "10.0.0.2";
+      if (r == 0) info.nccl_id = "nccl-bytes";
+      results[r] = client->Join(info, 10000);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kSize; ++r) {
+    INFO(results[r].status().ToString());
+    REQUIRE(results[r].ok());
+    const PeerTable& t = *results[r];
+    CHECK(t.size() == kSize);
+    CHECK(t.addresses.size() == 2);
+    CHECK(t.job_id == "job-7");
+    CHECK(t.nccl_id == "nccl-bytes");
+    for (int p = 0; p < kSize; ++p) {
+      CHECK(t.port_of_rank[p] == static_cast<uint32_t>(1000 + p));
+      CHECK(t.address(p) == (p < 3 ? "10.0.0.1" : "10.0.0.2"));
+    }
+  }
+}
+
+TEST_CASE("rendezvous: bad joins are refused", "[rendezvous]") {
+  auto server = TestJobServer::Start(2, "secret");
+  REQUIRE(server);
+  JoinInfo info;
+  info.rank = 0, info.size = 3, info.address = "127.0.0.1", info.port = 5;
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 5000).status().code() ==
+        Code::kInvalidArgument);
+  info.size = 2;
+  CHECK(MakeGrpcJobClient(server->target(), "wrong")->Join(info, 5000).status().code() ==
+        Code::kPermissionDenied);
+  // A rank that gives up (deadline) may join again; a second copy of a held rank is refused.
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 200).status().code() ==
+        Code::kTimeout);
+  std::thread holder([&] {
+    (void)MakeGrpcJobClient(server->target(), "secret")->Join(info, 3000);
+  });
+  while (server->rendezvous().joined() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 2000).status().code() ==
+        Code::kInvalidArgument);  // ALREADY_EXISTS
+  server->rendezvous().Abort("test over");
+  holder.join();
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 2000).status().code() ==
+        Code::kAborted);
+}
+
+}  // namespace ringrun::runtime::testing

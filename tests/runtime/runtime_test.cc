@@ -1,0 +1,160 @@
+// The runtime's joining logic against a fake job service client, and the environment contract.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "runtime.h"
+#include "ringrun/common/env_contract.h"
+
+namespace ringrun::runtime {
+namespace {
+
+// Collects every rank's JoinInfo and answers all once the last has joined (like the service).
+class FakeJobService {
+ public:
+  explicit FakeJobService(int size) : size_(size) {}
+  Result<PeerTable> Join(const JoinInfo& info) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (fail_) return PermissionDenied("wrong secret");
+    infos_[info.rank] = info;
+    if (static_cast<int>(infos_.size()) == size_) cv_.notify_all();
+    cv_.wait(lock, [&] { return static_cast<int>(infos_.size()) == size_; });
+    PeerTable t;
+    t.job_id = "fake-job";
+    for (auto& [rank, i] : infos_) {
+      uint32_t idx = 0;
+      while (idx < t.addresses.size() && t.addresses[idx] != i.address) ++idx;
+      if (idx == t.addresses.size()) t.addresses.push_back(i.address);
+      t.address_of_rank.push_back(idx);
+      t.port_of_rank.push_back(i.port);
+    }
+    return t;
+  }
+  void set_fail(bool f) { fail_ = f; }
+
+ private:
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, JoinInfo> infos_;
+  bool fail_ = false;
+};
+
+class FakeClient final : public JobClient {
+ public:
+  explicit FakeClient(FakeJobService* s) : s_(s) {}
+  Result<PeerTable> Join(const JoinInfo& info, int) override {
+    ++calls;
+    return s_->Join(info);
+  }
+  int calls = 0;
+
+ private:
+  FakeJobService* s_;
+};
+
+std::function<const char*(const char*)> Env(std::map<std::string, std::string> m) {
+  auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(m));
+  return [shared](const char* n) -> const char* {
+    auto it = shared->find(n);
+    return it == shared->end() ? nullptr : it->second.c_str();
+  };
+}
+
+}  // namespace
+
+TEST_CASE("no job environment: a job of size 1", "[runtime]") {
+  Result<JobEnv> env = ReadJobEnv(Env({}));
+  REQUIRE(env.ok());
+  CHECK_FALSE(env->in_job);
+  Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, nullptr);
+  REQUIRE(rt.ok());
+  CHECK(rt.value()->shape().size == 1);
+  CHECK(rt.value()->shape().rank == 0);
+  float a[3] = {1, 2, 3}, b[3];
+  REQUIRE(rt.value()->Allreduce(a, b, 3, RINGRUN_FLOAT32, RINGRUN_AVERAGE).ok());
+  CHECK(b[2] == 3.0f);
+  CHECK(rt.value()->Barrier().ok());
+  CHECK(rt.value()->Broadcast(a, 3, RINGRUN_FLOAT32, 0).ok());
+  CHECK(rt.value()->Broadcast(a, 3, RINGRUN_FLOAT32, 1).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
+  Result<JobEnv> env = ReadJobEnv(Env({{env::kRank, "2"},
+                                       {env::kSize, "4"},
+                                       {env::kLocalRank, "0"},
+                                       {env::kJobService, "127.0.0.1:5000"},
+                                       {env::kSecret, "s"},
+                                       {env::kHostAddr, "127.0.0.1"},
+                                       {"RINGRUN_TIMEOUT_MS", "1500"},
+                                       {"RINGRUN_DISABLE_SHM", "1"}}));
+  REQUIRE(env.ok());
+  CHECK(env->in_job);
+  CHECK(env->rank == 2);
+  CHECK(env->size == 4);
+  CHECK(env->local_rank == 0);
+  CHECK(env->local_size == -1);
+  CHECK(env->timeout_ms == 1500);
+  CHECK_FALSE(env->use_shm);
+  CHECK(ReadJobEnv(Env({{env::kRank, "4"}, {env::kSize, "4"}, {env::kJobService, "x:1"}}))
+            .status().code() == Code::kInvalidArgument);
+  CHECK(ReadJobEnv(Env({{env::kRank, "0"}})).status().code() == Code::kInvalidArgument);
+  CHECK(ReadJobEnv(Env({{env::kRank, "0"}, {env::kSize, "2"}})).status().code() ==
+        Code::kInvalidArgument);  // no job service
+  Result<JobEnv> bad = ReadJobEnv(Env({{env::kRank, "x"}, {env::kSize, "2"}}));
+  CHECK(bad.status().message().find("RINGRUN_RANK") != std::string::npos);
+}
+
+TEST_CASE("ranks join through the job client once and then communicate", "[runtime]") {
+  constexpr int kSize = 3;
+  FakeJobService service(kSize);
+  std::vector<std::unique_ptr<Runtime>> rts(kSize);
+  std::vector<Status> errors(kSize);
+  std::vector<int> calls(kSize);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      JobEnv env;
+      env.in_job = true, env.rank = r, env.size = kSize, env.job_service = "fake";
+      env.timeout_ms = 10000;
+      FakeClient client(&service);
+      Result<std::unique_ptr<Runtime>> rt = Runtime::Join(env, &client);
+      calls[r] = client.calls;
+      if (!rt.ok()) {
+        errors[r] = rt.status();
+        return;
+      }
+      rts[r] = std::move(rt.value());
+      int64_t v = r + 1;
+      errors[r] = rts[r]->Allreduce(&v, &v, 1, RINGRUN_INT64, RINGRUN_SUM);
+      if (errors[r].ok() && v != 6) errors[r] = Internal("wrong sum");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kSize; ++r) {
+    INFO(errors[r].ToString());
+    CHECK(errors[r].ok());
+    CHECK(calls[r] == 1);
+    REQUIRE(rts[r]);
+    CHECK(rts[r]->shape().local_size == kSize);
+    CHECK(rts[r]->shape().local_rank == r);
+    CHECK(rts[r]->shape().cross_size == 1);
+  }
+}
+
+TEST_CASE("a failed join is an error naming the rank", "[runtime]") {
+  FakeJobService service(2);
+  service.set_fail(true);
+  FakeClient client(&service);
+  JobEnv env;
+  env.in_job = true, env.rank = 1, env.size = 2, env.job_service = "fake";
+  Result<std::unique_ptr<Runtime>> rt = Runtime::Join(env, &client);
+  REQUIRE_FALSE(rt.ok());
+  CHECK(rt.status().code() == Code::kPermissionDenied);
+  CHECK(rt.status().message().find("rank 1") != std::string::npos);
+}
+
+}  // namespace ringrun::runtime

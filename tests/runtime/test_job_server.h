@@ -1,0 +1,34 @@
+// A minimal job service for the runtime's tests: Join only, checked against the secret and
+// forwarded to a real launcher::Rendezvous, like the launcher's JobService does. Port 0.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "launcher/rendezvous.h"
+#include "ringrun/job.grpc.pb.h"
+
+namespace ringrun::runtime::testing {
+
+class TestJobServer {
+ public:
+  // Listens on 127.0.0.1:<any port>; nullptr when the server could not start.
+  static std::unique_ptr<TestJobServer> Start(int size, const std::string& secret,
+                                              const std::string& job_id = "test-job");
+  ~TestJobServer();
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  launcher::Rendezvous& rendezvous() { return *rendezvous_; }
+
+ private:
+  class Service;
+  TestJobServer() = default;
+  std::unique_ptr<launcher::Rendezvous> rendezvous_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace ringrun::runtime::testing

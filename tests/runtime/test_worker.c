@@ -1,0 +1,137 @@
+/* A rank that uses only the public C API (and is written in C, which keeps ringrun.h valid C).
+ *   runtime_test_worker check   collectives with known answers; exit 0 when all are right
+ *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error
+ * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ringrun/ringrun.h"
+
+static int g_rank = -1;
+
+#define CHECK_RC(call)                                                                 \
+  do {                                                                                 \
+    if ((call) != 0) {                                                                 \
+      fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call, ringrun_error_message()); \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
+#define EXPECT(cond, ...)                          \
+  do {                                             \
+    if (!(cond)) {                                 \
+      fprintf(stderr, "rank %d: ", g_rank);        \
+      fprintf(stderr, __VA_ARGS__);                \
+      fprintf(stderr, "\n");                       \
+      return 1;                                    \
+    }                                              \
+  } while (0)
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16); /* exact for the small integers used here */
+}
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static int check(void) {
+  const int r = ringrun_rank(), n = ringrun_size();
+  const size_t counts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
+  for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); ++c) {
+    const size_t count = counts[c];
+    float* f = malloc((count + 1) * sizeof(float));
+    float* g = malloc((count + 1) * sizeof(float));
+    uint16_t* b = malloc((count + 1) * sizeof(uint16_t));
+    int8_t* i8 = malloc(count + 1);
+    int64_t* i64 = malloc((count + 1) * sizeof(int64_t));
+    for (size_t i = 0; i < count; ++i) {
+      f[i] = (float)(i % 7) + (float)r;
+      b[i] = to_bf16((float)(i % 5) - (float)r);
+      i8[i] = (int8_t)((i + r) % 9 - 4);
+      i64[i] = (int64_t)(i * 3 + r);
+    }
+    CHECK_RC(ringrun_allreduce(f, g, count, RINGRUN_FLOAT32, RINGRUN_SUM));
+    CHECK_RC(ringrun_allreduce(f, f, count, RINGRUN_FLOAT32, RINGRUN_AVERAGE));
+    CHECK_RC(ringrun_allreduce(b, b, count, RINGRUN_BFLOAT16, RINGRUN_SUM));
+    CHECK_RC(ringrun_allreduce(i8, i8, count, RINGRUN_INT8, RINGRUN_MIN));
+    CHECK_RC(ringrun_allreduce(i64, i64, count, RINGRUN_INT64, RINGRUN_MAX));
+    for (size_t i = 0; i < count; ++i) {
+      const float sum = (float)(n * (int)(i % 7)) + (float)(n * (n - 1) / 2);
+      EXPECT(g[i] == sum, "f32 sum count %zu [%zu]: %g != %g", count, i, g[i], sum);
+      EXPECT(f[i] == sum / (float)n, "f32 avg count %zu [%zu]", count, i);
+      const float bsum = (float)(n * (int)(i % 5)) - (float)(n * (n - 1) / 2);
+      EXPECT(from_bf16(b[i]) == bsum, "bf16 sum count %zu [%zu]", count, i);
+      int8_t mn = 127;
+      for (int p = 0; p < n; ++p) {
+        int8_t v = (int8_t)((i + p) % 9 - 4);
+        if (v < mn) mn = v;
+      }
+      EXPECT(i8[i] == mn, "int8 min count %zu [%zu]", count, i);
+      EXPECT(i64[i] == (int64_t)(i * 3 + n - 1), "int64 max count %zu [%zu]", count, i);
+    }
+    free(f), free(g), free(b), free(i8), free(i64);
+  }
+  /* Broadcast from the last rank, allgather, reduce-scatter, all-to-all, barrier. */
+  int32_t bc[1000];
+  for (int i = 0; i < 1000; ++i) bc[i] = r == n - 1 ? i * 7 : -1;
+  CHECK_RC(ringrun_broadcast(bc, 1000, RINGRUN_INT32, n - 1));
+  for (int i = 0; i < 1000; ++i) EXPECT(bc[i] == i * 7, "broadcast [%d]", i);
+  double mine[3] = {r, r * 10.0, r * 100.0};
+  double* all = malloc(sizeof(double) * 3 * n);
+  CHECK_RC(ringrun_allgather(mine, all, 3, RINGRUN_FLOAT64));
+  for (int p = 0; p < n; ++p) EXPECT(all[3 * p + 1] == p * 10.0, "allgather block %d", p);
+  int32_t* rs = malloc(sizeof(int32_t) * 4 * n);
+  int32_t out[4];
+  for (int i = 0; i < 4 * n; ++i) rs[i] = i + r;
+  CHECK_RC(ringrun_reducescatter(rs, out, 4, RINGRUN_INT32, RINGRUN_SUM));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT(out[i] == n * (4 * r + i) + n * (n - 1) / 2, "reducescatter [%d]", i);
+  }
+  for (int i = 0; i < 4 * n; ++i) rs[i] = r * 1000 + i;
+  CHECK_RC(ringrun_alltoall(rs, rs, 4, RINGRUN_INT32));
+  for (int p = 0; p < n; ++p) EXPECT(rs[4 * p] == p * 1000 + 4 * r, "alltoall from %d", p);
+  CHECK_RC(ringrun_barrier());
+  /* A bad call fails with a message and changes nothing. */
+  EXPECT(ringrun_allreduce(rs, rs, 4, RINGRUN_INT32, RINGRUN_AVERAGE) != 0, "AVERAGE on int");
+  EXPECT(strstr(ringrun_error_message(), "AVERAGE") != NULL, "error message: %s",
+         ringrun_error_message());
+  EXPECT(ringrun_broadcast(bc, 1, RINGRUN_INT32, n) != 0, "root out of range");
+  CHECK_RC(ringrun_barrier());
+  free(all), free(rs);
+  return 0;
+}
+
+static int loop(void) {
+  const size_t count = 1u << 22;
+  float* buf = malloc(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) buf[i] = 1.0f;
+  printf("looping rank=%d\n", ringrun_rank());
+  fflush(stdout);
+  for (;;) {
+    if (ringrun_allreduce(buf, buf, count, RINGRUN_FLOAT32, RINGRUN_MAX) != 0) {
+      fprintf(stderr, "rank %d: allreduce failed: %s\n", ringrun_rank(), ringrun_error_message());
+      free(buf);
+      return 3;
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "check";
+  if (ringrun_init() != 0) {
+    fprintf(stderr, "ringrun_init failed: %s\n", ringrun_error_message());
+    return 2;
+  }
+  g_rank = ringrun_rank();
+  int rc = strcmp(mode, "loop") == 0 ? loop() : check();
+  if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
+  ringrun_shutdown();
+  return rc;
+}

@@ -46,7 +46,7 @@ trap 'rm -rf "$TMPD"' EXIT
 H4=$(hosts_list 4)
 MPI=(mpirun --allow-run-as-root -np 4 -H "$H4" --mca plm_rsh_agent ssh
      --mca plm_rsh_args "-i $RR_KEY -o UserKnownHostsFile=$RR_KNOWN_HOSTS -o BatchMode=yes"
-     --mca oob_tcp_if_include rr-br0 --mca btl_tcp_if_include rr-br0 /bin/true)
+     --mca oob_tcp_if_include 198.18.0.0/24 --mca btl_tcp_if_include 198.18.0.0/24 /bin/true)
 RR=("$RINGRUN" -np 4 -H "$H4" "${SSH_OPTS[@]}" /bin/true)
 
 # Warm-up (page cache, sshd's first fork).

@@ -43,18 +43,20 @@ int Main(int argc, char** argv) {
   ParseOutcome parsed = ParseCommandLine(argc, argv, env);
   if (parsed.kind == ParseOutcome::kExitNow) {
     std::FILE* f = parsed.exit_code == 0 ? stdout : stderr;
-    std::fprintf(f, "%s%s", parsed.message.c_str(),
+    std::fprintf(f, "%s%s%s", parsed.exit_code == 0 ? "" : "ringrun: ", parsed.message.c_str(),
                  !parsed.message.empty() && parsed.message.back() != '\n' ? "\n" : "");
     return parsed.exit_code;
   }
   const Options& options = parsed.options;
   InitLogging("ringrun", options.log_level);
+  if (options.check_build) return RunCheckBuild();
   if (options.dry_run) return PrintPlacement(options);
   auto local = MakeLocalAgentStarter();
+  auto remote = MakeSshAgentStarter(SshConfigFromOptions(options));
   Starters starters;
   starters.local = local.get();
-  auto remote = MakeSshAgentStarter(SshConfigFromOptions(options));
   starters.remote = remote.get();
+  if (options.check_gpu) return RunCheckGpu(options, starters);
   return RunJob(options, starters);
 }
 

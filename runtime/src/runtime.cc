@@ -81,6 +81,10 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   int disable_shm = 0;
   RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_DISABLE_SHM", 0, 1, &disable_shm));
   e.use_shm = disable_shm == 0;
+  RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_SHM_RING_KIB", 4, 1 << 20, &e.shm_ring_kib));
+  if (e.shm_ring_kib & (e.shm_ring_kib - 1)) {
+    return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
+  }
   if (rank == nullptr && size == nullptr) return e;  // not under ringrun
   if (rank == nullptr || size == nullptr) {
     return InvalidArgument(std::string("only one of ") + env::kRank + " and " + env::kSize +
@@ -152,6 +156,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (peers->job_id.empty()) peers->job_id = env.job_id;
   TransportOptions topts;
   topts.use_shm = env.use_shm;
+  if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
   Shape derived = DeriveShape(*peers, env.rank);
   topts.spin = derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
   shape = derived;

@@ -35,6 +35,7 @@ struct JobEnv {
   int timeout_ms = kDefaultCollectiveTimeoutMs;
   int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
   bool use_shm = true;
+  int shm_ring_kib = 0;  // RINGRUN_SHM_RING_KIB: 0 = the transport's default
 };
 
 // Parses the environment through `getenv` (injectable for tests). Malformed values are

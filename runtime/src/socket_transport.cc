@@ -41,7 +41,7 @@ constexpr uint32_t kHelloMagic = 0x52475231;  // "RGR1"
 constexpr size_t kMaxShmName = 96;
 constexpr size_t kTcpChunk = 1 << 20;      // most bytes one send/recv call moves
 constexpr size_t kStagingBytes = 256 << 10;  // TCP RecvReduce staging
-constexpr size_t kShmChunk = 256 << 10;    // most bytes one shm progress step moves
+constexpr size_t kShmChunk = 512 << 10;    // most bytes one shm progress step moves
 constexpr int kHelloTimeoutMs = 10000;
 
 struct Hello {
@@ -573,7 +573,18 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     char c;
     ssize_t n = ::recv(fds[i].fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-      return PeerError(fd_peer[i], Unavailable("connection closed: the peer process is gone"));
+      // The peer may have written its last bytes and exited: drain what it left first.
+      size_t remaining;
+      Result<bool> r = ProgressAll(states, &remaining);
+      if (!r.ok()) return r.status();
+      for (const OpState& s : states) {
+        if (!s.complete && s.op->peer == fd_peer[i]) {
+          return PeerError(fd_peer[i],
+                           Unavailable("connection closed: the peer process is gone"));
+        }
+      }
+      *progressed = true;
+      return Status::Ok();
     }
     if (n > 0) return PeerError(fd_peer[i], Internal("unexpected bytes on a shared-memory pair"));
   }

@@ -10,7 +10,7 @@
 
 using namespace ringrun::launcher;
 
-TEST_CASE("--check-build lists the version, backends and libraries", "[check_build]") {
+TEST_CASE("check-build lists the version, backends and libraries", "[check_build]") {
   const std::string text = CheckBuildText();
   CHECK_THAT(text, Catch::StartsWith("ringrun v"));
   CHECK_THAT(text, Catch::Contains("[X] CPU TCP") && Catch::Contains("[X] CPU shared memory"));
@@ -82,7 +82,7 @@ TEST_CASE("the probe library answers without a GPU, naming the cause", "[check_g
 
 // A real --check-gpu job on this machine (local agent, real probe). Hidden from the unit run;
 // CTest runs it as gpu_check_gpu_local (label integration).
-TEST_CASE("--check-gpu on a host without a GPU exits 1 within 10 s", "[.][check_gpu_job]") {
+TEST_CASE("check-gpu on a host without a GPU exits 1 within 10 s", "[.][check_gpu_job]") {
   ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
   if (!info.devices.empty()) {
     SUCCEED("this machine has a GPU");

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs exactly what building and testing ringrun need, from Debian packages.
+# Idempotent and quiet; run as root (CI does). CUDA and NCCL come from /usr/local/cuda when
+# present and are optional.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libssh-dev libcli11-dev libspdlog-dev catch2 zlib1g-dev
+  openssh-server openssh-client iproute2 procps util-linux
+  openmpi-bin libopenmpi-dev libgloo-dev
+  dataset-fashion-mnist
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

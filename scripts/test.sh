@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every test: installs dependencies, builds both configurations (with and without NCCL),
+# then runs the unit, integration and cluster tests. Needs root (cluster tests create network
+# namespaces). Usage: scripts/test.sh [extra ctest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${RINGRUN_BUILD_JOBS:-2}
+scripts/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+# The configuration without CUDA/NCCL must build too; its GPU seam has its own unit tests.
+cmake -S . -B build-nonccl -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGRUN_WITH_NCCL=OFF >/dev/null
+cmake --build build-nonccl -j"$jobs" --target ringrun ringrun-agent ringrun gpu_unit_tests
+(cd build-nonccl && ctest -R '^gpu_unit' --output-on-failure)
+cd build
+# Everything but the cluster in parallel, then the cluster tests one at a time (they share
+# the namespace hosts, brought up and torn down by a CTest fixture).
+ctest -LE cluster -j2 --output-on-failure --timeout 600 "$@"
+ctest -L cluster --output-on-failure --timeout 600 "$@"

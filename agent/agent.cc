@@ -338,8 +338,11 @@ int Agent::Run() {
     ctx.set_wait_for_ready(true);
     grpc::Status st = stub->Register(&ctx, req, &reply);
     if (!st.ok()) {
-      spdlog::error("{}: registering with the job service at {}: {}", host,
-                    config_.launcher_target, st.error_message());
+      // ABORTED: the job was torn down before this host's turn; the launcher says why.
+      auto level = st.error_code() == grpc::StatusCode::ABORTED ? spdlog::level::debug
+                                                                 : spdlog::level::err;
+      spdlog::log(level, "{}: registering with the job service at {}: {}", host,
+                  config_.launcher_target, st.error_message());
       return 1;
     }
   }

@@ -12,7 +12,7 @@ for ((i = 0; i < rounds; i++)); do
   t=$(now_ns); mpirun --allow-run-as-root --oversubscribe -np 2 /bin/true; mp+=($((($(now_ns) - t) / 1000)))
 done
 stats() {  # prints "median best" in ms
-  sort -n | awk '{a[NR]=$1} END {printf "%.1f %.1f", a[int((NR+1)/2)]/1000, a[1]/1000}'
+  sort -n | awk '{a[NR]=$1} END {printf "%.1f %.1f\n", a[int((NR+1)/2)]/1000, a[1]/1000}'
 }
 read -r rmed rbest < <(printf '%s\n' "${rr[@]}" | stats)
 read -r mmed mbest < <(printf '%s\n' "${mp[@]}" | stats)

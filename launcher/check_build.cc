@@ -4,14 +4,54 @@
 #include <grpcpp/grpcpp.h>
 #include <libssh/libssh.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "gpu/gpu_info.h"
 #include "ringrun/common/version.h"
+#include "ringrun/gpu/config.h"
+#if RINGRUN_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
 
 namespace ringrun::launcher {
 namespace {
+
+#if RINGRUN_HAVE_NCCL
+// Calls `int fn(int*)` from the first library of `paths` that loads; 0 if none does.
+int DlVersion(std::initializer_list<const char*> paths, const char* symbol) {
+  for (const char* path : paths) {
+    void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) continue;
+    int version = 0;
+    using Fn = int (*)(int*);
+    if (auto fn = reinterpret_cast<Fn>(::dlsym(lib, symbol))) fn(&version);
+    ::dlclose(lib);
+    if (version > 0) return version;
+  }
+  return 0;
+}
+#endif
+
+// What this build has. The launcher does not link CUDA or NCCL (they would cost every job's
+// start-up tens of milliseconds); the versions of the libraries present come through dlopen.
+runtime::GpuBuildInfo BuildInfo() {
+  runtime::GpuBuildInfo info;
+#if RINGRUN_HAVE_NCCL
+  info.have_nccl = true;
+  info.cuda_header_version = CUDART_VERSION;
+  info.nccl_header_version = NCCL_VERSION_CODE;
+  const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+  info.cuda_runtime_version =
+      DlVersion({cudart.c_str(), RINGRUN_CUDART_PATH}, "cudaRuntimeGetVersion");
+  const std::string nccl = "libnccl.so." + std::to_string(NCCL_MAJOR);
+  info.nccl_runtime_version = DlVersion({nccl.c_str(), RINGRUN_NCCL_PATH}, "ncclGetVersion");
+#endif
+  return info;
+}
 
 std::string Box(bool have) { return have ? "    [X] " : "    [ ] "; }
 
@@ -26,7 +66,7 @@ std::string Row(const std::string& name, const std::string& value) {
 std::string CheckBuildText() {
   using runtime::FormatCudaVersion;
   using runtime::FormatNcclVersion;
-  const runtime::GpuBuildInfo gpu = runtime::GetGpuBuildInfo();
+  const runtime::GpuBuildInfo gpu = BuildInfo();
 
   std::string nccl = "NCCL";
   if (gpu.have_nccl) {

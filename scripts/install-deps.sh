@@ -10,6 +10,7 @@ pkgs=(
   openssh-server openssh-client iproute2 procps util-linux
   openmpi-bin libopenmpi-dev libgloo-dev
   dataset-fashion-mnist
+  python3-torch  # a real torch.distributed client for the env:// contract test
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,157 @@
+// join_bench: how long N simulated ranks take to join one real Rendezvous behind a real gRPC
+// server, each getting the whole N-entry peer table back.
+//
+//   join_bench [N ...]        (default: 1000 8000)
+//
+// Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
+// channels each, against a server in this process (the launcher's setup: a callback Join that
+// checks the secret and forwards to Rendezvous::Join). The time runs from "go" until the last
+// rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch TCPStore).
+#include <grpcpp/grpcpp.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "launcher/rendezvous.h"
+#include "ringrun/common/auth.h"
+#include "ringrun/job.grpc.pb.h"
+
+namespace {
+
+constexpr char kSecret[] = "join-bench-secret";
+constexpr int kProcesses = 4;
+constexpr int kChannelsPerProcess = 4;
+
+class Service final : public ringrun::v1::JobService::WithCallbackMethod_Join<
+                          ringrun::v1::JobService::Service> {
+ public:
+  explicit Service(ringrun::launcher::Rendezvous* r) : r_(r) {}
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
+                                 const ringrun::v1::JoinRequest* req,
+                                 ringrun::v1::JoinReply* reply) override {
+    grpc::Status auth = ringrun::CheckSecret(*ctx, kSecret);
+    if (!auth.ok()) {
+      auto* reactor = ctx->DefaultReactor();
+      reactor->Finish(auth);
+      return reactor;
+    }
+    return r_->Join(ctx, req, reply);
+  }
+
+ private:
+  ringrun::launcher::Rendezvous* r_;
+};
+
+// One client process: ranks [first, last) as concurrent callback calls. Exit 0 when every
+// reply is OK and holds the whole table.
+int RunClients(int port, int n, int first, int last) {
+  std::vector<std::unique_ptr<ringrun::v1::JobService::Stub>> stubs;
+  for (int c = 0; c < kChannelsPerProcess; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", c);  // distinct channels, not one shared subchannel
+    args.SetMaxReceiveMessageSize(-1);
+    stubs.push_back(ringrun::v1::JobService::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
+  }
+  struct Call {
+    grpc::ClientContext ctx;
+    ringrun::v1::JoinRequest req;
+    ringrun::v1::JoinReply reply;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0, bad = 0;
+  for (int r = first; r < last; ++r) {
+    auto call = std::make_unique<Call>();
+    ringrun::AttachSecret(&call->ctx, kSecret);
+    call->ctx.set_deadline(ringrun::DeadlineAfterMs(60000));
+    call->req.set_rank(r);
+    call->req.set_size(n);
+    call->req.set_address("10.0." + std::to_string(r / 8 / 256 % 256) + "." +
+                          std::to_string(r / 8 % 256));  // 8 ranks per "host"
+    call->req.set_port(20000 + r % 8);
+    Call* c = call.get();
+    stubs[r % kChannelsPerProcess]->async()->Join(
+        &c->ctx, &c->req, &c->reply, [&, c, n](grpc::Status s) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!s.ok() || c->reply.port_of_rank_size() != n) {
+            if (bad++ == 0) std::fprintf(stderr, "join_bench: %s\n", s.error_message().c_str());
+          }
+          if (++done == static_cast<int>(calls.size())) cv.notify_all();
+        });
+    calls.push_back(std::move(call));
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == last - first; });
+  return bad == 0 ? 0 : 1;
+}
+
+double Bench(int n) {
+  // Clients fork first (no gRPC state yet), then wait for the port on a pipe.
+  std::vector<int> go(kProcesses);
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcesses; ++p) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[1]);
+      int port = 0;
+      if (read(fds[0], &port, sizeof(port)) != sizeof(port)) _exit(2);
+      _exit(RunClients(port, n, n * p / kProcesses, n * (p + 1) / kProcesses));
+    }
+    close(fds[0]);
+    go[p] = fds[1];
+    pids.push_back(pid);
+  }
+  ringrun::launcher::Rendezvous rendezvous(n, "join-bench");
+  Service service(&rendezvous);
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int fd : go) {
+    if (write(fd, &port, sizeof(port)) != sizeof(port)) return -1;
+    close(fd);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return ok ? s : -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
+  if (sizes.empty()) sizes = {1000, 8000};
+  int rc = 0;
+  for (int n : sizes) {
+    const double s = Bench(n);
+    if (s < 0) {
+      std::printf("join_bench ranks=%d FAILED\n", n);
+      rc = 1;
+    } else {
+      std::printf("join_bench ranks=%d processes=%d join_s=%.3f\n", n, kProcesses, s);
+    }
+    std::fflush(stdout);
+  }
+  return rc;
+}

@@ -74,6 +74,7 @@ int RunClients(int port, int n, int first, int last) {
     auto call = std::make_unique<Call>();
     ringrun::AttachSecret(&call->ctx, kSecret);
     call->ctx.set_deadline(ringrun::DeadlineAfterMs(60000));
+    call->ctx.set_wait_for_ready(true);  // as the runtime does: retry a failed connect
     call->req.set_rank(r);
     call->req.set_size(n);
     call->req.set_address("10.0." + std::to_string(r / 8 / 256 % 256) + "." +

@@ -67,6 +67,7 @@ int RunClients(int port, int n, int first, int last) {
     ringrun::v1::JoinReply reply;
   };
   std::vector<std::unique_ptr<Call>> calls;
+  calls.reserve(last - first);
   std::mutex mu;
   std::condition_variable cv;
   int done = 0, bad = 0;
@@ -82,12 +83,12 @@ int RunClients(int port, int n, int first, int last) {
     call->req.set_port(20000 + r % 8);
     Call* c = call.get();
     stubs[r % kChannelsPerProcess]->async()->Join(
-        &c->ctx, &c->req, &c->reply, [&, c, n](grpc::Status s) {
+        &c->ctx, &c->req, &c->reply, [&, c, n, first, last](grpc::Status s) {
           std::lock_guard<std::mutex> lock(mu);
           if (!s.ok() || c->reply.port_of_rank_size() != n) {
             if (bad++ == 0) std::fprintf(stderr, "join_bench: %s\n", s.error_message().c_str());
           }
-          if (++done == static_cast<int>(calls.size())) cv.notify_all();
+          if (++done == last - first) cv.notify_all();
         });
     calls.push_back(std::move(call));
   }

@@ -1,3 +1,4 @@
+#include "ringrun/common/strings.h"
 #include "launcher/hostfile.h"
 
 #include <arpa/inet.h>
@@ -131,21 +132,6 @@ Result<HostSpec> ParseHostToken(const std::string& token, bool* slots_given) {
     spec.slots = *slots;
   }
   return spec;
-}
-
-// Small edit distance, to suggest "slots=" for "slot=", "slost=", "Slots=".
-int EditDistance(const std::string& a, const std::string& b) {
-  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      int sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 // Splits on blanks, and glues "slots = 4" back into "slots=4".

@@ -1,3 +1,4 @@
+#include "ringrun/common/strings.h"
 #include "launcher/options.h"
 
 #include <unistd.h>
@@ -139,19 +140,6 @@ const FlagDef* FindExact(const std::string& spelling) {
     }
   }
   return nullptr;
-}
-
-int EditDistance(const std::string& a, const std::string& b) {
-  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 std::string Suggest(const std::string& word) {

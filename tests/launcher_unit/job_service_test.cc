@@ -1,0 +1,172 @@
+// The job service in-process, on a loopback port 0: the secret gates every call, events reach
+// the job, and output routing keeps lines whole.
+#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "launcher/job_service.h"
+#include "launcher/output.h"
+#include "launcher/rendezvous.h"
+#include "ringrun/common/auth.h"
+#include "ringrun/job.grpc.pb.h"
+
+namespace ringrun::launcher {
+namespace {
+
+class FakeEvents final : public JobEvents {
+ public:
+  grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer,
+                          v1::RegisterReply* reply) override {
+    registers++;
+    last_peer = peer;
+    reply->set_job_id("job-" + std::to_string(req.host_index()));
+    return grpc::Status::OK;
+  }
+  void OnAgentEvent(int, const v1::AgentEvent&) override { events++; }
+  void OnSessionEnded(int, bool, const std::string&) override { ended++; }
+  std::atomic<int> registers{0}, events{0}, ended{0};
+  std::string last_peer;
+};
+
+struct Server {
+  explicit Server(const std::string& secret) : rendezvous(1, "job"),
+        service(secret, &events, &rendezvous, 100, 1000) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&service);
+    server = b.BuildAndStart();
+    stub = v1::JobService::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  ~Server() {
+    service.Close();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  FakeEvents events;
+  Rendezvous rendezvous;
+  JobService service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<v1::JobService::Stub> stub;
+};
+
+grpc::Status CallRegister(Server& s, const char* secret, v1::RegisterReply* reply) {
+  grpc::ClientContext ctx;
+  if (secret) AttachSecret(&ctx, secret);
+  ctx.set_deadline(DeadlineAfterMs(5000));
+  v1::RegisterRequest req;
+  req.set_host_index(3);
+  return s.stub->Register(&ctx, req, reply);
+}
+
+TEST_CASE("job service: calls without the job's secret are refused", "[job_service]") {
+  const std::string secret(64, 'a');
+  Server s(secret);
+  REQUIRE(s.port > 0);
+  v1::RegisterReply reply;
+  CHECK(CallRegister(s, nullptr, &reply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(CallRegister(s, std::string(64, 'b').c_str(), &reply).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(CallRegister(s, std::string(63, 'a').c_str(), &reply).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(s.events.registers == 0);
+
+  grpc::ClientContext jctx;
+  jctx.set_deadline(DeadlineAfterMs(5000));
+  v1::JoinRequest jr;
+  jr.set_size(1);
+  v1::JoinReply jreply;
+  CHECK(s.stub->Join(&jctx, jr, &jreply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(s.rendezvous.joined() == 0);
+
+  grpc::ClientContext sctx;
+  sctx.set_deadline(DeadlineAfterMs(5000));
+  auto stream = s.stub->Session(&sctx);
+  v1::AgentEvent hello;
+  hello.mutable_hello()->set_host_index(0);
+  stream->Write(hello);
+  stream->WritesDone();
+  CHECK(stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(s.events.ended == 0);
+}
+
+TEST_CASE("job service: the secret admits Register, Session and Join", "[job_service]") {
+  const std::string secret(64, 'c');
+  Server s(secret);
+  v1::RegisterReply reply;
+  REQUIRE(CallRegister(s, secret.c_str(), &reply).ok());
+  CHECK(reply.job_id() == "job-3");
+  CHECK(s.events.last_peer == "127.0.0.1");
+
+  {
+    grpc::ClientContext ctx;
+    AttachSecret(&ctx, secret);
+    ctx.set_deadline(DeadlineAfterMs(5000));
+    auto stream = s.stub->Session(&ctx);
+    v1::AgentEvent ev;
+    ev.mutable_hello()->set_host_index(0);
+    REQUIRE(stream->Write(ev));
+    ev.mutable_exited()->set_rank(0);
+    REQUIRE(stream->Write(ev));
+    v1::AgentCommand cmd;
+    REQUIRE(stream->Read(&cmd));  // the service pings
+    CHECK(cmd.has_ping());
+    stream->WritesDone();
+    while (stream->Read(&cmd)) {
+    }
+    CHECK(stream->Finish().ok());
+  }
+  for (int i = 0; i < 100 && s.events.ended == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(s.events.events == 1);
+  CHECK(s.events.ended == 1);
+
+  grpc::ClientContext jctx;
+  AttachSecret(&jctx, secret);
+  jctx.set_deadline(DeadlineAfterMs(5000));
+  v1::JoinRequest jr;
+  jr.set_size(1);
+  jr.set_address("127.0.0.1");
+  jr.set_port(4242);
+  v1::JoinReply jreply;
+  REQUIRE(s.stub->Join(&jctx, jr, &jreply).ok());
+  REQUIRE(jreply.port_of_rank_size() == 1);
+  CHECK(jreply.port_of_rank(0) == 4242);
+}
+
+TEST_CASE("PeerAddress strips the transport and port", "[job_service]") {
+  CHECK(PeerAddress("ipv4:198.18.0.2:41000") == "198.18.0.2");
+  CHECK(PeerAddress("ipv6:[::1]:41000") == "::1");
+  CHECK(PeerAddress("ipv6:[fe80::1%eth0]:5") == "fe80::1%eth0");
+}
+
+TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]") {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* out = open_memstream(&buf, &len);
+  OutputRouter::Config c;
+  c.out = out;
+  c.err = out;
+  c.tail_lines = 2;
+  std::vector<std::string> seen;
+  c.on_line = [&](int, bool, std::string_view l) { seen.emplace_back(l); };
+  OutputRouter router(c);
+  router.Write(3, false, "a\n\nb\n");
+  router.Write(3, true, "e1\ne2\ne3\n");
+  router.Write(3, true, "partial");
+  router.Flush();
+  std::fclose(out);
+  std::string text(buf, len);
+  free(buf);
+  CHECK(text == "[3]<stdout>:a\n[3]<stdout>:\n[3]<stdout>:b\n[3]<stderr>:e1\n[3]<stderr>:e2\n"
+                "[3]<stderr>:e3\n[3]<stderr>:partial\n");
+  CHECK(router.StderrTail(3) == "e3\npartial\n");
+  CHECK(seen.size() == 7);
+}
+
+}  // namespace
+}  // namespace ringrun::launcher

@@ -4,7 +4,7 @@
 //   join_bench [N ...]        (default: 1000 8000)
 //
 // Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
-// channels each, against a server in this process (the launcher's setup: a callback Join that
+// channels (64 calls each), against a server in this process (the launcher's setup: a callback Join that
 // checks the secret and forwards to Rendezvous::Join). The time runs from "go" until the last
 // rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch TCPStore).
 #include <grpcpp/grpcpp.h>
@@ -28,7 +28,9 @@ namespace {
 
 constexpr char kSecret[] = "join-bench-secret";
 constexpr int kProcesses = 4;
-constexpr int kChannelsPerProcess = 4;
+// Calls per channel stay under gRPC's default of 100 concurrent streams per connection (held
+// calls above it would queue behind the barrier they wait for). Real ranks each have their own.
+constexpr int kCallsPerChannel = 64;
 
 class Service final : public ringrun::v1::JobService::WithCallbackMethod_Join<
                           ringrun::v1::JobService::Service> {
@@ -54,7 +56,8 @@ class Service final : public ringrun::v1::JobService::WithCallbackMethod_Join<
 // reply is OK and holds the whole table.
 int RunClients(int port, int n, int first, int last) {
   std::vector<std::unique_ptr<ringrun::v1::JobService::Stub>> stubs;
-  for (int c = 0; c < kChannelsPerProcess; ++c) {
+  const int channels = (last - first + kCallsPerChannel - 1) / kCallsPerChannel;
+  for (int c = 0; c < channels; ++c) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.channel_id", c);  // distinct channels, not one shared subchannel
     args.SetMaxReceiveMessageSize(-1);
@@ -82,7 +85,7 @@ int RunClients(int port, int n, int first, int last) {
                           std::to_string(r / 8 % 256));  // 8 ranks per "host"
     call->req.set_port(20000 + r % 8);
     Call* c = call.get();
-    stubs[r % kChannelsPerProcess]->async()->Join(
+    stubs[(r - first) % channels]->async()->Join(
         &c->ctx, &c->req, &c->reply, [&, c, n, first, last](grpc::Status s) {
           std::lock_guard<std::mutex> lock(mu);
           if (!s.ok() || c->reply.port_of_rank_size() != n) {
@@ -146,7 +149,21 @@ int main(int argc, char** argv) {
   if (sizes.empty()) sizes = {1000, 8000};
   int rc = 0;
   for (int n : sizes) {
-    const double s = Bench(n);
+    // Each size in a fresh process: gRPC must not be initialized where Bench forks clients.
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      const double t = Bench(n);
+      if (write(fds[1], &t, sizeof(t)) != sizeof(t)) _exit(1);
+      _exit(0);
+    }
+    close(fds[1]);
+    double s = -1;
+    if (read(fds[0], &s, sizeof(s)) != sizeof(s)) s = -1;
+    close(fds[0]);
+    waitpid(pid, nullptr, 0);
     if (s < 0) {
       std::printf("join_bench ranks=%d FAILED\n", n);
       rc = 1;

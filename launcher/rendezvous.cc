@@ -37,8 +37,10 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
       if (finished_) return;
       finished_ = true;
       // The rank gave up (deadline or disconnect) before the barrier: it may join again.
-      state_->held[rank_] = nullptr;
-      --state_->joined;
+      if (state_->held[rank_] == this) {
+        state_->held[rank_] = nullptr;
+        --state_->joined;
+      }
     }
     Finish(grpc::Status::CANCELLED);
   }

@@ -54,6 +54,8 @@ TEST_CASE("rendezvous: bad joins are refused", "[rendezvous]") {
   // A rank that gives up (deadline) may join again; a second copy of a held rank is refused.
   CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 200).status().code() ==
         Code::kTimeout);
+  // The server learns of the give-up asynchronously.
+  while (server->rendezvous().joined() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::thread holder([&] {
     (void)MakeGrpcJobClient(server->target(), "secret")->Join(info, 3000);
   });

@@ -4,7 +4,7 @@
 //   join_bench [N ...]        (default: 1000 8000)
 //
 // Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
-// channels (64 calls each), against a server in this process (the launcher's setup: a callback Join that
+// channels (64 calls each), against a server in this process (the launcher's own JobService: a raw callback Join that
 // checks the secret and forwards to Rendezvous::Join). The time runs from "go" until the last
 // rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch TCPStore).
 #include <grpcpp/grpcpp.h>
@@ -20,8 +20,10 @@
 #include <mutex>
 #include <vector>
 
+#include "launcher/job_service.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
+#include "ringrun/common/peer_table.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace {
@@ -32,25 +34,6 @@ constexpr int kProcesses = 4;
 // calls above it would queue behind the barrier they wait for). Real ranks each have their own.
 constexpr int kCallsPerChannel = 64;
 
-class Service final : public ringrun::v1::JobService::WithCallbackMethod_Join<
-                          ringrun::v1::JobService::Service> {
- public:
-  explicit Service(ringrun::launcher::Rendezvous* r) : r_(r) {}
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx,
-                                 const ringrun::v1::JoinRequest* req,
-                                 ringrun::v1::JoinReply* reply) override {
-    grpc::Status auth = ringrun::CheckSecret(*ctx, kSecret);
-    if (!auth.ok()) {
-      auto* reactor = ctx->DefaultReactor();
-      reactor->Finish(auth);
-      return reactor;
-    }
-    return r_->Join(ctx, req, reply);
-  }
-
- private:
-  ringrun::launcher::Rendezvous* r_;
-};
 
 // One client process: ranks [first, last) as concurrent callback calls. Exit 0 when every
 // reply is OK and holds the whole table.
@@ -88,6 +71,7 @@ int RunClients(int port, int n, int first, int last) {
     stubs[(r - first) % channels]->async()->Join(
         &c->ctx, &c->req, &c->reply, [&, c, n, first, last](grpc::Status s) {
           std::lock_guard<std::mutex> lock(mu);
+          if (s.ok() && !ringrun::UnpackPeerColumns(&c->reply).ok()) s = grpc::Status::CANCELLED;
           if (!s.ok() || c->reply.port_of_rank_size() != n) {
             if (bad++ == 0) std::fprintf(stderr, "join_bench: %s\n", s.error_message().c_str());
           }
@@ -119,7 +103,8 @@ double Bench(int n) {
     pids.push_back(pid);
   }
   ringrun::launcher::Rendezvous rendezvous(n, "join-bench");
-  Service service(&rendezvous);
+  // The launcher's own job service (Join only: no agents here).
+  ringrun::launcher::JobService service(kSecret, nullptr, &rendezvous, 1000, 10000);
   int port = 0;
   grpc::ServerBuilder b;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -38,6 +38,7 @@ grpc::Status JobService::Register(grpc::ServerContext* ctx, const v1::RegisterRe
                                   v1::RegisterReply* reply) {
   grpc::Status auth = CheckSecret(*ctx, secret_);
   if (!auth.ok()) return auth;
+  if (events_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here");
   return events_->OnRegister(*req, PeerAddress(ctx->peer()), reply);
 }
 
@@ -45,6 +46,7 @@ grpc::Status JobService::Session(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) {
   grpc::Status auth = CheckSecret(*ctx, secret_);
   if (!auth.ok()) return auth;
+  if (events_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here");
   v1::AgentEvent first;
   if (!stream->Read(&first) || !first.has_hello()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a Session starts with Hello");
@@ -132,7 +134,7 @@ grpc::Status JobService::Session(
 }
 
 grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
-                                           const v1::JoinRequest* req, v1::JoinReply* reply) {
+                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* reply) {
   grpc::Status auth = CheckSecret(*ctx, secret_);
   if (!auth.ok() || rendezvous_ == nullptr) {
     auto* reactor = ctx->DefaultReactor();

@@ -32,8 +32,12 @@ class JobEvents {
   virtual void OnSessionEnded(int host_index, bool clean, const std::string& why) = 0;
 };
 
-class JobService final : public v1::JobService::WithCallbackMethod_Join<v1::JobService::Service> {
+// Join is a raw callback method: the Rendezvous hands every rank the same serialized reply.
+class JobService final
+    : public v1::JobService::WithRawCallbackMethod_Join<v1::JobService::Service> {
  public:
+  // `events` may be null for a service that only serves Join (tests, benchmarks): Register
+  // and Session then fail with UNIMPLEMENTED.
   JobService(std::string secret, JobEvents* events, Rendezvous* rendezvous,
              int heartbeat_interval_ms, int heartbeat_timeout_ms);
   ~JobService() override;
@@ -42,8 +46,8 @@ class JobService final : public v1::JobService::WithCallbackMethod_Join<v1::JobS
                         v1::RegisterReply* reply) override;
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) override;
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
-                                 v1::JoinReply* reply) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* reply) override;
 
   // Queues a command for one host's Session (dropped if it has none). Thread-safe.
   void Send(int host_index, const v1::AgentCommand& command);

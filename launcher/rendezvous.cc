@@ -2,6 +2,8 @@
 
 #include <unordered_map>
 
+#include "ringrun/common/peer_table.h"
+
 namespace ringrun::launcher {
 
 struct Rendezvous::State {
@@ -28,7 +30,7 @@ struct Rendezvous::State {
 // sets it (release, abort or cancel) is the one that calls Finish.
 class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
  public:
-  JoinReactor(std::shared_ptr<State> state, int rank, v1::JoinReply* reply)
+  JoinReactor(std::shared_ptr<State> state, int rank, grpc::ByteBuffer* reply)
       : state_(std::move(state)), rank_(rank), reply_(reply) {}
 
   void OnCancel() override {
@@ -49,7 +51,7 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
   bool finished_ = false;  // guarded by State::mu
   const std::shared_ptr<State> state_;
   const int rank_;
-  v1::JoinReply* const reply_;
+  grpc::ByteBuffer* const reply_;
 };
 
 Rendezvous::Rendezvous(int size, std::string job_id)
@@ -58,9 +60,25 @@ Rendezvous::Rendezvous(int size, std::string job_id)
 Rendezvous::~Rendezvous() { Abort("the job service is shutting down"); }
 
 grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
-                                           const v1::JoinRequest* req, v1::JoinReply* reply) {
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) {
   State& s = *state_;
-  auto* reactor = new JoinReactor(state_, req->rank(), reply);
+  v1::JoinRequest parsed;
+  grpc::Slice raw;
+  const bool parsed_ok = request->TrySingleSlice(&raw).ok()
+                             ? parsed.ParseFromArray(raw.begin(), static_cast<int>(raw.size()))
+                             : [&] {
+                                 std::vector<grpc::Slice> slices;
+                                 std::string bytes;
+                                 if (!request->Dump(&slices).ok()) return false;
+                                 for (const auto& sl : slices) {
+                                   bytes.append(reinterpret_cast<const char*>(sl.begin()),
+                                                sl.size());
+                                 }
+                                 return parsed.ParseFromString(bytes);
+                               }();
+  const v1::JoinRequest* req = &parsed;
+  auto* reactor = new JoinReactor(state_, req->rank(), response);
   auto reject = [&](grpc::StatusCode code, const std::string& msg) {
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -69,6 +87,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
     reactor->Finish(grpc::Status(code, msg));
     return reactor;
   };
+  if (!parsed_ok) return reject(grpc::StatusCode::INVALID_ARGUMENT, "malformed JoinRequest");
   if (req->size() != s.size) {
     return reject(grpc::StatusCode::INVALID_ARGUMENT,
                   "rank " + std::to_string(req->rank()) + " believes the job has " +
@@ -119,8 +138,13 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
       h = nullptr;
     }
   }
+  // One compression and one serialization for everyone; each response references the same
+  // slice. (Compression cannot fail short of memory exhaustion; the columns then go as they are.)
+  (void)PackPeerColumns(&built);
+  const std::string bytes = built.SerializeAsString();
+  grpc::Slice shared(bytes);
   for (JoinReactor* h : release) {
-    *h->reply_ = built;
+    *h->reply_ = grpc::ByteBuffer(&shared, 1);
     h->Finish(grpc::Status::OK);
   }
   return reactor;

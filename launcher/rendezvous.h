@@ -1,7 +1,8 @@
 // The Join barrier of the job service: every rank publishes its data-plane endpoint, and once
 // all `size` ranks have joined, each gets the whole peer table in one reply.
-// Sized for 10,000 ranks: calls are held as gRPC callback reactors (no thread per caller) and
-// the reply is built once and copied into each caller's response.
+// Sized for 10,000 ranks: calls are held as gRPC callback reactors (no thread per caller), and
+// the reply is serialized once into one reference-counted slice that every caller's response
+// shares (a typed reply would be re-serialized per caller: quadratic in the job size).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -25,8 +26,10 @@ class Rendezvous {
   // Handles one Join call (the secret is already checked by the caller). Fails the call with
   // INVALID_ARGUMENT for a bad rank/size, ALREADY_EXISTS for a rank joining twice, and
   // ABORTED once Abort() has been called. Thread-safe.
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
-                                 v1::JoinReply* reply);
+  // `request` is a serialized v1::JoinRequest; `response` receives a serialized v1::JoinReply
+  // (the raw form of JobService.Join: clients use the ordinary typed stub).
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response);
 
   // Fails every held and future Join with ABORTED and `reason` (the job is being torn down).
   void Abort(const std::string& reason);

@@ -1,6 +1,7 @@
 #include "job_client.h"
 
 #include "ringrun/common/auth.h"
+#include "ringrun/common/peer_table.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/job.grpc.pb.h"
 
@@ -42,6 +43,7 @@ class GrpcJobClient final : public JobClient {
     v1::JoinReply reply;
     grpc::Status s = stub_->Join(&ctx, req, &reply);
     if (!s.ok()) return FromGrpc(s, target_);
+    if (Status st = UnpackPeerColumns(&reply); !st.ok()) return st.Annotate("job service " + target_);
     PeerTable t;
     t.addresses.assign(reply.addresses().begin(), reply.addresses().end());
     t.address_of_rank.assign(reply.address_of_rank().begin(), reply.address_of_rank().end());

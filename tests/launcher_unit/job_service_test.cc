@@ -11,6 +11,7 @@
 #include "launcher/output.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
+#include "ringrun/common/peer_table.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace ringrun::launcher {
@@ -134,6 +135,8 @@ TEST_CASE("job service: the secret admits Register, Session and Join", "[job_ser
   jr.set_port(4242);
   v1::JoinReply jreply;
   REQUIRE(s.stub->Join(&jctx, jr, &jreply).ok());
+  CHECK(!jreply.packed_peers().empty());  // the table travels compressed
+  REQUIRE(UnpackPeerColumns(&jreply).ok());
   REQUIRE(jreply.port_of_rank_size() == 1);
   CHECK(jreply.port_of_rank(0) == 4242);
 }

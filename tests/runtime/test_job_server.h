@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "launcher/job_service.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/job.grpc.pb.h"
 
@@ -23,10 +24,9 @@ class TestJobServer {
   launcher::Rendezvous& rendezvous() { return *rendezvous_; }
 
  private:
-  class Service;
   TestJobServer() = default;
   std::unique_ptr<launcher::Rendezvous> rendezvous_;
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<launcher::JobService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

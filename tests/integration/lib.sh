@@ -1,11 +1,12 @@
-# Shared helpers for the integration tests (bash). Each test exports a unique tag into the
+# Shared helpers for the integration tests (bash). Each test exports a unique tag (not RINGRUN_*:
+# the launcher keeps those from ranks) into the
 # environment of ringrun, so the launcher, its agents and every rank carry it; after a test,
 # no process with the tag may remain (checked across /proc).
 set -u
 : "${BIN:?BIN must point at build/bin}"
 RINGRUN="$BIN/ringrun"
 PROBE="$BIN/ringrun-test-probe"
-export RINGRUN_TEST_TAG="rrtest-$$-$RANDOM$RANDOM"
+export RRTEST_JOB_TAG="rrtest-$$-$RANDOM$RANDOM"
 WORK=$(mktemp -d /tmp/ringrun-it.XXXXXX)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -16,7 +17,7 @@ tagged_pids() {
   for f in /proc/[0-9]*/environ; do
     pid=${f#/proc/}; pid=${pid%/environ}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "RINGRUN_TEST_TAG=$RINGRUN_TEST_TAG"; then
+    if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "RRTEST_JOB_TAG=$RRTEST_JOB_TAG"; then
       # Skip this shell's own subshells.
       [[ "$(cat /proc/$pid/comm 2>/dev/null)" == bash ]] && continue
       echo "$pid"

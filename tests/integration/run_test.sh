@@ -234,6 +234,35 @@ PY
   expect_no_orphans
 }
 
+t_runtime_under_ringrun() {
+  # libringrun joined through the launcher's real job service: TCP and shared memory.
+  local worker="$BIN/runtime_test_worker" np shm
+  for shm in 0 1; do
+    for np in 1 2 3 5; do
+      RINGRUN_DISABLE_SHM=$shm "$RINGRUN" -np $np "$worker" check >"$WORK/out" 2>"$WORK/err" ||
+        fail "np=$np disable_shm=$shm: $(tail -5 "$WORK/err")"
+      for ((r = 0; r < np; r++)); do expect_contains "$WORK/out" "[$r]<stdout>:ok rank=$r size=$np"; done
+    done
+  done
+  # A rank killed in the middle of allreduces: the job ends with its signal, nothing hangs.
+  local rc start=$SECONDS
+  "$RINGRUN" -np 3 -x RINGRUN_TIMEOUT_MS=20000 "$worker" loop >"$WORK/out" 2>"$WORK/err" &
+  local pid=$!
+  sleep 1.5
+  local victim
+  victim=$(for p in $(tagged_pids); do
+    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx RINGRUN_RANK=1 && echo $p; done | head -1)
+  [[ -n $victim ]] || fail "rank 1 not found"
+  kill -9 "$victim"
+  wait $pid; rc=$?
+  expect_rc 137 $rc "a rank killed by SIGKILL"
+  (( SECONDS - start < 15 )) || fail "the job took $((SECONDS - start)) s to end"
+  expect_contains "$WORK/err" "rank 1 on host localhost was killed by SIGKILL"
+  expect_no_orphans
+  ls /dev/shm | grep -q "ringrun-" && fail "shared-memory segments left: $(ls /dev/shm | grep ringrun-)"
+  return 0
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

@@ -50,5 +50,11 @@ expect_rc() {  # WANT GOT WHAT
   [[ $1 == "$2" ]] || fail "$3: exit code $2, expected $1"
 }
 
-cleanup() { rm -rf "$WORK"; }
+# Whatever happens to a test (a failed check included), it leaves no job behind.
+cleanup() {
+  local left
+  left=$(tagged_pids)
+  [[ -n $left ]] && kill -9 $left 2>/dev/null
+  rm -rf "$WORK"
+}
 trap cleanup EXIT

@@ -1,6 +1,9 @@
 #include "gpu/nccl_api.h"
 
 #include <dlfcn.h>
+
+#include <atomic>
+#include <cstddef>
 #include <link.h>
 
 #include <cstring>
@@ -69,13 +72,48 @@ std::shared_ptr<NcclApi> MakeRealNcclApi() { return std::make_shared<RealNcclApi
 
 // Walks the loaded-object list (no file-system access: dlopen(RTLD_NOLOAD) of a library that is
 // not loaded searches the library path, ~60 us, and this runs on every collective's buffers).
+// The walk itself is skipped while the loader's load/unload counters are unchanged since the
+// last one: the answer cannot have changed, and the check then costs a few nanoseconds.
 bool CudaDriverLoaded() {
-  return dl_iterate_phdr(
-             [](struct dl_phdr_info* info, size_t, void*) -> int {
-               const char* name = info->dlpi_name;
-               return name != nullptr && std::strstr(name, "/libcuda.so") != nullptr ? 1 : 0;
-             },
-             nullptr) != 0;
+  struct Cache {
+    unsigned long long adds = ~0ull, subs = ~0ull;
+    bool loaded = false;
+  };
+  static std::atomic<Cache*> published{nullptr};  // immutable snapshots, leaked by design
+  struct Walk {
+    const Cache* last;
+    Cache now;
+    bool unchanged = false;
+    bool first = true;
+  } walk{published.load(std::memory_order_acquire), {}};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t size, void* arg) -> int {
+        auto* w = static_cast<Walk*>(arg);
+        if (w->first) {
+          w->first = false;
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            w->now.adds = info->dlpi_adds;
+            w->now.subs = info->dlpi_subs;
+            if (w->last && w->last->adds == w->now.adds && w->last->subs == w->now.subs) {
+              w->unchanged = true;
+              return 1;
+            }
+          }
+        }
+        const char* name = info->dlpi_name;
+        if (name != nullptr && std::strstr(name, "/libcuda.so") != nullptr) {
+          w->now.loaded = true;
+          return 1;
+        }
+        return 0;
+      },
+      &walk);
+  if (walk.unchanged) return walk.last->loaded;
+  if (walk.now.adds != ~0ull) {
+    Cache* snapshot = new Cache(walk.now);  // a handful per process: one per change of the set
+    published.store(snapshot, std::memory_order_release);
+  }
+  return walk.now.loaded;
 }
 
 }  // namespace ringrun::runtime

@@ -100,6 +100,27 @@ int ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
 int ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype) {
   return Call([&](Runtime& rt) { return rt.Allgather(sendbuf, recvbuf, count, dtype); });
 }
+int ringrun_allreduce_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
+                            ringrun_op op, void* cuda_stream) {
+  return Call([&](Runtime& rt) {
+    return cuda_stream ? rt.Allreduce(sendbuf, recvbuf, count, dtype, op, cuda_stream)
+                       : ringrun::InvalidArgument("ringrun_allreduce_async: cuda_stream is NULL");
+  });
+}
+int ringrun_broadcast_async(void* buf, size_t count, ringrun_dtype dtype, int root,
+                            void* cuda_stream) {
+  return Call([&](Runtime& rt) {
+    return cuda_stream ? rt.Broadcast(buf, count, dtype, root, cuda_stream)
+                       : ringrun::InvalidArgument("ringrun_broadcast_async: cuda_stream is NULL");
+  });
+}
+int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
+                            void* cuda_stream) {
+  return Call([&](Runtime& rt) {
+    return cuda_stream ? rt.Allgather(sendbuf, recvbuf, count, dtype, cuda_stream)
+                       : ringrun::InvalidArgument("ringrun_allgather_async: cuda_stream is NULL");
+  });
+}
 int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                           ringrun_dtype dtype, ringrun_op op) {
   return Call([&](Runtime& rt) { return rt.ReduceScatter(sendbuf, recvbuf, recvcount, dtype, op); });

@@ -234,8 +234,14 @@ Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend*
   } while (0)
 #endif
 
+namespace {
+Status HostBufferOnStream() {
+  return InvalidArgument("the _async variants take CUDA device memory; these buffers are host memory");
+}
+}  // namespace
+
 Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
-                          ringrun_op op) {
+                          ringrun_op op, void* stream) {
   RINGRUN_RETURN_IF_ERROR(CheckOp(dtype, op));
   RINGRUN_RETURN_IF_ERROR(CheckBytes(count, 1, dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count));
@@ -243,14 +249,15 @@ Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dt
     return InvalidArgument("sendbuf and recvbuf overlap without being equal");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(send, recv, Allreduce(send, recv, count, dtype, op, nullptr, true));
+  RINGRUN_ROUTE_DEVICE(send, recv, Allreduce(send, recv, count, dtype, op, stream, !stream));
+  if (stream) return HostBufferOnStream();
   RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
                                              GetReduceFn(dtype, op)));
   if (op == RINGRUN_AVERAGE && shape_.size > 1) DivideInPlace(recv, count, dtype, shape_.size);
   return Status::Ok();
 }
 
-Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
+Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream) {
   RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBytes(count, 1, dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBuffers(buf, buf, count));
@@ -259,16 +266,19 @@ Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root
                            std::to_string(shape_.size));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(buf, buf, Broadcast(buf, count, dtype, root, nullptr, true));
+  RINGRUN_ROUTE_DEVICE(buf, buf, Broadcast(buf, count, dtype, root, stream, !stream));
+  if (stream) return HostBufferOnStream();
   return runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root);
 }
 
-Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype) {
+Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
+                          void* stream) {
   RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBytes(count, shape_.size, dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count));
   std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(send, recv, Allgather(send, recv, count, dtype, nullptr, true));
+  RINGRUN_ROUTE_DEVICE(send, recv, Allgather(send, recv, count, dtype, stream, !stream));
+  if (stream) return HostBufferOnStream();
   const size_t bytes = count * DtypeSize(dtype);
   const char* mine = static_cast<char*>(recv) + static_cast<size_t>(shape_.rank) * bytes;
   if (PartialOverlap(send, recv, bytes * shape_.size) && send != mine) {

@@ -60,9 +60,12 @@ class Runtime {
 
   const Shape& shape() const { return shape_; }
 
-  Status Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype, ringrun_op op);
-  Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root);
-  Status Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype);
+  // With a `stream` (a cudaStream_t), device memory only: enqueued on it, returns at once.
+  Status Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype, ringrun_op op,
+                   void* stream = nullptr);
+  Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream = nullptr);
+  Status Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
+                   void* stream = nullptr);
   Status ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
                        ringrun_op op);
   Status Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype);

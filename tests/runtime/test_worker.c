@@ -43,6 +43,16 @@ static float from_bf16(uint16_t h) {
 
 static int check(void) {
   const int r = ringrun_rank(), n = ringrun_size();
+  {
+    /* The stream variants refuse host memory and a NULL stream, before any communication. */
+    float h[2] = {1, 2};
+    if (ringrun_allreduce_async(h, h, 2, RINGRUN_FLOAT32, RINGRUN_SUM, (void*)h) == 0 ||
+        ringrun_broadcast_async(h, 2, RINGRUN_FLOAT32, 0, (void*)0) == 0 ||
+        ringrun_allgather_async(h, h, 1, RINGRUN_FLOAT32, (void*)h) == 0) {
+      fprintf(stderr, "rank %d: an _async call accepted host memory\n", r);
+      return 1;
+    }
+  }
   const size_t counts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
   for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); ++c) {
     const size_t count = counts[c];

@@ -90,6 +90,18 @@ RINGRUN_API int ringrun_alltoall(const void *sendbuf, void *recvbuf, size_t coun
 /* Returns once every rank has entered it. */
 RINGRUN_API int ringrun_barrier(void);
 
+/* GPU streams. The calls above are synchronous on device memory too: the result is in place
+ * when they return. These variants take CUDA device memory only and a cudaStream_t (passed as
+ * void* so that this header needs no CUDA header): they enqueue the NCCL collective on
+ * `cuda_stream` and return at once; the result is ready when the stream reaches it. Host
+ * buffers or a NULL stream are rejected before any communication. */
+RINGRUN_API int ringrun_allreduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                        ringrun_dtype dtype, ringrun_op op, void *cuda_stream);
+RINGRUN_API int ringrun_broadcast_async(void *buf, size_t count, ringrun_dtype dtype, int root,
+                                        void *cuda_stream);
+RINGRUN_API int ringrun_allgather_async(const void *sendbuf, void *recvbuf, size_t count,
+                                        ringrun_dtype dtype, void *cuda_stream);
+
 /* Why this thread's last failing call failed ("" when it did not fail). Never NULL. */
 RINGRUN_API const char *ringrun_error_message(void);
 

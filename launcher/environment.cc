@@ -39,7 +39,8 @@ namespace {
 //                    MPI_LOCALNRANKS, Slurm's task identity SLURM_PROCID SLURM_LOCALID
 //                    SLURM_NODEID
 // Prefixes:
-//   RINGRUN_             all of ours (job id, secret, service address of an enclosing job)
+//   (RINGRUN_* contract names are denied by name, above; RINGRUN_ tuning knobs such as
+//   RINGRUN_TIMEOUT_MS and RINGRUN_DISABLE_SHM pass, like NCCL_*.)
 //   TORCHELASTIC_        torchrun's agent state (run id, restart count, error file)
 //   OMPI_COMM_WORLD_     Open MPI rank identity
 //   OMPI_MCA_orte_ OMPI_MCA_ess_ OMPI_MCA_pmix  Open MPI's wiring to its daemons
@@ -69,7 +70,7 @@ const std::unordered_set<std::string_view>& DeniedNames() {
 }
 
 constexpr std::string_view kDeniedPrefixes[] = {
-    "RINGRUN_",       "TORCHELASTIC_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_",
+    "TORCHELASTIC_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_",
     "OMPI_MCA_pmix", "PMI_",          "PMIX_",            "MV2_COMM_WORLD_",
 };
 

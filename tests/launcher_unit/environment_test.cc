@@ -122,7 +122,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
       "SSH_CLIENT=1.2.3.4 5 22", "SSH_CONNECTION=a b c d", "SSH_TTY=/dev/pts/0",
       "SSH_AUTH_SOCK=/tmp/agent", "TERM_SESSION_ID=w0", "WINDOWID=1", "DISPLAY=:0",
       "XDG_SESSION_ID=3", "XDG_RUNTIME_DIR=/run/user/0", "PS1=$ ", "PROMPT_COMMAND=x", "TMUX=t",
-      "TMUX_PANE=%1", "STY=s", "RINGRUN_JOB_ID=old", "RINGRUN_ANYTHING=1", "HOROVOD_RANK=9",
+      "TMUX_PANE=%1", "STY=s", "RINGRUN_JOB_ID=old", "RINGRUN_SECRET=old", "RINGRUN_TIMEOUT_MS=5000", "HOROVOD_RANK=9",
       "HOROVOD_SIZE=9", "RANK=9", "WORLD_SIZE=9", "LOCAL_RANK=9", "LOCAL_WORLD_SIZE=9",
       "GROUP_RANK=9", "MASTER_ADDR=old", "MASTER_PORT=1", "OMPI_COMM_WORLD_RANK=9",
       "OMPI_COMM_WORLD_SIZE=9", "PMI_RANK=9", "PMIX_RANK=9", "TORCHELASTIC_RUN_ID=r",
@@ -134,7 +134,8 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
   CheckNoDuplicates(built);
   auto env = AsMap(built);
   for (const char* kept : {"PATH", "HOME", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "OMPI_MCA_btl",
-                           "CUDA_VISIBLE_DEVICES", "TERM", "LANG", "SLURM_JOB_ID"}) {
+                           "CUDA_VISIBLE_DEVICES", "TERM", "LANG", "SLURM_JOB_ID",
+                           "RINGRUN_TIMEOUT_MS"}) {
     INFO(kept);
     CHECK(env.count(kept) == 1);
     CHECK_FALSE(IsDeniedVariable(kept));
@@ -142,7 +143,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
   for (const char* gone : {"SHLVL", "PWD", "OLDPWD", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
                            "SSH_AUTH_SOCK", "TERM_SESSION_ID", "WINDOWID", "DISPLAY",
                            "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "PS1", "PROMPT_COMMAND", "TMUX",
-                           "TMUX_PANE", "STY", "RINGRUN_ANYTHING", "OMPI_COMM_WORLD_RANK",
+                           "TMUX_PANE", "STY", "OMPI_COMM_WORLD_RANK",
                            "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "TORCHELASTIC_RUN_ID",
                            "SLURM_PROCID", "HOSTNAME"}) {
     INFO(gone);
@@ -151,6 +152,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
   }
   // Inherited contract values are replaced by this job's.
   CHECK(env["RINGRUN_JOB_ID"] == "job-42");
+  CHECK(env["RINGRUN_SECRET"] != "old");  // an enclosing job's contract never leaks through
   CHECK(env["HOROVOD_RANK"] == "5");
   CHECK(env["RANK"] == "5");
   CHECK(env["MASTER_ADDR"] == "198.18.0.2");

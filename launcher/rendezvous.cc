@@ -138,8 +138,8 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
       h = nullptr;
     }
   }
-  // One compression and one serialization for everyone; each response references the same
-  // slice. (Compression cannot fail short of memory exhaustion; the columns then go as they are.)
+  // One packing and one serialization for everyone; each response references the same slice.
+  // (Packing fails only for a port above 65535, which Join refuses; the columns then go as is.)
   (void)PackPeerColumns(&built);
   const std::string bytes = built.SerializeAsString();
   grpc::Slice shared(bytes);

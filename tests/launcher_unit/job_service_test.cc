@@ -173,3 +173,37 @@ TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]
 
 }  // namespace
 }  // namespace ringrun::launcher
+
+namespace ringrun {
+namespace {
+
+TEST_CASE("the packed peer table round-trips and refuses damage", "[peer_table]") {
+  v1::JoinReply reply;
+  reply.set_size(7);
+  for (const char* a : {"198.18.0.2", "198.18.0.3", "::1"}) reply.add_addresses(a);
+  const uint32_t hosts[] = {0, 0, 1, 1, 1, 2, 0};  // runs, and a host that comes back
+  const uint32_t ports[] = {1, 65535, 40000, 256, 255, 2, 3};
+  for (int r = 0; r < 7; ++r) {
+    reply.add_address_of_rank(hosts[r]);
+    reply.add_port_of_rank(ports[r]);
+  }
+  reply.set_job_id("j");
+  const v1::JoinReply original = reply;
+  REQUIRE(PackPeerColumns(&reply).ok());
+  CHECK(reply.port_of_rank_size() == 0);
+  CHECK(reply.packed_size() == 7);
+  v1::JoinReply damaged = reply;
+  REQUIRE(UnpackPeerColumns(&reply).ok());
+  CHECK(reply.SerializeAsString() == original.SerializeAsString());
+
+  damaged.mutable_packed_peers()->pop_back();
+  CHECK_FALSE(UnpackPeerColumns(&damaged).ok());
+  v1::JoinReply big;
+  big.add_addresses("a");
+  big.add_address_of_rank(0);
+  big.add_port_of_rank(70000);
+  CHECK_FALSE(PackPeerColumns(&big).ok());
+}
+
+}  // namespace
+}  // namespace ringrun

@@ -126,9 +126,14 @@ class Mlp {
       if (x[k] != 0.0f) Axpy(h, x[k], p + l_.w1 + size_t(k) * H, H);  // images are sparse
     }
     for (int j = 0; j < H; ++j) h[j] = h[j] > 0 ? h[j] : 0;
+    return Output(p, h, label, prob);
+  }
+
+  // Layer 2 and the softmax from hidden activations `h`; returns the loss, writes `prob`.
+  float Output(const float* p, const float* h, int label, float* prob) const {
     float logits[kClasses];
     for (int c = 0; c < kClasses; ++c) logits[c] = p[l_.b2 + c];
-    for (int j = 0; j < H; ++j) {
+    for (int j = 0; j < l_.hidden; ++j) {
       if (h[j] != 0.0f) Axpy(logits, h[j], p + l_.w2 + size_t(j) * kClasses, kClasses);
     }
     const float mx = *std::max_element(logits, logits + kClasses);
@@ -160,16 +165,7 @@ class Mlp {
     for (int i = 0; i < n; ++i) {
       float* h = &hb_[size_t(i) * H];
       for (int j = 0; j < H; ++j) h[j] = h[j] > 0 ? h[j] : 0;
-      float logits[kClasses];
-      for (int c = 0; c < kClasses; ++c) logits[c] = p[l_.b2 + c];
-      for (int j = 0; j < H; ++j) {
-        if (h[j] != 0.0f) Axpy(logits, h[j], p + l_.w2 + size_t(j) * kClasses, kClasses);
-      }
-      const float mx = *std::max_element(logits, logits + kClasses);
-      float sum = 0;
-      for (int c = 0; c < kClasses; ++c) sum += prob[c] = std::exp(logits[c] - mx);
-      for (int c = 0; c < kClasses; ++c) prob[c] /= sum;
-      loss += -std::log(std::max(prob[labels[i]], 1e-12f));
+      loss += Output(p, h, labels[i], prob);
       float dlogit[kClasses];
       for (int c = 0; c < kClasses; ++c) {
         dlogit[c] = scale * (prob[c] - (c == labels[i] ? 1.0f : 0.0f));

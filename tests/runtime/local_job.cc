@@ -33,18 +33,7 @@ int main(int argc, char** argv) {
   }
   std::vector<pid_t> pids;
   for (int r = 0; r < np; ++r) {
-    namespace env = ringrun::env;
-    std::vector<std::string> e = {
-        std::string(env::kRank) + "=" + std::to_string(r),
-        std::string(env::kSize) + "=" + std::to_string(np),
-        std::string(env::kLocalRank) + "=" + std::to_string(r),
-        std::string(env::kLocalSize) + "=" + std::to_string(np),
-        std::string(env::kCrossRank) + "=0",
-        std::string(env::kCrossSize) + "=1",
-        std::string(env::kJobService) + "=" + server->target(),
-        std::string(env::kSecret) + "=" + secret,
-        std::string(env::kHostAddr) + "=127.0.0.1",
-        std::string(env::kJobId) + "=local-job"};
+    std::vector<std::string> e = server->RankEnvironment(r);
     for (char** p = environ; *p; ++p) {
       const bool ours = std::strncmp(*p, "RINGRUN_", 8) == 0 &&
                         std::strncmp(*p, "RINGRUN_TIMEOUT_MS=", 19) != 0 &&

@@ -43,18 +43,7 @@ class Job {
   Job(int np, std::vector<std::string> extra_env, const std::string& mode) : np_(np) {
     server_ = TestJobServer::Start(np, kSecret, "mp-job");
     for (int r = 0; r < np; ++r) {
-      std::vector<std::string> env = {
-          std::string(env::kRank) + "=" + std::to_string(r),
-          std::string(env::kSize) + "=" + std::to_string(np),
-          std::string(env::kLocalRank) + "=" + std::to_string(r),
-          std::string(env::kLocalSize) + "=" + std::to_string(np),
-          std::string(env::kCrossRank) + "=0",
-          std::string(env::kCrossSize) + "=1",
-          std::string(env::kJobService) + "=" + server_->target(),
-          std::string(env::kSecret) + "=" + kSecret,
-          std::string(env::kHostAddr) + "=127.0.0.1",
-          std::string(env::kJobId) + "=mp-job",
-      };
+      std::vector<std::string> env = server_->RankEnvironment(r);
       env.insert(env.end(), extra_env.begin(), extra_env.end());
       for (char** e = environ; *e; ++e) {
         if (std::strncmp(*e, "RINGRUN_", 8) != 0) env.push_back(*e);

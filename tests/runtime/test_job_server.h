@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "launcher/job_service.h"
 #include "launcher/rendezvous.h"
@@ -22,9 +23,14 @@ class TestJobServer {
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   launcher::Rendezvous& rendezvous() { return *rendezvous_; }
+  // The contract variables ("NAME=VALUE") rank `rank` needs to join this server, as ringrun
+  // would set them for a job of `size` ranks on one host.
+  std::vector<std::string> RankEnvironment(int rank) const;
 
  private:
   TestJobServer() = default;
+  int size_ = 0;
+  std::string secret_, job_id_;
   std::unique_ptr<launcher::Rendezvous> rendezvous_;
   std::unique_ptr<launcher::JobService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -14,6 +14,12 @@
 namespace ringrun::agent {
 namespace {
 
+// `path` as seen from `cwd`.
+std::string FromDir(const std::string& cwd, const std::string& path) {
+  if (path.empty() || path[0] == '/' || cwd.empty()) return path;
+  return cwd.back() == '/' ? cwd + path : cwd + "/" + path;
+}
+
 bool IsExecutableFile(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
@@ -58,7 +64,7 @@ class ForkExecSpawner final : public Spawner {
       return ErrnoStatus("working directory " + req.cwd, errno);
     }
     if (!S_ISDIR(st.st_mode)) return NotFound("working directory " + req.cwd + ": not a directory");
-    auto path = ResolveExecutable(req.argv[0], req.env);
+    auto path = ResolveExecutable(req.argv[0], req.env, req.cwd);
     if (!path.ok()) return path.status();
 
     std::vector<char*> argv, envp;
@@ -109,13 +115,15 @@ class ForkExecSpawner final : public Spawner {
 }  // namespace
 
 Result<std::string> ResolveExecutable(const std::string& file,
-                                      const std::vector<std::string>& env) {
+                                      const std::vector<std::string>& env,
+                                      const std::string& cwd) {
   if (file.empty()) return NotFound("cannot execute '': empty command name");
   if (file.find('/') != std::string::npos) {
-    if (IsExecutableFile(file)) return file;
+    const std::string full = FromDir(cwd, file);
+    if (IsExecutableFile(full)) return full;
     int e = errno;
     struct stat st;
-    if (::stat(file.c_str(), &st) == 0) {
+    if (::stat(full.c_str(), &st) == 0) {
       return PermissionDenied("cannot execute '" + file + "': " +
                               (S_ISDIR(st.st_mode) ? "is a directory" : "permission denied"));
     }
@@ -129,7 +137,7 @@ Result<std::string> ResolveExecutable(const std::string& file,
   while (start <= path.size()) {
     size_t colon = path.find(':', start);
     std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
+    std::string candidate = FromDir(cwd, (dir.empty() ? "." : dir) + "/" + file);
     if (IsExecutableFile(candidate)) return candidate;
     if (colon == std::string::npos) break;
     start = colon + 1;

@@ -38,7 +38,11 @@ class Spawner {
 // (the death signal follows the forking thread).
 std::unique_ptr<Spawner> MakeForkExecSpawner();
 
-// Resolves argv[0] against PATH as execvp would, but with the rank's PATH.
-Result<std::string> ResolveExecutable(const std::string& file, const std::vector<std::string>& env);
+// Resolves argv[0] as execvp would, but with the rank's PATH and from the rank's working
+// directory `cwd` (not the agent's: a remote agent runs in the login directory), so that
+// "build/bin/x" and relative PATH entries mean what they mean to the launcher's user. Relative
+// results come back joined to `cwd`.
+Result<std::string> ResolveExecutable(const std::string& file, const std::vector<std::string>& env,
+                                      const std::string& cwd);
 
 }  // namespace ringrun::agent

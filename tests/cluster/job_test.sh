@@ -65,6 +65,11 @@ placement)
     h=$((r / 2 + 1)); l=$((r % 2)); c=$((r / 2))
     expect_in "$out" "[$r]<stdout>:host=rr-h$h rank=$r local=$l/2 cross=$c/4 size=8 hvd=rr-h$h/$r torch=$r/8/$l/$c master=198.18.0.2 tag=$TAG pwd=$TMP" "rank $r: placement, environment, tag, cwd"
   done
+  mkdir -p "$TMP/bin"
+  printf '#!/bin/sh\necho "relative ok on $(hostname)"\n' >"$TMP/bin/hello"
+  chmod +x "$TMP/bin/hello"
+  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 bin/hello 2>&1)
+  expect_in "$out" "[1]<stdout>:relative ok on rr-h3" "a command path relative to the launcher's directory, remotely"
   out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 --wdir /tmp /bin/pwd 2>&1)
   expect_in "$out" "[1]<stdout>:/tmp" "--wdir on a remote host"
   out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 --wdir /nonexistent-rr-dir /bin/pwd 2>&1)

@@ -1,0 +1,63 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "agent/process.h"
+
+namespace ringrun::agent {
+namespace {
+
+// A scratch directory with bin/tool (executable) and bin/data (not executable).
+struct Tree {
+  std::string dir;
+  Tree() {
+    char tmpl[] = "/tmp/ringrun-agent-test.XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    ::mkdir((dir + "/bin").c_str(), 0755);
+    for (const char* name : {"tool", "data"}) {
+      std::ofstream(dir + "/bin/" + name) << "#!/bin/sh\n";
+    }
+    ::chmod((dir + "/bin/tool").c_str(), 0755);
+    ::chmod((dir + "/bin/data").c_str(), 0644);
+  }
+  ~Tree() { (void)!std::system(("rm -rf '" + dir + "'").c_str()); }
+};
+
+TEST_CASE("a relative command path is resolved from the rank's working directory") {
+  Tree t;
+  // The agent's own directory is elsewhere (a remote agent runs in the login directory).
+  REQUIRE(::access("bin/tool", F_OK) != 0);
+  Result<std::string> r = ResolveExecutable("bin/tool", {}, t.dir);
+  REQUIRE(r.ok());
+  CHECK(*r == t.dir + "/bin/tool");
+  CHECK(ResolveExecutable("./bin/tool", {}, t.dir + "/").value() == t.dir + "/./bin/tool");
+}
+
+TEST_CASE("relative PATH entries are searched from the rank's working directory") {
+  Tree t;
+  CHECK(ResolveExecutable("tool", {"PATH=/nonexistent:bin"}, t.dir).value() ==
+        t.dir + "/bin/tool");
+  CHECK(ResolveExecutable("tool", {"PATH=" + t.dir + "/bin"}, "/").value() ==
+        t.dir + "/bin/tool");
+  Result<std::string> missing = ResolveExecutable("tool", {"PATH=/nonexistent"}, t.dir);
+  REQUIRE(!missing.ok());
+  CHECK_THAT(missing.status().message(), Catch::Contains("not found in PATH (/nonexistent)"));
+}
+
+TEST_CASE("absolute paths and failures name the command") {
+  Tree t;
+  CHECK(ResolveExecutable(t.dir + "/bin/tool", {}, "/").value() == t.dir + "/bin/tool");
+  Result<std::string> r = ResolveExecutable("bin/data", {}, t.dir);
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("bin/data") && Catch::Contains("permission"));
+  r = ResolveExecutable("bin/nope", {}, t.dir);
+  REQUIRE(!r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("bin/nope"));
+}
+
+}  // namespace
+}  // namespace ringrun::agent

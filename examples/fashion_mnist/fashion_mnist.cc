@@ -4,11 +4,15 @@
 //                                         [--seed S] [--data DIR]
 //
 // Every rank shuffles the training set with the same seed; each global batch of B samples is
-// split across the ranks, each computes the gradient of its slice, and one fused
-// ringrun_allreduce(AVERAGE) per step makes every rank apply the same update. So the same
-// global batch and seed give the same model at any np (up to float summation order), and the
-// per-rank compute (single-threaded) shrinks as np grows. Parameters start as a broadcast of
-// rank 0's. Rank 0 prints loss and accuracy per epoch and ends with "test_accuracy=0.XXXX".
+// split across the ranks and each computes the gradient of its slice. The update is sharded
+// (ZeRO stage 1): one ringrun_reducescatter(AVERAGE) gives each rank the mean gradient of its
+// 1/np of the parameters, the rank applies SGD with momentum to that shard only (so it keeps
+// momentum for its shard only), and one ringrun_allgather hands every rank the whole updated
+// model. That moves the same bytes as an allreduce of the gradient, but the update, which every
+// rank would otherwise repeat, is split too. So the same global batch and seed give the same
+// model at any np (up to float summation order), and the per-rank work (single-threaded)
+// shrinks as np grows. Parameters start as a broadcast of rank 0's. Rank 0 prints loss and
+// accuracy per epoch and ends with "test_accuracy=0.XXXX".
 #include <zlib.h>
 
 #include <algorithm>
@@ -109,13 +113,14 @@ class Mlp {
   explicit Mlp(int hidden) : l_(hidden) {}
   const Layout& layout() const { return l_; }
 
-  void Init(std::vector<float>* p, uint32_t seed) const {
+  // Writes the initial parameters to p[0, layout().total).
+  void Init(float* p, uint32_t seed) const {
     std::mt19937 rng(seed);
     std::normal_distribution<float> n1(0, std::sqrt(2.0f / kInputs));
     std::normal_distribution<float> n2(0, std::sqrt(2.0f / l_.hidden));
-    p->assign(l_.total, 0.0f);
-    for (size_t i = l_.w1; i < l_.b1; ++i) (*p)[i] = n1(rng);
-    for (size_t i = l_.w2; i < l_.b2; ++i) (*p)[i] = n2(rng);
+    std::fill(p, p + l_.total, 0.0f);
+    for (size_t i = l_.w1; i < l_.b1; ++i) p[i] = n1(rng);
+    for (size_t i = l_.w2; i < l_.b2; ++i) p[i] = n2(rng);
   }
 
   // Forward one sample; returns the loss and writes probabilities.
@@ -254,8 +259,12 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   Mlp model(args.hidden);
   const Layout& l = model.layout();
-  std::vector<float> params(l.total), grad(l.total), velocity(l.total, 0.0f);
-  if (rank == 0) model.Init(&params, args.seed);
+  // The flat parameter vector, padded to np equal shards; this rank updates shard `rank`.
+  const size_t shard = (l.total + size - 1) / size;
+  const size_t mine_at = shard * rank;
+  std::vector<float> params(shard * size, 0.0f), grad(shard * size, 0.0f);
+  std::vector<float> velocity(shard, 0.0f);
+  if (rank == 0) model.Init(params.data(), args.seed);
   if (ringrun_broadcast(params.data(), params.size(), RINGRUN_FLOAT32, 0) != 0) {
     return Fail("broadcast");
   }
@@ -278,7 +287,6 @@ int main(int argc, char** argv) {
     std::shuffle(order.begin(), order.end(), shuffle_rng);  // same on every rank
     double loss_sum = 0;
     for (int s = 0; s < steps; ++s) {
-      std::fill(grad.begin(), grad.end(), 0.0f);
       const int* mine = &order[size_t(s) * args.batch + size_t(rank) * local];
       for (int i = 0; i < local; ++i) {
         xs[i] = &train.images[size_t(mine[i]) * kInputs];
@@ -286,15 +294,21 @@ int main(int argc, char** argv) {
       }
       loss_sum += model.TrainBatch(params.data(), xs.data(), ys.data(), local, 1.0f / local,
                                    grad.data());
-      // One fused allreduce per step: the mean gradient over the global batch.
-      if (ringrun_allreduce(grad.data(), grad.data(), grad.size(), RINGRUN_FLOAT32,
-                            RINGRUN_AVERAGE) != 0) {
-        return Fail("allreduce");
+      // The mean gradient over the global batch, of this rank's shard (in place: the shard's
+      // slot of grad). Then SGD with momentum on the shard, and the whole model to every rank.
+      float* g = grad.data() + mine_at;
+      float* p = params.data() + mine_at;
+      if (ringrun_reducescatter(grad.data(), g, shard, RINGRUN_FLOAT32, RINGRUN_AVERAGE) != 0) {
+        return Fail("reducescatter");
       }
-      for (size_t i = 0; i < l.total; ++i) {
-        velocity[i] = args.momentum * velocity[i] - args.lr * grad[i];
-        params[i] += velocity[i];
+      for (size_t i = 0; i < shard; ++i) {
+        velocity[i] = args.momentum * velocity[i] - args.lr * g[i];
+        p[i] += velocity[i];
       }
+      if (ringrun_allgather(p, params.data(), shard, RINGRUN_FLOAT32) != 0) {
+        return Fail("allgather");
+      }
+      std::fill(grad.begin(), grad.end(), 0.0f);  // the next step accumulates from zero
     }
     // Each rank scores its share of the test set; one allreduce sums the counts.
     double stats[4] = {loss_sum, 0, 0, 0};  // train loss, test loss, test correct, test n

@@ -263,6 +263,25 @@ t_runtime_under_ringrun() {
   return 0
 }
 
+t_training_example() {
+  # The README's main job, one epoch: np=1 and np=2 train the same model (same global batch and
+  # seed), and both learn. The full 10-epoch figures are in the README, measured by hand.
+  [[ -d /usr/share/datasets/fashion-mnist ]] || { echo "SKIP: dataset-fashion-mnist is not installed"; exit 77; }
+  local np acc1 acc2 rc
+  for np in 1 2; do
+    "$RINGRUN" -np $np "$BIN/fashion_mnist" --epochs 1 >"$WORK/out$np" 2>"$WORK/err$np"; rc=$?
+    expect_rc 0 $rc "fashion_mnist at np=$np"
+    expect_contains "$WORK/out$np" "[0]<stdout>:fashion_mnist: np=$np batch=128"
+    expect_contains "$WORK/out$np" "[0]<stdout>:epoch 1 train_loss="
+  done
+  acc1=$(sed -n 's/^\[0\]<stdout>:test_accuracy=//p' "$WORK/out1")
+  acc2=$(sed -n 's/^\[0\]<stdout>:test_accuracy=//p' "$WORK/out2")
+  [[ -n $acc1 && -n $acc2 ]] || fail "no test_accuracy line"
+  awk -v a="$acc1" -v b="$acc2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.80 && b > 0.80 && d <= 0.005) }' ||
+    fail "one epoch: test accuracy np=1 $acc1, np=2 $acc2 (want > 0.80 each, within 0.005)"
+  expect_no_orphans
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

@@ -3,11 +3,12 @@
 // Connection rule: the lower rank connects to the higher; the higher accepts on its listener
 // and learns the connector's rank from a hello. Connecting never waits on the peer's program
 // (the kernel completes the handshake from the listen backlog), so lazy setup cannot deadlock.
-// Same-host pairs with shared memory on: the connector creates a /dev/shm segment named
-// "ringrun-<job>-..." and sends its name in the hello; the acceptor maps and unlinks it at once
-// (the connector unlinks too, once it sees the segment mapped, and on destruction), so no
-// segment outlives the pair. The TCP socket of a shared-memory pair stays open as the peer's
-// lifeline: its EOF means the peer died.
+// Same-host pairs with shared memory on: the connector reaches the peer's local listener, an
+// abstract Unix socket named after the peer's TCP endpoint, creates an anonymous memfd
+// segment and passes it with the hello (SCM_RIGHTS). Nothing has a name in any file system, so
+// nothing can be left behind however the job ends: the kernel frees the segment with its last
+// mapping. The Unix socket stays open as the peer's lifeline: its EOF means the peer died.
+// Where the local listener cannot be reached (another network namespace, say), the pair is TCP.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -16,7 +17,9 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -37,8 +40,8 @@ std::string PeerTable::Describe(int r) const {
 
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x52475231;  // "RGR1"
-constexpr size_t kMaxShmName = 96;
+constexpr uint32_t kHelloMagic = 0x52475232;  // "RGR2"
+constexpr size_t kMaxShmRingBytes = size_t{1} << 30;
 // A TCP Progress step moves at most kTcpChunk bytes of one op, so that a Run alternates between
 // its sends and receives instead of filling one socket direction while the other idles; 128 KiB
 // against 1 MiB took two-host 64 MiB allreduces over veth from ~70 to ~50-55 ms (median of
@@ -59,8 +62,7 @@ struct Hello {
   uint32_t magic;
   uint32_t rank;
   uint64_t job_tag;
-  uint64_t ring_bytes;  // 0: plain TCP pair
-  char shm_name[kMaxShmName];
+  uint64_t ring_bytes;  // on the local socket: the passed segment's ring size; on TCP: 0
 };
 
 uint64_t JobTag(const std::string& job_id) { return std::hash<std::string>{}(job_id) | 1; }
@@ -68,6 +70,15 @@ uint64_t JobTag(const std::string& job_id) { return std::hash<std::string>{}(job
 int MsUntil(Deadline d) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
   return ms <= 0 ? 0 : static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+}
+
+// Waits until `fd` may be ready for `events`; kTimeout once the deadline has passed.
+Status WaitFd(int fd, short events, Deadline deadline) {
+  pollfd pfd{fd, events, 0};
+  int ms = MsUntil(deadline);
+  if (ms == 0) return Timeout("timed out");
+  if (::poll(&pfd, 1, ms) < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
+  return Status::Ok();
 }
 
 // Blocking-style I/O on a non-blocking fd, bounded by a deadline.
@@ -82,10 +93,7 @@ Status IoFull(int fd, void* buf, size_t len, bool write, Deadline deadline) {
     if (n == 0) return Unavailable("connection closed");
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus(write ? "send" : "recv", errno);
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    int ms = MsUntil(deadline);
-    if (ms == 0) return Timeout("timed out");
-    if (::poll(&pfd, 1, ms) < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
+    RINGRUN_RETURN_IF_ERROR(WaitFd(fd, write ? POLLOUT : POLLIN, deadline));
   }
   return Status::Ok();
 }
@@ -115,7 +123,6 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shm needs lock-free a
 struct ShmHeader {
   uint64_t magic;
   uint64_t ring_bytes;
-  PaddedU32 mapped;      // set by the acceptor once it has mapped the segment
   PaddedU32 bell[2];     // bumped whenever something side s may wait for changes
   PaddedU32 waiting[2];  // side s is about to sleep on bell[s]
   PaddedU64 head[2];     // ring d: bytes produced (written by side d)
@@ -128,59 +135,109 @@ long Futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
 }
 
-// One mapping of a segment; unlinks the name (once) when asked or on destruction.
+// One mapping of a segment.
 class ShmSegment {
  public:
-  ShmSegment(void* base, size_t len, std::string name) : base_(base), len_(len), name_(name) {}
-  ~ShmSegment() {
-    Unlink();
-    ::munmap(base_, len_);
-  }
+  ShmSegment(void* base, size_t len) : base_(base), len_(len) {}
+  ~ShmSegment() { ::munmap(base_, len_); }
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
-  void Unlink() {
-    if (!name_.empty()) ::shm_unlink(name_.c_str());
-    name_.clear();
-  }
-  bool unlinked() const { return name_.empty(); }
   ShmHeader* header() const { return static_cast<ShmHeader*>(base_); }
   char* data() const { return static_cast<char*>(base_) + kShmDataOffset; }
 
  private:
   void* base_;
   size_t len_;
-  std::string name_;
 };
 
-Result<std::unique_ptr<ShmSegment>> MapShm(const std::string& name, size_t ring_bytes,
-                                           bool create) {
+// Maps the segment behind `fd`. create: sizes it and writes the header; otherwise checks it.
+Result<std::unique_ptr<ShmSegment>> MapShm(int fd, size_t ring_bytes, bool create) {
   const size_t len = kShmDataOffset + 2 * ring_bytes;
-  int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
-  UniqueFd fd(::shm_open(name.c_str(), flags, 0600));
-  if (!fd.valid()) return ErrnoStatus("shm_open " + name, errno);
-  if (create && ::ftruncate(fd.get(), static_cast<off_t>(len)) != 0) {
-    Status st = ErrnoStatus("ftruncate " + name, errno);
-    ::shm_unlink(name.c_str());
-    return st;
+  if (create && ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    return ErrnoStatus("ftruncate shared memory", errno);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("fstat shared memory", errno);
+  if (static_cast<size_t>(st.st_size) != len) {
+    return Internal("shared-memory segment of " + std::to_string(st.st_size) +
+                    " bytes, expected " + std::to_string(len));
   }
   // MAP_POPULATE: fault the rings in now, on both sides. Left to the first messages, each new
   // ring page cost a page fault (and, under a hypervisor, the host's first touch): a 4 KiB
   // allreduce averaged 9-73 us over its first 25 iterations instead of ~2 us.
-  void* base =
-      ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
-  if (base == MAP_FAILED) {
-    Status st = ErrnoStatus("mmap " + name, errno);
-    if (create) ::shm_unlink(name.c_str());
-    return st;
-  }
-  auto seg = std::make_unique<ShmSegment>(base, len, create ? name : std::string());
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return ErrnoStatus("mmap shared memory", errno);
+  auto seg = std::make_unique<ShmSegment>(base, len);
   if (create) {
     seg->header()->magic = kShmMagic;
     seg->header()->ring_bytes = ring_bytes;
   } else if (seg->header()->magic != kShmMagic || seg->header()->ring_bytes != ring_bytes) {
-    return Internal("shm segment " + name + " has an unexpected layout");
+    return Internal("shared-memory segment has an unexpected layout");
   }
   return seg;
+}
+
+// The abstract Unix socket name (no file) of the local listener of the rank at address:port.
+// The TCP port is this rank's while it runs, so the name is unique on the host.
+sockaddr_un LocalName(const std::string& address, uint16_t port, socklen_t* len) {
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  const int n = std::snprintf(un.sun_path + 1, sizeof(un.sun_path) - 1, "ringrun/%s:%u",
+                              address.c_str(), static_cast<unsigned>(port));
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 +
+                                std::min<size_t>(n, sizeof(un.sun_path) - 2));
+  return un;
+}
+
+// Sends the hello, with `pass_fd` attached when >= 0.
+Status SendHello(int fd, const Hello& hello, int pass_fd, Deadline deadline) {
+  if (pass_fd < 0) return IoFull(fd, const_cast<Hello*>(&hello), sizeof(hello), true, deadline);
+  iovec iov{const_cast<Hello*>(&hello), sizeof(hello)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1;
+  msg.msg_control = control, msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(sizeof(hello))) return Status::Ok();
+    if (n >= 0) return Internal("short hello");  // a Unix stream sends small messages whole
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) return ErrnoStatus("sendmsg", errno);
+    RINGRUN_RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline));
+  }
+}
+
+// Receives a hello and the fd passed with it (*passed: invalid when none came).
+Status RecvHello(int fd, Hello* hello, UniqueFd* passed, Deadline deadline) {
+  char* p = reinterpret_cast<char*>(hello);
+  size_t got = 0;
+  while (got < sizeof(*hello)) {
+    iovec iov{p + got, sizeof(*hello) - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1;
+    msg.msg_control = control, msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          int received;
+          std::memcpy(&received, CMSG_DATA(c), sizeof(int));
+          *passed = UniqueFd(received);
+        }
+      }
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Unavailable("connection closed");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) return ErrnoStatus("recvmsg", errno);
+    RINGRUN_RETURN_IF_ERROR(WaitFd(fd, POLLIN, deadline));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -277,7 +334,6 @@ class ShmPair final : public Pair {
 
   Result<bool> Progress(OpState& st) override {
     ShmHeader* h = seg_->header();
-    if (!seg_->unlinked() && h->mapped.v.load(std::memory_order_acquire)) seg_->Unlink();
     Op& op = *st.op;
     const size_t wire = (op.bytes + 7) & ~size_t{7};
     bool moved = false;
@@ -391,7 +447,10 @@ class SocketTransport final : public Transport {
   Status RunOps(std::vector<Op>& ops, Deadline deadline);
   Status EnsureConnected(const std::vector<Op>& ops, Deadline deadline);
   Status Connect(int peer, Deadline deadline);
+  // A shared-memory pair through the peer's local listener; false when it cannot be reached.
+  Result<bool> ConnectLocal(int peer, Deadline deadline);
   Status AcceptOne(Deadline deadline);
+  Status AcceptFrom(int listener, bool local, Deadline deadline);
   Status PeerError(int peer, const Status& st) const {
     return Status(st.code(), "rank " + std::to_string(rank_) + ": peer " + peers_.Describe(peer) +
                                  ": " + st.message());
@@ -405,11 +464,39 @@ class SocketTransport final : public Transport {
   const TransportOptions options_;
   const uint64_t job_tag_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // by peer rank; made on first use
-  uint64_t shm_counter_ = 0;
   Status broken_;
 };
 
+Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  socklen_t len;
+  const sockaddr_un un = LocalName(peers_.address(peer), peers_.port_of_rank[peer], &len);
+  while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&un), len) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN && MsUntil(deadline) > 0) {  // its backlog is full: it is accepting
+      ::usleep(1000);
+      continue;
+    }
+    if (errno == ECONNREFUSED || errno == ENOENT) return false;  // not in this namespace
+    return PeerError(peer, ErrnoStatus("connect to its local socket", errno));
+  }
+  UniqueFd mem(::memfd_create("ringrun-pair", MFD_CLOEXEC));
+  if (!mem.valid()) return PeerError(peer, ErrnoStatus("memfd_create", errno));
+  Result<std::unique_ptr<ShmSegment>> seg = MapShm(mem.get(), options_.shm_ring_bytes, true);
+  if (!seg.ok()) return PeerError(peer, seg.status());
+  Hello hello{kHelloMagic, static_cast<uint32_t>(rank_), job_tag_, options_.shm_ring_bytes};
+  Status st = SendHello(fd.get(), hello, mem.get(), deadline);
+  if (!st.ok()) return PeerError(peer, st.Annotate("hello"));
+  pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 0);
+  return true;
+}
+
 Status SocketTransport::Connect(int peer, Deadline deadline) {
+  if (options_.use_shm && peers_.SameHost(rank_, peer)) {
+    Result<bool> local = ConnectLocal(peer, deadline);
+    if (!local.ok() || *local) return local.status();
+  }
   Result<sockaddr_in> sa = ParseAddr(peers_.address(peer), peers_.port_of_rank[peer]);
   if (!sa.ok()) return PeerError(peer, sa.status());
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -426,64 +513,54 @@ Status SocketTransport::Connect(int peer, Deadline deadline) {
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) return PeerError(peer, ErrnoStatus("connect", err));
   }
-  Hello hello{};
-  hello.magic = kHelloMagic;
-  hello.rank = static_cast<uint32_t>(rank_);
-  hello.job_tag = job_tag_;
-  std::unique_ptr<ShmSegment> seg;
-  if (options_.use_shm && peers_.SameHost(rank_, peer)) {
-    char name[kMaxShmName];
-    std::snprintf(name, sizeof(name), "/ringrun-%016llx-%d-%d-%d-%llu",
-                  static_cast<unsigned long long>(job_tag_), rank_, peer,
-                  static_cast<int>(::getpid()), static_cast<unsigned long long>(shm_counter_++));
-    Result<std::unique_ptr<ShmSegment>> made = MapShm(name, options_.shm_ring_bytes, true);
-    if (!made.ok()) return PeerError(peer, made.status());
-    seg = std::move(made.value());
-    hello.ring_bytes = options_.shm_ring_bytes;
-    std::snprintf(hello.shm_name, sizeof(hello.shm_name), "%s", name);
-  }
-  Status st = IoFull(fd.get(), &hello, sizeof(hello), true, deadline);
+  Hello hello{kHelloMagic, static_cast<uint32_t>(rank_), job_tag_, 0};
+  Status st = SendHello(fd.get(), hello, -1, deadline);
   if (!st.ok()) return PeerError(peer, st.Annotate("hello"));
-  if (seg) {
-    pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg), 0);
-  } else {
-    pairs_[peer] = std::make_unique<TcpPair>(std::move(fd));
-  }
+  pairs_[peer] = std::make_unique<TcpPair>(std::move(fd));
   return Status::Ok();
 }
 
 Status SocketTransport::AcceptOne(Deadline deadline) {
-  pollfd pfd{listener_.fd.get(), POLLIN, 0};
+  pollfd pfd[2] = {{listener_.fd.get(), POLLIN, 0}, {listener_.local.get(), POLLIN, 0}};
+  const nfds_t n = listener_.local.valid() ? 2 : 1;
   int ms = MsUntil(deadline);
   if (ms == 0) return Timeout("timed out");
-  int rc = ::poll(&pfd, 1, ms);
+  int rc = ::poll(pfd, n, ms);
   if (rc < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
-  if (rc <= 0) return Status::Ok();
-  UniqueFd fd(::accept4(listener_.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  for (nfds_t i = 0; rc > 0 && i < n; ++i) {
+    if (pfd[i].revents) RINGRUN_RETURN_IF_ERROR(AcceptFrom(pfd[i].fd, i == 1, deadline));
+  }
+  return Status::Ok();
+}
+
+// Accepts one connection and makes its pair. A stray or foreign connection, or a hello that
+// does not fit the listener it came to, is dropped (the real peer will still come); a peer's
+// segment that cannot be mapped is an error naming it.
+Status SocketTransport::AcceptFrom(int listener, bool local, Deadline deadline) {
+  UniqueFd fd(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   if (!fd.valid()) {
     if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return Status::Ok();
     return ErrnoStatus("accept", errno);
   }
-  TuneSocket(fd.get());
+  if (!local) TuneSocket(fd.get());
   Hello hello{};
+  UniqueFd mem;
   Deadline hello_deadline = std::min(deadline, DeadlineAfter(kHelloTimeoutMs));
-  if (!IoFull(fd.get(), &hello, sizeof(hello), false, hello_deadline).ok()) return Status::Ok();
-  // A stray or foreign connection is dropped; the real peer will still come.
+  if (!RecvHello(fd.get(), &hello, &mem, hello_deadline).ok()) return Status::Ok();
+  const size_t ring = hello.ring_bytes;
   if (hello.magic != kHelloMagic || hello.job_tag != job_tag_ ||
       hello.rank >= static_cast<uint32_t>(size()) || static_cast<int>(hello.rank) >= rank_ ||
-      pairs_[hello.rank]) {
+      pairs_[hello.rank] || local != mem.valid() || (ring != 0) != local ||
+      (local && (ring < 4096 || ring > kMaxShmRingBytes || (ring & (ring - 1)) != 0))) {
     return Status::Ok();
   }
   const int peer = static_cast<int>(hello.rank);
-  if (hello.ring_bytes == 0) {
+  if (!local) {
     pairs_[peer] = std::make_unique<TcpPair>(std::move(fd));
     return Status::Ok();
   }
-  hello.shm_name[kMaxShmName - 1] = '\0';
-  Result<std::unique_ptr<ShmSegment>> seg = MapShm(hello.shm_name, hello.ring_bytes, false);
-  ::shm_unlink(hello.shm_name);
+  Result<std::unique_ptr<ShmSegment>> seg = MapShm(mem.get(), ring, false);
   if (!seg.ok()) return PeerError(peer, seg.status());
-  seg.value()->header()->mapped.v.store(1, std::memory_order_release);
   pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 1);
   return Status::Ok();
 }
@@ -644,6 +721,15 @@ Result<Listener> Listen(const std::string& address) {
   Listener l;
   l.fd = std::move(fd);
   l.port = ntohs(bound.sin_port);
+  // The local listener for shared-memory pairs. Without it (the name is taken, say), same-host
+  // peers fall back to TCP.
+  UniqueFd local(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  socklen_t un_len;
+  const sockaddr_un un = LocalName(address, l.port, &un_len);
+  if (local.valid() && ::bind(local.get(), reinterpret_cast<const sockaddr*>(&un), un_len) == 0 &&
+      ::listen(local.get(), 4096) == 0) {
+    l.local = std::move(local);
+  }
   return l;
 }
 

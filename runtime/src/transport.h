@@ -96,10 +96,13 @@ struct TransportOptions {
   bool spin = true;                 // busy-wait briefly before sleeping (off when oversubscribed)
 };
 
-// A bound, listening TCP socket (port 0 picks one).
+// A bound, listening TCP socket (port 0 picks one), and this rank's local listener for
+// same-host peers: an abstract Unix socket named after the TCP endpoint (invalid if it could
+// not be bound; those peers then use TCP).
 struct Listener {
   UniqueFd fd;
   uint16_t port = 0;
+  UniqueFd local;
 };
 Result<Listener> Listen(const std::string& address);
 

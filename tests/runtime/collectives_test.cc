@@ -12,7 +12,8 @@ namespace {
 
 const size_t kCounts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
 
-enum class Mode { kTcp, kShm, kTwoHosts };
+// kShmFallback: shared memory on, but rank 2 has no local listener, so its pairs are TCP.
+enum class Mode { kTcp, kShm, kTwoHosts, kShmFallback };
 
 ThreadJobOptions Options(int np, Mode mode) {
   ThreadJobOptions o;
@@ -20,6 +21,7 @@ ThreadJobOptions Options(int np, Mode mode) {
   o.transport.use_shm = mode != Mode::kTcp;
   o.transport.spin = false;  // ranks are threads on a small machine
   o.transport.shm_ring_bytes = 64 << 10;  // small, so that messages wrap many times
+  if (mode == Mode::kShmFallback) o.without_local_listener = {2};
   if (mode == Mode::kTwoHosts) {
     for (int r = 0; r < np; ++r) o.hosts.push_back(r < (np + 1) / 2 ? "127.0.0.1" : "127.0.0.2");
   }
@@ -68,6 +70,10 @@ TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce
   for (int np : {2, 3, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kShm, np != 5); }
   }
+}
+
+TEST_CASE("allreduce: a rank without a local listener is reached over TCP", "[allreduce][shm]") {
+  AllreduceMatrix(3, Mode::kShmFallback, false);
 }
 
 TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm]") {

@@ -116,19 +116,23 @@ class Job {
   std::vector<Worker> workers_;
 };
 
-// /dev/shm entries of ours: ringrun segments carry the creating process's pid.
-int ShmSegmentsOf(const Job& job, int np) {
+// Named shared memory of ringrun's: there must never be any (pairs use anonymous memfds).
+int NamedShmSegments() {
   int found = 0;
   DIR* d = ::opendir("/dev/shm");
   if (d == nullptr) return 0;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind("ringrun-", 0) != 0) continue;
-    for (int r = 0; r < np; ++r) {
-      if (name.find("-" + std::to_string(job.worker(r).pid) + "-") != std::string::npos) ++found;
-    }
-  }
+  while (dirent* e = ::readdir(d)) found += std::string(e->d_name).find("ringrun") != std::string::npos;
   ::closedir(d);
+  return found;
+}
+
+// How many shared-memory pair segments a live process has mapped.
+int MappedPairSegments(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int found = 0;
+  for (std::string line; std::getline(maps, line);) {
+    found += line.find("/memfd:ringrun-pair") != std::string::npos;
+  }
   return found;
 }
 
@@ -141,7 +145,7 @@ void RunCheck(int np, std::vector<std::string> env) {
     INFO("rank " << r << " stderr: " << job.Stderr(r));
     CHECK(job.ExitCode(r) == 0);
   }
-  CHECK(ShmSegmentsOf(job, np) == 0);
+  CHECK(NamedShmSegments() == 0);
 }
 
 }  // namespace
@@ -174,6 +178,8 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
       }
       REQUIRE(job.joined_all());
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-allreduce by now
+      // Same-host pairs are shared memory unless disabled: rank 0 maps one per peer.
+      CHECK(MappedPairSegments(job.worker(0).pid) == (std::string(shm) == "0" ? kNp - 1 : 0));
       const auto t0 = Clock::now();
       job.Kill(1);
       const bool done = job.WaitAll(kTimeoutMs + 5000);
@@ -186,8 +192,8 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
         CHECK(job.ExitCode(r) == 3);
         CHECK(job.Stderr(r).find("peer rank") != std::string::npos);
       }
-      // The killed rank's segments were unlinked as soon as its peers mapped them.
-      CHECK(ShmSegmentsOf(job, kNp) == 0);
+      // Segments have no names, so a killed rank leaves none behind.
+      CHECK(NamedShmSegments() == 0);
     }
   }
 }

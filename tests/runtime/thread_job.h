@@ -22,6 +22,9 @@ struct ThreadJobOptions {
   std::vector<std::string> hosts;
   TransportOptions transport;
   int timeout_ms = 20000;
+  // Ranks whose local (Unix) listener is closed before the job starts: same-host peers must
+  // reach them over TCP instead of shared memory.
+  std::vector<int> without_local_listener;
 };
 
 // Collects failures from rank threads.
@@ -56,6 +59,10 @@ inline std::string MakeThreadJob(const ThreadJobOptions& o,
     const std::string host = o.hosts.empty() ? "127.0.0.1" : o.hosts[r];
     Result<Listener> l = Listen(host);
     if (!l.ok()) return l.status().ToString();
+    if (!l->local.valid()) return "rank " + std::to_string(r) + ": no local listener";
+    for (int without : o.without_local_listener) {
+      if (without == r) l->local.Reset();
+    }
     uint32_t index = 0;
     while (index < table.addresses.size() && table.addresses[index] != host) ++index;
     if (index == table.addresses.size()) table.addresses.push_back(host);

@@ -5,13 +5,15 @@
 #   openmpi-tcp   the anchors' mpi_bench under mpirun over the same SSH hosts, --mca btl tcp,self
 #   gloo          the anchors' gloo_bench, one process per namespace (GLOO_HOST = its address)
 #   torch-gloo    the anchors' torch_allreduce.py, one process per namespace (if python3-torch)
-#   null-ring     build/bin/null_ring: the anchors' ring_limit data movement across the two hosts
-#                 (best iteration, as ring_limit reports it): the transport ceiling
-# Every line is the anchors' format (NAME np= bytes= time_us= algbw_GBps= busbw_GBps=).
+#   null-ring     build/bin/null_ring: the anchors' ring_limit data movement across the two hosts,
+#                 the transport ceiling: time_us is its best iteration (as ring_limit reports
+#                 it); null-ring-mean is its mean iteration, as every other program reports
+# Every line is the anchors' format (NAME np= bytes= time_us= algbw_GBps= busbw_GBps=); the
+# summary gives the median over the rounds of each.
 #
 #   benchmarks/veth_allreduce.sh [BUILD_DIR]     ROUNDS (3), BYTES (64M as bytes), ITERS (10)
 #
-# Brings up a 2-host cluster and takes it down again (KEEP_CLUSTER=1 leaves it up).
+# Brings up a 2-host cluster if none is up, and takes it down again (KEEP_CLUSTER=1 leaves it).
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$SRC/build}" && pwd)
@@ -26,8 +28,11 @@ for b in ringrun ringrun-bench null_ring; do
 done
 [[ -x $OUT/mpi_bench && -x $OUT/gloo_bench ]] || bash "$ANCHORS/run.sh" build
 
+# A cluster that was up already stays up; one brought up here goes down at exit.
+if ! "$SRC/scripts/test-cluster.sh" status >/dev/null 2>&1 && [[ -z ${KEEP_CLUSTER:-} ]]; then
+  trap 'QUIET=1 "$SRC/scripts/test-cluster.sh" down' EXIT
+fi
 QUIET=1 "$SRC/scripts/test-cluster.sh" up 2
-[[ -n ${KEEP_CLUSTER:-} ]] || trap 'QUIET=1 "$SRC/scripts/test-cluster.sh" down' EXIT
 eval "$("$SRC/scripts/test-cluster.sh" env)"
 A1=198.18.0.2 A2=198.18.0.3
 
@@ -65,16 +70,21 @@ run_torch() {
 }
 run_null_ring() {
   local port=$((20000 + RANDOM % 20000))
-  ip netns exec rr-h1 "$BUILD/bin/null_ring" 0 "$BYTES" "$ITERS" $A1:$port $A2:$port &
+  # Its mean iteration too, as "null-ring-mean", to set beside the others' means.
+  ip netns exec rr-h1 "$BUILD/bin/null_ring" 0 "$BYTES" "$ITERS" $A1:$port $A2:$port |
+    awk '{ print; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+           a = v["bytes"] / v["mean_us"] / 1e3
+           printf "null-ring-mean np=%s bytes=%s time_us=%s algbw_GBps=%.3f busbw_GBps=%.3f\n",
+                  v["np"], v["bytes"], v["mean_us"], a, a * 2 * (v["np"] - 1) / v["np"] }' &
   ip netns exec rr-h2 "$BUILD/bin/null_ring" 1 "$BYTES" "$ITERS" $A1:$port $A2:$port
   wait
 }
 
+raw=$(mktemp)
 for round in $(seq "$ROUNDS"); do
   echo "# round $round"
-  run_ringrun
-  run_mpi
-  run_gloo
-  run_torch
-  run_null_ring
+  { run_ringrun; run_mpi; run_gloo; run_torch; run_null_ring; } | tee -a "$raw"
 done
+echo "# median over $ROUNDS rounds: time_us / busbw_GBps"
+awk -f "$SRC/benchmarks/median_table.awk" "$raw"
+rm -f "$raw"

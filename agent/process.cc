@@ -53,6 +53,7 @@ bool IsExecutableFile(const std::string& path) {
   if (::chdir(cwd) != 0) fail(1);
   ::execve(path.c_str(), argv, envp);
   fail(2);
+  ::_exit(127);  // not reached: fail() exits (a lambda cannot say so)
 }
 
 class ForkExecSpawner final : public Spawner {
@@ -64,7 +65,15 @@ class ForkExecSpawner final : public Spawner {
       return ErrnoStatus("working directory " + req.cwd, errno);
     }
     if (!S_ISDIR(st.st_mode)) return NotFound("working directory " + req.cwd + ": not a directory");
-    auto path = ResolveExecutable(req.argv[0], req.env, req.cwd);
+    // A relative --wdir is the agent's directory's (the launcher's here, the login directory on
+    // a remote host); made absolute so that what ResolveExecutable returns holds after chdir.
+    std::string cwd = req.cwd;
+    if (cwd.empty() || cwd[0] != '/') {
+      char here[4096];
+      if (::getcwd(here, sizeof(here)) == nullptr) return ErrnoStatus("getcwd", errno);
+      cwd = FromDir(here, cwd.empty() ? "." : cwd);
+    }
+    auto path = ResolveExecutable(req.argv[0], req.env, cwd);
     if (!path.ok()) return path.status();
 
     std::vector<char*> argv, envp;
@@ -84,7 +93,7 @@ class ForkExecSpawner final : public Spawner {
     pid_t pid = ::fork();
     if (pid < 0) return ErrnoStatus("fork", errno);
     if (pid == 0) {
-      ExecChild(path.value(), argv.data(), envp.data(), req.cwd.c_str(), out->write.get(),
+      ExecChild(path.value(), argv.data(), envp.data(), cwd.c_str(), out->write.get(),
                 err->write.get(), status->write.get(), parent);
     }
     ::setpgid(pid, pid);  // also in the parent, so that killpg works before the child runs

@@ -41,7 +41,7 @@ std::unique_ptr<Spawner> MakeForkExecSpawner();
 // Resolves argv[0] as execvp would, but with the rank's PATH and from the rank's working
 // directory `cwd` (not the agent's: a remote agent runs in the login directory), so that
 // "build/bin/x" and relative PATH entries mean what they mean to the launcher's user. Relative
-// results come back joined to `cwd`.
+// results come back joined to `cwd`, which should therefore be absolute (Spawn makes it so).
 Result<std::string> ResolveExecutable(const std::string& file, const std::vector<std::string>& env,
                                       const std::string& cwd);
 

@@ -10,7 +10,6 @@
 // mapping. The Unix socket stays open as the peer's lifeline: its EOF means the peer died.
 // Where the local listener cannot be reached (another network namespace, say), the pair is TCP.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -193,7 +192,9 @@ Result<std::unique_ptr<ShmSegment>> MapShm(int fd, size_t ring_bytes, bool creat
 }
 
 // The abstract Unix socket name (no file) of the local listener of the rank at address:port.
-// The TCP port is this rank's while it runs, so the name is unique on the host.
+// Abstract names belong to a network namespace, as the TCP port does, and the port is this
+// rank's while it runs, so among ringrun's ranks the name is unique. Anyone may bind an
+// abstract name, so both ends also check that the other runs as the same user (SameUser).
 sockaddr_un LocalName(const std::string& address, uint16_t port, socklen_t* len) {
   sockaddr_un un{};
   un.sun_family = AF_UNIX;
@@ -202,6 +203,13 @@ sockaddr_un LocalName(const std::string& address, uint16_t port, socklen_t* len)
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 +
                                 std::min<size_t>(n, sizeof(un.sun_path) - 2));
   return un;
+}
+
+// Whether the process at the other end of a Unix socket runs as this process's user.
+bool SameUser(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::getuid();
 }
 
 // Sends the hello, with `pass_fd` attached when >= 0.
@@ -502,13 +510,16 @@ Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline) {
   const sockaddr_un un = LocalName(peers_.address(peer), peers_.port_of_rank[peer], &len);
   while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&un), len) != 0) {
     if (errno == EINTR) continue;
-    if (errno == EAGAIN && MsUntil(deadline) > 0) {  // its backlog is full: it is accepting
+    if (errno == EAGAIN) {  // its backlog is full: it is accepting
+      if (MsUntil(deadline) == 0) return PeerError(peer, Timeout("connect timed out"));
       ::usleep(1000);
       continue;
     }
     if (errno == ECONNREFUSED || errno == ENOENT) return false;  // not in this namespace
     return PeerError(peer, ErrnoStatus("connect to its local socket", errno));
   }
+  // Someone else's socket under the peer's name: not the peer, so reach it over TCP.
+  if (!SameUser(fd.get())) return false;
   UniqueFd mem(::memfd_create("ringrun-pair", MFD_CLOEXEC));
   if (!mem.valid()) return PeerError(peer, ErrnoStatus("memfd_create", errno));
   Result<std::unique_ptr<ShmSegment>> seg = MapShm(mem.get(), options_.shm_ring_bytes, true);
@@ -571,6 +582,7 @@ Status SocketTransport::AcceptFrom(int listener, bool local, Deadline deadline) 
     return ErrnoStatus("accept", errno);
   }
   if (!local) TuneSocket(fd.get());
+  if (local && !SameUser(fd.get())) return Status::Ok();
   Hello hello{};
   UniqueFd mem;
   Deadline hello_deadline = std::min(deadline, DeadlineAfter(kHelloTimeoutMs));
@@ -775,8 +787,9 @@ Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers
   for (uint32_t a : peers.address_of_rank) {
     if (a >= peers.addresses.size()) return InvalidArgument("peer table address out of range");
   }
-  if (options.shm_ring_bytes < 4096 || (options.shm_ring_bytes & (options.shm_ring_bytes - 1))) {
-    return InvalidArgument("shm_ring_bytes must be a power of two >= 4096");
+  if (options.shm_ring_bytes < 4096 || options.shm_ring_bytes > kMaxShmRingBytes ||
+      (options.shm_ring_bytes & (options.shm_ring_bytes - 1))) {
+    return InvalidArgument("shm_ring_bytes must be a power of two in [4 KiB, 1 GiB]");
   }
   return std::unique_ptr<Transport>(
       new SocketTransport(rank, std::move(peers), std::move(listener), options));

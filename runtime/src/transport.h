@@ -92,7 +92,9 @@ class Transport {
 
 struct TransportOptions {
   bool use_shm = true;              // shared memory for same-host peers
-  size_t shm_ring_bytes = 1 << 20;  // per direction and pair; a power of two
+  // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
+  // pair also has a 32 KiB ring per direction for small messages.)
+  size_t shm_ring_bytes = 1 << 20;
   bool spin = true;                 // busy-wait briefly before sleeping (off when oversubscribed)
 };
 

@@ -1,4 +1,5 @@
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -57,6 +58,28 @@ TEST_CASE("absolute paths and failures name the command") {
   r = ResolveExecutable("bin/nope", {}, t.dir);
   REQUIRE(!r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("bin/nope"));
+}
+
+TEST_CASE("a relative working directory and a relative command start the right program") {
+  Tree t;
+  // The agent runs in t's parent; the rank's directory is given relative to it, as a relative
+  // --wdir would be, and the command relative to that.
+  char before[4096];
+  REQUIRE(::getcwd(before, sizeof(before)) != nullptr);
+  const std::string parent = t.dir.substr(0, t.dir.rfind('/'));
+  const std::string base = t.dir.substr(t.dir.rfind('/') + 1);
+  REQUIRE(::chdir(parent.c_str()) == 0);
+  SpawnRequest req;
+  req.argv = {"./bin/tool"};
+  req.env = {"PATH=/usr/bin:/bin"};
+  req.cwd = base;
+  Result<SpawnedProcess> p = MakeForkExecSpawner()->Spawn(req);
+  REQUIRE(::chdir(before) == 0);
+  REQUIRE(p.ok());
+  int status = 0;
+  REQUIRE(::waitpid(p->pid, &status, 0) == p->pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

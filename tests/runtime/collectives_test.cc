@@ -307,6 +307,7 @@ TEST_CASE("one pair carries small and large messages, interleaved, in order", "[
       for (int r = 0; r < 2; ++r) {
         Result<Listener> l = Listen("127.0.0.1");
         REQUIRE(l.ok());
+        REQUIRE(l->local.valid());  // else shm=true would quietly test TCP
         table.address_of_rank.push_back(0);
         table.port_of_rank.push_back(l->port);
         listeners.push_back(std::move(l.value()));

@@ -116,12 +116,13 @@ class Job {
   std::vector<Worker> workers_;
 };
 
-// Named shared memory of ringrun's: there must never be any (pairs use anonymous memfds).
+// Named shared memory of ringrun's (the old scheme's /dev/shm/ringrun-*): a regression guard,
+// pairs use anonymous memfds now.
 int NamedShmSegments() {
   int found = 0;
   DIR* d = ::opendir("/dev/shm");
   if (d == nullptr) return 0;
-  while (dirent* e = ::readdir(d)) found += std::string(e->d_name).find("ringrun") != std::string::npos;
+  while (dirent* e = ::readdir(d)) found += std::string(e->d_name).rfind("ringrun-", 0) == 0;
   ::closedir(d);
   return found;
 }

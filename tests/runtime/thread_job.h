@@ -59,7 +59,9 @@ inline std::string MakeThreadJob(const ThreadJobOptions& o,
     const std::string host = o.hosts.empty() ? "127.0.0.1" : o.hosts[r];
     Result<Listener> l = Listen(host);
     if (!l.ok()) return l.status().ToString();
-    if (!l->local.valid()) return "rank " + std::to_string(r) + ": no local listener";
+    if (o.transport.use_shm && !l->local.valid()) {
+      return "rank " + std::to_string(r) + ": no local listener (shared memory needs one)";
+    }
     for (int without : o.without_local_listener) {
       if (without == r) l->local.Reset();
     }

@@ -1,6 +1,6 @@
 // ringrun-bench: collective bandwidth and latency in the manner of nccl-tests.
 //
-//   ringrun -np 2 build/bin/ringrun-bench allreduce -b 4K -e 64M -f 4 -n 20 -w 5 -c 1 \
+//   ringrun -np 2 build/bin/ringrun-bench allreduce -b 4K -e 64M -f 4 -n 20 -w 5 -c 1
 //           -d float -o sum [--device cpu|cuda] [--json]
 //
 // Rank 0 prints one row per size: size (bytes), count (elements), type, redop, time (us, the
@@ -312,9 +312,10 @@ int main(int argc, char** argv) {
     // Inputs: send holds rank r's values (for allgather: its block; broadcast: root 0's).
     std::vector<char> host(send_bytes);
     const size_t send_count = send_bytes / std::max<size_t>(elem, 1);
+    const size_t first = o.op == "allgather" ? rank * block : 0;
+    const int owner = o.op == "broadcast" ? 0 : rank;
     for (size_t i = 0; i < send_count; ++i) {
-      const size_t gi = o.op == "allgather" ? rank * block + i : i;
-      Store(o.dtype, Value(o.op == "broadcast" ? 0 : rank, gi, o.redop), host.data(), i);
+      Store(o.dtype, Value(owner, first + i, o.redop), host.data(), i);
     }
     buf.Upload(buf.send(), host);
     auto run = [&]() -> int {
@@ -353,15 +354,17 @@ int main(int argc, char** argv) {
       const size_t out_bytes = o.op == "broadcast" ? send_bytes : recv_bytes;
       std::vector<char> out = buf.Download(out_dev, out_bytes);
       const size_t out_count = out_bytes / elem;
+      const bool is_allreduce = o.op == "allreduce", is_reducescatter = o.op == "reducescatter";
+      const bool is_broadcast = o.op == "broadcast";
       for (size_t i = 0; i < out_count; ++i) {
         double want;
-        if (o.op == "allreduce") want = Reduce(o.redop, n, i);
-        else if (o.op == "reducescatter") want = Reduce(o.redop, n, rank * block + i);
-        else if (o.op == "broadcast") want = Value(0, i, o.redop);
+        if (is_allreduce) want = Reduce(o.redop, n, i);
+        else if (is_reducescatter) want = Reduce(o.redop, n, rank * block + i);
+        else if (is_broadcast) want = Value(0, i, o.redop);
         else want = Value(static_cast<int>(i / std::max<size_t>(block, 1)), i, o.redop);
-        std::vector<char> w(8);
-        Store(o.dtype, want, w.data(), 0);
-        if (std::memcmp(w.data(), out.data() + i * elem, elem) != 0) {
+        char w[8];
+        Store(o.dtype, want, w, 0);
+        if (std::memcmp(w, out.data() + i * elem, elem) != 0) {
           // AVERAGE of integers is rejected; for floats compare with a tolerance of one ulp-ish.
           const double got = Load(o.dtype, out.data(), i);
           if (std::fabs(got - want) > 1e-2 * std::max(1.0, std::fabs(want))) wrong += 1;

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define RINGRUN_AVX2 __attribute__((target("avx2,f16c")))
+#endif
+
 namespace ringrun::runtime {
 namespace {
 
@@ -35,8 +40,13 @@ T ApplyInt(T a, T b) {
   }
 }
 
+// Every kernel is built twice: for the baseline ISA, and (x86-64) for AVX2 with F16C, chosen at
+// run time when the CPU has them. The bodies are always-inline templates instantiated inside
+// both wrappers, so the compiler vectorizes each for its target.
+#define RINGRUN_INLINE inline __attribute__((always_inline))
+
 template <typename T, typename Op>
-void ReduceNative(void* dst, const void* a, const void* b, size_t n) {
+RINGRUN_INLINE void NativeBody(void* dst, const void* a, const void* b, size_t n) {
   T* d = static_cast<T*>(dst);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
@@ -47,9 +57,11 @@ void ReduceNative(void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
-// 16-bit floats: blocks of widened floats, so that each of the three loops vectorizes.
+// 16-bit floats: blocks of widened floats, so that each of the three loops vectorizes (the
+// conversions are branch-free, and this file is built with -fno-trapping-math so that the
+// compiler may compute both sides of their selects).
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Op>
-void Reduce16(void* dst, const void* a, const void* b, size_t n) {
+RINGRUN_INLINE void Body16(void* dst, const void* a, const void* b, size_t n) {
   constexpr size_t kBlock = 256;
   uint16_t* d = static_cast<uint16_t*>(dst);
   const uint16_t* x = static_cast<const uint16_t*>(a);
@@ -63,8 +75,91 @@ void Reduce16(void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
+template <typename T, typename Op>
+void ReduceNative(void* dst, const void* a, const void* b, size_t n) {
+  NativeBody<T, Op>(dst, a, b, n);
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Op>
+void Reduce16(void* dst, const void* a, const void* b, size_t n) {
+  Body16<ToF, FromF, Op>(dst, a, b, n);
+}
+
+#if defined(RINGRUN_AVX2)
+template <typename T, typename Op>
+RINGRUN_AVX2 void ReduceNativeAvx2(void* dst, const void* a, const void* b, size_t n) {
+  NativeBody<T, Op>(dst, a, b, n);
+}
+
+// Op on eight floats, with the scalar Apply's semantics (operand order decides which NaN wins:
+// min/max_ps return their second operand when either is NaN, as `b < a ? b : a` does).
 template <typename Op>
-ReduceFn ForOp(ringrun_dtype dtype) {
+RINGRUN_AVX2 RINGRUN_INLINE __m256 Apply8(__m256 a, __m256 b) {
+  if constexpr (std::is_same_v<Op, Sum>) {
+    return _mm256_add_ps(a, b);
+  } else if constexpr (std::is_same_v<Op, Prod>) {
+    return _mm256_mul_ps(a, b);
+  } else if constexpr (std::is_same_v<Op, Min>) {
+    return _mm256_min_ps(b, a);
+  } else {
+    static_assert(std::is_same_v<Op, Max>);
+    return _mm256_max_ps(b, a);
+  }
+}
+
+// fp16 with F16C's conversions (exact, round to nearest even), eight elements at a time.
+template <typename Op>
+RINGRUN_AVX2 void ReduceHalfF16c(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 fx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    const __m256 fy = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(Apply8<Op>(fx, fy), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) d[i] = FloatToHalf(Op::Apply(HalfToFloat(x[i]), HalfToFloat(y[i])));
+}
+
+// bf16 sixteen elements at a time, with FloatToBf16's rounding and NaN rule. Interleaving with
+// zeros widens a bf16 to the float with the same top bits (unpack works within each 128-bit
+// half, so the floats come out in a shuffled order, which packus below undoes).
+RINGRUN_AVX2 RINGRUN_INLINE __m256i Bf16Round(__m256 f) {  // the bf16 in each lane's low half
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+template <typename Op>
+RINGRUN_AVX2 void ReduceBf16Avx2(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  const __m256i zero = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i vx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    const __m256i vy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i));
+    const __m256 lo = Apply8<Op>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, vx)),
+                                 _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, vy)));
+    const __m256 hi = Apply8<Op>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, vx)),
+                                 _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, vy)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_packus_epi32(Bf16Round(lo), Bf16Round(hi)));
+  }
+  for (; i < n; ++i) d[i] = FloatToBf16(Op::Apply(Bf16ToFloat(x[i]), Bf16ToFloat(y[i])));
+}
+#endif
+
+template <typename Op>
+ReduceFn PortableForOp(ringrun_dtype dtype) {
   switch (dtype) {
     case RINGRUN_INT8: return &ReduceNative<int8_t, Op>;
     case RINGRUN_UINT8: return &ReduceNative<uint8_t, Op>;
@@ -76,6 +171,32 @@ ReduceFn ForOp(ringrun_dtype dtype) {
     case RINGRUN_FLOAT64: return &ReduceNative<double, Op>;
   }
   return nullptr;
+}
+
+#if defined(RINGRUN_AVX2)
+template <typename Op>
+ReduceFn Avx2ForOp(ringrun_dtype dtype) {
+  switch (dtype) {
+    case RINGRUN_INT8: return &ReduceNativeAvx2<int8_t, Op>;
+    case RINGRUN_UINT8: return &ReduceNativeAvx2<uint8_t, Op>;
+    case RINGRUN_INT32: return &ReduceNativeAvx2<int32_t, Op>;
+    case RINGRUN_INT64: return &ReduceNativeAvx2<int64_t, Op>;
+    case RINGRUN_FLOAT16: return &ReduceHalfF16c<Op>;
+    case RINGRUN_BFLOAT16: return &ReduceBf16Avx2<Op>;
+    case RINGRUN_FLOAT32: return &ReduceNativeAvx2<float, Op>;
+    case RINGRUN_FLOAT64: return &ReduceNativeAvx2<double, Op>;
+  }
+  return nullptr;
+}
+#endif
+
+template <typename Op>
+ReduceFn ForOp(ringrun_dtype dtype, ReduceIsa isa) {
+#if defined(RINGRUN_AVX2)
+  if (isa == ReduceIsa::kBest && HasAvx2()) return Avx2ForOp<Op>(dtype);
+#endif
+  (void)isa;
+  return PortableForOp<Op>(dtype);
 }
 
 }  // namespace
@@ -96,17 +217,16 @@ uint16_t FloatToHalf(float f) {
   uint32_t u = FloatBits(f);
   const uint32_t sign = u & 0x80000000u;
   u ^= sign;
-  uint16_t out;
-  if (u >= 0x47800000u) {  // overflow to inf, or inf/NaN
-    out = u > 0x7f800000u ? (0x7e00u | ((u >> 13) & 0x3ffu)) : 0x7c00u;
-  } else if (u < 0x38800000u) {  // result is subnormal or zero: let the FPU round
-    const float magic = BitsFloat(0x3f000000u);  // 0.5: adding it aligns the mantissa
-    out = static_cast<uint16_t>(FloatBits(BitsFloat(u) + magic) - FloatBits(magic));
-  } else {
-    const uint32_t mant_odd = (u >> 13) & 1u;
-    u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mant_odd;  // rebias and round
-    out = static_cast<uint16_t>(u >> 13);
-  }
+  // Every case is computed and one selected, so that loops over it vectorize.
+  // Overflow to inf, or inf/NaN (NaN stays NaN: quiet bit and the top of the payload).
+  const uint32_t special = u > 0x7f800000u ? (0x7e00u | ((u >> 13) & 0x3ffu)) : 0x7c00u;
+  // Subnormal or zero: adding 0.5 aligns the mantissa and lets the FPU round.
+  const float magic = BitsFloat(0x3f000000u);
+  const uint32_t subnormal = FloatBits(BitsFloat(u) + magic) - FloatBits(magic);
+  // Normal: rebias, and round to nearest even.
+  const uint32_t normal =
+      (u + (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + ((u >> 13) & 1u)) >> 13;
+  const uint32_t out = u >= 0x47800000u ? special : (u < 0x38800000u ? subnormal : normal);
   return static_cast<uint16_t>(out | (sign >> 16));
 }
 
@@ -119,14 +239,23 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
-ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op) {
+bool HasAvx2() {
+#if defined(RINGRUN_AVX2)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
+ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa) {
   if (!IsValidDtype(dtype)) return nullptr;
   switch (op) {
     case RINGRUN_SUM:
-    case RINGRUN_AVERAGE: return ForOp<Sum>(dtype);
-    case RINGRUN_MIN: return ForOp<Min>(dtype);
-    case RINGRUN_MAX: return ForOp<Max>(dtype);
-    case RINGRUN_PRODUCT: return ForOp<Prod>(dtype);
+    case RINGRUN_AVERAGE: return ForOp<Sum>(dtype, isa);
+    case RINGRUN_MIN: return ForOp<Min>(dtype, isa);
+    case RINGRUN_MAX: return ForOp<Max>(dtype, isa);
+    case RINGRUN_PRODUCT: return ForOp<Prod>(dtype, isa);
   }
   return nullptr;
 }

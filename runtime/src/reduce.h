@@ -1,5 +1,6 @@
 // Element-wise reductions over every ringrun dtype and op, and the fp16/bf16 conversions they
-// need. The loops are written so that the compiler vectorizes them (this file is built -O3).
+// need. The loops are written so that the compiler vectorizes them (reduce.cc is built -O3
+// -fno-trapping-math).
 #pragma once
 
 #include <cstddef>
@@ -13,9 +14,16 @@ namespace ringrun::runtime {
 // fp16/bf16 are widened to float, reduced, and rounded back to nearest-even.
 using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count);
 
+// Which build of the kernels: the fastest this CPU runs (AVX2 with F16C on x86-64 CPUs that
+// have them), or the baseline-ISA one (the reference the tests compare the fast one against).
+enum class ReduceIsa { kBest, kPortable };
+
 // The reduction for (dtype, op); AVERAGE reduces as SUM (the caller scales afterwards).
 // nullptr for an invalid pair.
-ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op);
+ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa = ReduceIsa::kBest);
+
+// Whether kBest is the AVX2/F16C build here.
+bool HasAvx2();
 
 // buf[i] /= divisor, for the floating dtypes (AVERAGE's last step).
 void DivideInPlace(void* buf, size_t count, ringrun_dtype dtype, double divisor);

@@ -17,7 +17,7 @@ tagged_pids() {
   for f in /proc/[0-9]*/environ; do
     pid=${f#/proc/}; pid=${pid%/environ}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "RRTEST_JOB_TAG=$RRTEST_JOB_TAG"; then
+    if { tr '\0' '\n' < "$f"; } 2>/dev/null | grep -qx "RRTEST_JOB_TAG=$RRTEST_JOB_TAG"; then
       # Skip this shell's own subshells.
       [[ "$(cat /proc/$pid/comm 2>/dev/null)" == bash ]] && continue
       echo "$pid"

@@ -282,6 +282,42 @@ t_training_example() {
   expect_no_orphans
 }
 
+t_collective_bench() {
+  # ringrun-bench under ringrun: every collective at np=3 checks its results (-c 1) and prints
+  # one JSON object per size on rank 0 only, busbw = algbw x nccl-tests' factor; the table form;
+  # a 16-bit dtype with AVERAGE; bad arguments are usage errors (exit 2).
+  local op rc rows factor
+  for op in allreduce broadcast allgather reducescatter; do
+    "$RINGRUN" -np 3 "$BIN/ringrun-bench" $op -b 1K -e 64K -f 8 -n 2 -w 1 -c 1 --json \
+      >"$WORK/$op" 2>"$WORK/$op.err"; rc=$?
+    expect_rc 0 $rc "ringrun-bench $op"
+    expect_not_contains "$WORK/$op" "[1]<stdout>:"
+    rows=$(grep -c "^\[0\]<stdout>:{\"op\":\"$op\",\"np\":3," "$WORK/$op")
+    [[ $rows == 3 ]] || { cat "$WORK/$op" >&2; fail "$op: $rows JSON rows, expected 3 (1K, 8K, 64K)"; }
+    case $op in allreduce) factor=1.3333 ;; broadcast) factor=1 ;; *) factor=0.6667 ;; esac
+    sed -n 's/^\[0\]<stdout>://p' "$WORK/$op" | awk -F'[:,}]' -v f=$factor -v op=$op '
+      { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+        if (v["\"wrong\""] != 0) { print op ": wrong=" v["\"wrong\""]; bad = 1 }
+        r = v["\"busbw_GBps\""] / v["\"algbw_GBps\""]
+        if (v["\"algbw_GBps\""] > 0 && (r < f * 0.99 || r > f * 1.01)) { print op ": busbw/algbw " r; bad = 1 }
+        if (v["\"time_us\""] <= 0) { print op ": time_us " v["\"time_us\""]; bad = 1 } }
+      END { exit bad }' || fail "$op: bad rows in $(cat "$WORK/$op")"
+  done
+  "$RINGRUN" -np 2 "$BIN/ringrun-bench" allreduce -b 4K -e 1M -f 16 -n 2 -w 1 -c 1 -d half -o avg \
+    >"$WORK/table" 2>&1; rc=$?
+  expect_rc 0 $rc "ringrun-bench allreduce -d half -o avg"
+  expect_contains "$WORK/table" "size        count     type  redop       time    algbw    busbw  #wrong"
+  rows=$(grep -cE '^\[0\]<stdout>: +[0-9]+ +[0-9]+ +half +avg .* 0$' "$WORK/table")
+  [[ $rows == 3 ]] || { cat "$WORK/table" >&2; fail "table: $rows rows with #wrong 0, expected 3"; }
+  "$BIN/ringrun-bench" allreduce -b 8K -e 4K >"$WORK/usage" 2>&1; rc=$?
+  expect_rc 2 $rc "ringrun-bench with MIN > MAX"
+  expect_contains "$WORK/usage" "usage: ringrun-bench"
+  "$BIN/ringrun-bench" allreduce -d float17 >"$WORK/usage" 2>&1; rc=$?
+  expect_rc 2 $rc "ringrun-bench -d float17"
+  expect_contains "$WORK/usage" "bad value for -d: float17"
+  expect_no_orphans
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -24,8 +26,46 @@ inline float BitsFloat(uint32_t u) {
 
 struct Sum { template <typename T> static T Apply(T a, T b) { return a + b; } };
 struct Prod { template <typename T> static T Apply(T a, T b) { return a * b; } };
-struct Min { template <typename T> static T Apply(T a, T b) { return b < a ? b : a; } };
-struct Max { template <typename T> static T Apply(T a, T b) { return a < b ? b : a; } };
+// MIN and MAX of floating values are IEEE 754-2019 minimum and maximum: NaN when either is NaN
+// (the default quiet NaN, whatever the payloads), and -0 below +0. That makes them commutative
+// bit for bit, which a collective needs: ranks combine the same values in different orders
+// (in recursive doubling each side of a pair applies `mine OP theirs`), and every rank must
+// end with the same answer.
+// Equal floats have equal bits, except +0 and -0: OR of the bits picks -0, AND picks +0.
+template <typename T, bool kMin>
+T Tie(T a, T b) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  U ua, ub;
+  std::memcpy(&ua, &a, sizeof(T));
+  std::memcpy(&ub, &b, sizeof(T));
+  const U t = kMin ? (ua | ub) : (ua & ub);
+  T out;
+  std::memcpy(&out, &t, sizeof(T));
+  return out;
+}
+
+struct Min {
+  template <typename T>
+  static T Apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      const T m = a < b ? a : (b < a ? b : Tie<T, true>(a, b));
+      return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : m;
+    } else {
+      return b < a ? b : a;
+    }
+  }
+};
+struct Max {
+  template <typename T>
+  static T Apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      const T m = b < a ? a : (a < b ? b : Tie<T, false>(a, b));
+      return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : m;
+    } else {
+      return a < b ? b : a;
+    }
+  }
+};
 
 // Integer sums and products wrap (computed in the unsigned type: no undefined overflow).
 template <typename T, typename Op>
@@ -91,19 +131,23 @@ RINGRUN_AVX2 void ReduceNativeAvx2(void* dst, const void* a, const void* b, size
   NativeBody<T, Op>(dst, a, b, n);
 }
 
-// Op on eight floats, with the scalar Apply's semantics (operand order decides which NaN wins:
-// min/max_ps return their second operand when either is NaN, as `b < a ? b : a` does).
+// Op on eight floats, with the scalar Apply's semantics. min/max_ps return their second operand
+// for equal or unordered inputs; equal inputs differ only for +0/-0, which OR (min: -0) and
+// AND (max: +0) of the bits settle, and a NaN anywhere gives the default NaN.
 template <typename Op>
 RINGRUN_AVX2 RINGRUN_INLINE __m256 Apply8(__m256 a, __m256 b) {
   if constexpr (std::is_same_v<Op, Sum>) {
     return _mm256_add_ps(a, b);
   } else if constexpr (std::is_same_v<Op, Prod>) {
     return _mm256_mul_ps(a, b);
-  } else if constexpr (std::is_same_v<Op, Min>) {
-    return _mm256_min_ps(b, a);
   } else {
-    static_assert(std::is_same_v<Op, Max>);
-    return _mm256_max_ps(b, a);
+    static_assert(std::is_same_v<Op, Min> || std::is_same_v<Op, Max>);
+    constexpr bool kMin = std::is_same_v<Op, Min>;
+    const __m256 picked = kMin ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
+    const __m256 tie = kMin ? _mm256_or_ps(a, b) : _mm256_and_ps(a, b);
+    const __m256 m = _mm256_blendv_ps(picked, tie, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_ps(m, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                            _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
   }
 }
 

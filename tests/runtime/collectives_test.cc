@@ -1,6 +1,7 @@
 // The collectives over real loopback sockets and real shared memory, ranks as threads.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -80,6 +81,46 @@ TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allred
   // np=4: two hosts of two (hierarchical); np=3 and 5: uneven hosts (flat ring, mixed pairs).
   for (int np : {3, 4, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTwoHosts, np == 4); }
+  }
+}
+
+TEST_CASE("min and max: every rank gets the same bits, NaN propagates, -0 < +0", "[allreduce]") {
+  // Element i: NaN on rank i % 7 (when that rank exists), +0 / -0 (even / odd ranks) where
+  // i % 5 == 0, else a small integer. Small counts take recursive doubling, large the ring.
+  for (Mode mode : {Mode::kTcp, Mode::kShm}) {
+    for (int np : {2, 3}) {
+      DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
+        for (size_t count : {size_t{5}, size_t{100003}}) {
+          for (ringrun_op op : {RINGRUN_MIN, RINGRUN_MAX}) {
+            std::vector<std::vector<float>> out(np);
+            std::string failures =
+                RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
+                  std::vector<float> in(count);
+                  for (size_t i = 0; i < count; ++i) {
+                    in[i] = static_cast<int>(i % 7) == rank ? std::nanf("")
+                            : i % 5 == 0 ? (rank % 2 ? -0.0f : 0.0f)
+                                         : static_cast<float>((i * 3 + rank) % 11);
+                  }
+                  out[rank].resize(count);
+                  Status st = rt.Allreduce(in.data(), out[rank].data(), count, RINGRUN_FLOAT32, op);
+                  if (!st.ok()) f.Add(rank, st.ToString());
+                });
+            INFO(failures << "count " << count << " " << NameOfOp(op));
+            REQUIRE(failures.empty());
+            for (int r = 1; r < np; ++r) {
+              CHECK(std::memcmp(out[r].data(), out[0].data(), count * sizeof(float)) == 0);
+            }
+            size_t bad = 0;
+            for (size_t i = 0; i < count; ++i) {
+              const float v = out[0][i];
+              if (static_cast<int>(i % 7) < np) bad += !std::isnan(v);
+              else if (i % 5 == 0) bad += v != 0 || std::signbit(v) != (op == RINGRUN_MIN);
+            }
+            CHECK(bad == 0);
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The C API: a thin shell over one Runtime. The only process-wide state is the pointer to that
 // runtime (what ringrun_init builds and ringrun_shutdown drops), and each thread's last error.
 #include <cstdlib>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,8 +43,15 @@ int Call(F&& f) {
   std::shared_ptr<Runtime> rt = Current();
   if (!rt) return Fail(ringrun::Status(ringrun::Code::kInvalidArgument,
                                        "ringrun is not initialized (call ringrun_init first)"));
-  Status st = f(*rt);
-  return st.ok() ? 0 : Fail(st);
+  try {
+    Status st = f(*rt);
+    return st.ok() ? 0 : Fail(st);
+  } catch (const std::bad_alloc&) {
+    // Nothing may unwind through the C API. Peers may be mid-collective with this rank, so
+    // the runtime is broken from here on (they fail at their timeout at the latest).
+    return Fail(rt->Break(ringrun::Status(ringrun::Code::kInternal,
+                                          "out of memory (a scratch buffer could not be allocated)")));
+  }
 }
 
 template <typename F>
@@ -68,9 +76,13 @@ int ringrun_init(void) {
   if (env->in_job && env->size > 1) {
     client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
   }
-  ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get());
-  if (!rt.ok()) return Fail(rt.status());
-  p.runtime = std::move(rt.value());
+  try {
+    ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get());
+    if (!rt.ok()) return Fail(rt.status());
+    p.runtime = std::move(rt.value());
+  } catch (const std::bad_alloc&) {
+    return Fail(ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory"));
+  }
   return 0;
 }
 

@@ -249,11 +249,17 @@ ReduceFn ForOp(ringrun_dtype dtype, ReduceIsa isa) {
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
-  // Normal and subnormal: shift into place and rescale by 2^112 (exponent bias difference).
-  const float scaled = BitsFloat(em << 13) * BitsFloat(0x77800000u);  // 2^112
-  uint32_t bits = FloatBits(scaled);
-  // Inf/NaN: exponent all ones.
-  bits = em >= 0x7c00u ? (0x7f800000u | (em & 0x3ffu) << 13) : bits;
+  const uint32_t shifted = em << 13;  // exponent and mantissa in a float's places
+  const uint32_t exponent = em & 0x7c00u;
+  // Normal: rebias the exponent (127 - 15). Inf/NaN: exponent all ones.
+  const uint32_t normal = shifted + (static_cast<uint32_t>(127 - 15) << 23);
+  const uint32_t special = shifted | 0x7f800000u;
+  // Subnormal or zero: m * 2^-24 = (2^-14 + m * 2^-24) - 2^-14, a difference of normal floats,
+  // so that it stays exact when the thread flushes denormals (DAZ/FTZ, as -ffast-math sets).
+  const float two_m14 = BitsFloat(113u << 23);
+  const uint32_t subnormal = FloatBits(BitsFloat(shifted + (113u << 23)) - two_m14);
+  const uint32_t bits =
+      exponent == 0x7c00u ? special : (exponent == 0 ? subnormal : normal);
   return BitsFloat(bits | sign);
 }
 
@@ -302,6 +308,41 @@ ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa) {
     case RINGRUN_PRODUCT: return ForOp<Prod>(dtype, isa);
   }
   return nullptr;
+}
+
+namespace {
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Scale16(void* dst, const void* src, size_t n, float f) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = FromF(ToF(x[i]) * f);
+}
+}  // namespace
+
+void ScaleInto(void* dst, const void* src, size_t n, ringrun_dtype dtype, double factor) {
+  switch (dtype) {
+    case RINGRUN_FLOAT16:
+      Scale16<HalfToFloat, FloatToHalf>(dst, src, n, static_cast<float>(factor));
+      break;
+    case RINGRUN_BFLOAT16:
+      Scale16<Bf16ToFloat, FloatToBf16>(dst, src, n, static_cast<float>(factor));
+      break;
+    case RINGRUN_FLOAT32: {
+      float* d = static_cast<float*>(dst);
+      const float* x = static_cast<const float*>(src);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < n; ++i) d[i] = x[i] * f;
+      break;
+    }
+    case RINGRUN_FLOAT64: {
+      double* d = static_cast<double*>(dst);
+      const double* x = static_cast<const double*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] = x[i] * factor;
+      break;
+    }
+    default:
+      break;
+  }
 }
 
 void DivideInPlace(void* buf, size_t n, ringrun_dtype dtype, double divisor) {

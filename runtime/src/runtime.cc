@@ -192,6 +192,17 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
 
 Runtime::~Runtime() = default;
 
+Status Runtime::Remember(Status st) {
+  if (!st.ok() && host_error_.ok()) host_error_ = st;
+  return st;
+}
+
+Status Runtime::Break(Status st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Remember(std::move(st));
+  return host_error_;
+}
+
 CollectiveContext Runtime::Context() {
   return CollectiveContext{transport_.get(), DeadlineAfter(timeout_ms_), &scratch_};
 }
@@ -251,9 +262,16 @@ Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dt
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(send, recv, Allreduce(send, recv, count, dtype, op, stream, !stream));
   if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
-                                             GetReduceFn(dtype, op)));
-  if (op == RINGRUN_AVERAGE && shape_.size > 1) DivideInPlace(recv, count, dtype, shape_.size);
+  RINGRUN_RETURN_IF_ERROR(host_error_);
+  const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
+  if (average && PreScalesAverage(dtype) && count > 0) {
+    ScaleInto(recv, send, count, dtype, 1.0 / shape_.size);
+    return Remember(runtime::Allreduce(Context(), world_, recv, recv, count, dtype,
+                                       GetReduceFn(dtype, RINGRUN_SUM)));
+  }
+  RINGRUN_RETURN_IF_ERROR(Remember(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
+                                                      GetReduceFn(dtype, op))));
+  if (average) DivideInPlace(recv, count, dtype, shape_.size);
   return Status::Ok();
 }
 
@@ -268,7 +286,8 @@ Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(buf, buf, Broadcast(buf, count, dtype, root, stream, !stream));
   if (stream) return HostBufferOnStream();
-  return runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root);
+  RINGRUN_RETURN_IF_ERROR(host_error_);
+  return Remember(runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root));
 }
 
 Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
@@ -279,6 +298,7 @@ Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dt
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(send, recv, Allgather(send, recv, count, dtype, stream, !stream));
   if (stream) return HostBufferOnStream();
+  RINGRUN_RETURN_IF_ERROR(host_error_);
   const size_t bytes = count * DtypeSize(dtype);
   const char* mine = static_cast<char*>(recv) + static_cast<size_t>(shape_.rank) * bytes;
   if (PartialOverlap(send, recv, bytes * shape_.size) && send != mine) {
@@ -286,7 +306,7 @@ Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dt
     std::memcpy(copy, send, bytes);
     send = copy;
   }
-  return runtime::Allgather(Context(), world_, send, recv, bytes);
+  return Remember(runtime::Allgather(Context(), world_, send, recv, bytes));
 }
 
 Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
@@ -303,9 +323,18 @@ Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ri
     if (*routed) return InvalidArgument("reducescatter on device memory is not supported yet");
   }
 #endif
-  RINGRUN_RETURN_IF_ERROR(runtime::ReduceScatter(Context(), world_, send, recv, recvcount, dtype,
-                                                 GetReduceFn(dtype, op)));
-  if (op == RINGRUN_AVERAGE && shape_.size > 1) DivideInPlace(recv, recvcount, dtype, shape_.size);
+  RINGRUN_RETURN_IF_ERROR(host_error_);
+  const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
+  if (average && PreScalesAverage(dtype) && recvcount > 0) {
+    const size_t total = recvcount * static_cast<size_t>(shape_.size);
+    char* scaled = scratch_.Get(3, total * DtypeSize(dtype));
+    ScaleInto(scaled, send, total, dtype, 1.0 / shape_.size);
+    return Remember(runtime::ReduceScatter(Context(), world_, scaled, recv, recvcount, dtype,
+                                           GetReduceFn(dtype, RINGRUN_SUM)));
+  }
+  RINGRUN_RETURN_IF_ERROR(Remember(runtime::ReduceScatter(
+      Context(), world_, send, recv, recvcount, dtype, GetReduceFn(dtype, op))));
+  if (average) DivideInPlace(recv, recvcount, dtype, shape_.size);
   return Status::Ok();
 }
 
@@ -322,13 +351,16 @@ Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ri
     if (*routed) return InvalidArgument("alltoall on device memory is not supported yet");
   }
 #endif
-  return runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype));
+  RINGRUN_RETURN_IF_ERROR(host_error_);
+  return Remember(
+      runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype)));
 }
 
 Status Runtime::Barrier() {
   std::lock_guard<std::mutex> lock(mu_);
   if (shape_.size == 1) return Status::Ok();
-  return runtime::Barrier(Context(), world_);
+  RINGRUN_RETURN_IF_ERROR(host_error_);
+  return Remember(runtime::Barrier(Context(), world_));
 }
 
 }  // namespace ringrun::runtime

@@ -71,8 +71,16 @@ class Runtime {
   Status Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype);
   Status Barrier();
 
+  // Breaks the host data plane with `st` (as a failed collective would) and returns the
+  // status every later host collective fails with: for failures outside the transport, such as
+  // running out of memory mid-collective.
+  Status Break(Status st);
+
  private:
   CollectiveContext Context();
+  // Records the first failure of the host data plane (the transport is broken from then on:
+  // every later host collective, empty ones included, fails with it) and returns `st`.
+  Status Remember(Status st);
   // Device memory: both buffers on the device -> true with *backend set; mixed -> error.
   Result<bool> RouteToDevice(const void* a, const void* b, DeviceBackend** backend);
 
@@ -85,6 +93,7 @@ class Runtime {
   std::mutex mu_;  // serializes collectives; guards everything below
   std::unique_ptr<Transport> transport_;
   Scratch scratch_;
+  Status host_error_;  // the host data plane's first failure
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
 };

@@ -326,6 +326,52 @@ TEST_CASE("a peer that closes mid-collective fails the others at once", "[dead-p
         INFO(errors[r].ToString());
         CHECK(errors[r].code() == Code::kUnavailable);
         CHECK(errors[r].message().find("peer rank") != std::string::npos);
+        // The runtime is broken now: every later collective fails with the same message,
+        // empty ones too (they would not touch the transport).
+        float x = 1;
+        for (size_t count : {size_t{0}, size_t{1}}) {
+          Status again = rts[r]->Allreduce(&x, &x, count, RINGRUN_FLOAT32, RINGRUN_SUM);
+          CHECK(again.message() == errors[r].message());
+          again = rts[r]->Broadcast(&x, count, RINGRUN_FLOAT32, 0);
+          CHECK(again.message() == errors[r].message());
+          again = rts[r]->ReduceScatter(&x, &x, count, RINGRUN_FLOAT32, RINGRUN_SUM);
+          CHECK(again.message() == errors[r].message());
+        }
+        CHECK(rts[r]->Barrier().message() == errors[r].message());
+        // A bad argument is still an argument error, not the broken transport's.
+        CHECK(rts[r]->Broadcast(&x, 1, RINGRUN_FLOAT32, 7).code() == Code::kInvalidArgument);
+      }
+    }
+  }
+}
+
+TEST_CASE("fp16 average: an average that fits never overflows on the way", "[allreduce]") {
+  // 40000 on every rank: the fp16 sum (80000, 120000) is past 65504, the average is not.
+  // Inputs are scaled by 1/np first, so allreduce and reduce-scatter give 40000 (for np=3:
+  // 3 * fp16(40000/3) = 40008, which rounds to 40000 in fp16).
+  for (int np : {2, 3}) {
+    DYNAMIC_SECTION("np=" << np) {
+      for (size_t count : {size_t{3}, size_t{50001}}) {
+        std::string failures =
+            RunThreadJob(Options(np, Mode::kShm), [&](int rank, Runtime& rt, Failures& f) {
+              const uint16_t big = FloatToHalf(40000.0f);
+              std::vector<uint16_t> buf(count * np, big), part(count);
+              Status st = rt.ReduceScatter(buf.data(), part.data(), count, RINGRUN_FLOAT16,
+                                           RINGRUN_AVERAGE);
+              if (!st.ok()) return f.Add(rank, st.ToString());
+              st = rt.Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT16,
+                                RINGRUN_AVERAGE);
+              if (!st.ok()) return f.Add(rank, st.ToString());
+              for (size_t i = 0; i < buf.size(); ++i) {
+                if (buf[i] != big || (i < count && part[i] != big)) {
+                  return f.Add(rank, "element " + std::to_string(i) + ": " +
+                                         std::to_string(HalfToFloat(buf[i])) + " / " +
+                                         std::to_string(HalfToFloat(part[i % count])));
+                }
+              }
+            });
+        INFO(failures);
+        CHECK(failures.empty());
       }
     }
   }

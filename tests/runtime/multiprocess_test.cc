@@ -163,6 +163,17 @@ TEST_CASE("processes: collectives through the C API, TCP", "[multiprocess]") {
   }
 }
 
+TEST_CASE("processes: running out of memory in a collective is an error, not an abort",
+          "[multiprocess]") {
+  Job job(2, {}, "oom");
+  REQUIRE(job.server_ok());
+  REQUIRE(job.WaitAll(60000));
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << " stderr: " << job.Stderr(r));
+    CHECK(job.ExitCode(r) == 0);
+  }
+}
+
 TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hanging",
           "[multiprocess][dead-peer]") {
   for (const char* shm : {"0", "1"}) {

@@ -7,6 +7,10 @@
 #include <random>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "reduce.h"
 
 namespace ringrun::runtime {
@@ -119,6 +123,29 @@ TEST_CASE("min and max are commutative bit for bit: NaN wins, -0 < +0", "[reduce
     CHECK((std::signbit(dm[0]) && std::isnan(dm[1])));
   }
 }
+
+#if defined(__x86_64__)
+TEST_CASE("fp16 subnormals survive a thread that flushes denormals (DAZ/FTZ)", "[reduce]") {
+  // -ffast-math and torch.set_flush_denormal set DAZ|FTZ in MXCSR; fp16 subnormals are normal
+  // floats once widened, so nothing may pass through a float denormal on the way.
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+  const float widened = HalfToFloat(0x0001);
+  std::vector<uint16_t> a(19, 0x0100), b(19, 0x0001), out(19), avg(19, 0x0100);
+  GetReduceFn(RINGRUN_FLOAT16, RINGRUN_SUM, ReduceIsa::kPortable)(out.data(), a.data(), b.data(), 19);
+  std::vector<uint16_t> fast(19);
+  GetReduceFn(RINGRUN_FLOAT16, RINGRUN_SUM)(fast.data(), a.data(), b.data(), 19);  // with a tail
+  DivideInPlace(avg.data(), avg.size(), RINGRUN_FLOAT16, 2);
+  _mm_setcsr(saved);
+  CHECK(widened == std::ldexp(1.0f, -24));
+  for (size_t i = 0; i < out.size(); ++i) {
+    INFO("element " << i);
+    CHECK(out[i] == 0x0101);
+    CHECK(fast[i] == 0x0101);
+    CHECK(avg[i] == 0x0080);
+  }
+}
+#endif
 
 TEST_CASE("fp16 conversions round to nearest even", "[reduce]") {
   CHECK(FloatToHalf(1.0f) == 0x3c00);

@@ -1,12 +1,17 @@
 /* A rank that uses only the public C API (and is written in C, which keeps ringrun.h valid C).
  *   runtime_test_worker check   collectives with known answers; exit 0 when all are right
  *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error
+ *   runtime_test_worker oom     a reduce-scatter whose scratch buffer cannot be allocated (the
+ *                               address space is capped first) must fail with an error, not
+ *                               abort, and leave the runtime failing; exit 0 when it does
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "ringrun/ringrun.h"
 
@@ -133,6 +138,37 @@ static int loop(void) {
   }
 }
 
+static int oom(void) {
+  const size_t total = (size_t)128 << 20; /* bytes of the reduce-scatter's input */
+  const int n = ringrun_size();
+  char* send = malloc(total);
+  char* recv = malloc(total / (size_t)n);
+  EXPECT(send != NULL && recv != NULL, "no memory for the buffers");
+  memset(send, 0, total);
+  /* Cap the address space 32 MiB above what is mapped now: the scratch copy (total bytes)
+   * that the reduce-scatter needs cannot fit. */
+  FILE* statm = fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  EXPECT(statm != NULL && fscanf(statm, "%lu", &pages) == 1, "cannot read /proc/self/statm");
+  fclose(statm);
+  struct rlimit lim;
+  getrlimit(RLIMIT_AS, &lim);
+  lim.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)32 << 20);
+  EXPECT(setrlimit(RLIMIT_AS, &lim) == 0, "setrlimit failed");
+  const size_t count = total / (size_t)n / sizeof(float);
+  EXPECT(ringrun_reducescatter(send, recv, count, RINGRUN_FLOAT32, RINGRUN_SUM) != 0,
+         "a reduce-scatter without memory for its scratch buffer succeeded");
+  EXPECT(strstr(ringrun_error_message(), "out of memory") != NULL, "error: %s",
+         ringrun_error_message());
+  float x = 1;
+  EXPECT(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM) != 0 &&
+             strstr(ringrun_error_message(), "out of memory") != NULL,
+         "the runtime was usable after running out of memory mid-collective");
+  free(send);
+  free(recv);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "check";
   if (ringrun_init() != 0) {
@@ -140,7 +176,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_rank = ringrun_rank();
-  int rc = strcmp(mode, "loop") == 0 ? loop() : check();
+  int rc = strcmp(mode, "loop") == 0 ? loop() : strcmp(mode, "oom") == 0 ? oom() : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();
   return rc;

@@ -15,6 +15,7 @@ struct Rendezvous::State {
 
   std::mutex mu;  // guards everything below
   std::vector<JoinReactor*> held;  // by rank: the call waiting for the barrier, or nullptr
+  uint32_t round = 0;  // the JoinRequest.generation being collected (or last released)
   int joined = 0;
   bool released = false;
   bool aborted = false;
@@ -103,16 +104,36 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
                   "rank " + std::to_string(req->rank()) + " sent no usable data-plane endpoint");
   }
   const int r = req->rank();
+  const uint32_t gen = req->generation();
   std::vector<JoinReactor*> release;
   v1::JoinReply built;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.aborted || s.released || s.held[r] != nullptr) {
+    // A join after the released round, one generation on, opens the next round (the ranks
+    // called ringrun_shutdown and ringrun_init again); each round is a full rendezvous.
+    if (!s.aborted && s.released && gen == s.round + 1) {
+      s.round = gen;
+      s.released = false;
+      s.joined = 0;
+      s.address_index.clear();
+      s.addresses.clear();
+      s.nccl_id.clear();
+    }
+    if (s.aborted || gen != s.round || s.released || s.held[r] != nullptr) {
       reactor->finished_ = true;
-      const grpc::Status st =
-          s.aborted ? grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason)
-                    : grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                   "rank " + std::to_string(r) + " has already joined");
+      grpc::Status st;
+      if (s.aborted) {
+        st = grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason);
+      } else if (gen > s.round) {
+        st = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "rank " + std::to_string(r) + " joins round " + std::to_string(gen) +
+                              " while round " + std::to_string(s.round) +
+                              " still waits for ranks (every rank must leave and join again)");
+      } else {
+        st = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          "rank " + std::to_string(r) + " has already joined" +
+                              (gen > 0 ? " round " + std::to_string(gen) : std::string()));
+      }
       reactor->Finish(st);
       return reactor;
     }

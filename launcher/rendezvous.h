@@ -24,8 +24,10 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   // Handles one Join call (the secret is already checked by the caller). Fails the call with
-  // INVALID_ARGUMENT for a bad rank/size, ALREADY_EXISTS for a rank joining twice, and
-  // ABORTED once Abort() has been called. Thread-safe.
+  // INVALID_ARGUMENT for a bad rank/size, ALREADY_EXISTS for a rank joining a round twice,
+  // FAILED_PRECONDITION for a rank joining the next round before this one is complete, and
+  // ABORTED once Abort() has been called. Rounds: once every rank has joined (generation g),
+  // a join with generation g+1 opens round g+1 (ranks that left and joined again). Thread-safe.
   // `request` is a serialized v1::JoinRequest; `response` receives a serialized v1::JoinReply
   // (the raw form of JobService.Join: clients use the ordinary typed stub).
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,

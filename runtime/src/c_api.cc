@@ -19,6 +19,7 @@ using ringrun::runtime::Runtime;
 struct Process {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // guarded by mu
+  uint32_t joins = 0;                // successful ringrun_init calls; guarded by mu
 };
 Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -72,6 +73,7 @@ int ringrun_init(void) {
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
+  env->generation = p.joins;
   std::unique_ptr<ringrun::runtime::JobClient> client;
   if (env->in_job && env->size > 1) {
     client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
@@ -80,6 +82,7 @@ int ringrun_init(void) {
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get());
     if (!rt.ok()) return Fail(rt.status());
     p.runtime = std::move(rt.value());
+    ++p.joins;
   } catch (const std::bad_alloc&) {
     return Fail(ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory"));
   }

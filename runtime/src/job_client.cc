@@ -17,7 +17,8 @@ Status FromGrpc(const grpc::Status& s, const std::string& target) {
     case grpc::StatusCode::ABORTED:
     case grpc::StatusCode::CANCELLED: return Aborted(m);
     case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::ALREADY_EXISTS: return InvalidArgument(m);
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::FAILED_PRECONDITION: return InvalidArgument(m);
     case grpc::StatusCode::UNAVAILABLE: return Unavailable(m);
     default: return Internal(m);
   }
@@ -40,6 +41,7 @@ class GrpcJobClient final : public JobClient {
     req.set_address(info.address);
     req.set_port(info.port);
     req.set_nccl_id(info.nccl_id);
+    req.set_generation(info.generation);
     v1::JoinReply reply;
     grpc::Status s = stub_->Join(&ctx, req, &reply);
     if (!s.ok()) return FromGrpc(s, target_);

@@ -147,6 +147,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   info.size = env.size;
   info.address = env.host_addr;
   info.port = listener->port;
+  info.generation = env.generation;
 #if RINGRUN_WITH_GPU_SEAM
   if (env.rank == 0) info.nccl_id = MaybeCreateNcclUniqueId();
 #endif

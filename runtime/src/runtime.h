@@ -36,6 +36,9 @@ struct JobEnv {
   int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
   bool use_shm = true;
   int shm_ring_kib = 0;  // RINGRUN_SHM_RING_KIB: 0 = the transport's default
+  // Not from the environment: how many times this process joined before (set by
+  // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
+  uint32_t generation = 0;
 };
 
 // Parses the environment through `getenv` (injectable for tests). Malformed values are

@@ -163,6 +163,21 @@ TEST_CASE("processes: collectives through the C API, TCP", "[multiprocess]") {
   }
 }
 
+TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again",
+          "[multiprocess]") {
+  for (int np : {2, 3}) {
+    DYNAMIC_SECTION("np=" << np) {
+      Job job(np, {}, "reinit");
+      REQUIRE(job.server_ok());
+      REQUIRE(job.WaitAll(60000));
+      for (int r = 0; r < np; ++r) {
+        INFO("rank " << r << " stderr: " << job.Stderr(r));
+        CHECK(job.ExitCode(r) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("processes: running out of memory in a collective is an error, not an abort",
           "[multiprocess]") {
   Job job(2, {}, "oom");

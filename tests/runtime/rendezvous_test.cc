@@ -68,4 +68,39 @@ TEST_CASE("rendezvous: bad joins are refused", "[rendezvous]") {
         Code::kAborted);
 }
 
+TEST_CASE("rendezvous: ranks that leave and join again meet in a new round", "[rendezvous]") {
+  constexpr int kSize = 3;
+  auto server = TestJobServer::Start(kSize, "secret");
+  REQUIRE(server);
+  auto round = [&](uint32_t gen, int port_base) {
+    std::vector<Result<PeerTable>> results(kSize, Result<PeerTable>(Internal("not run")));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kSize; ++r) {
+      threads.emplace_back([&, r] {
+        JoinInfo info;
+        info.rank = r, info.size = kSize, info.address = "127.0.0.1";
+        info.port = static_cast<uint16_t>(port_base + r), info.generation = gen;
+        results[r] = MakeGrpcJobClient(server->target(), "secret")->Join(info, 10000);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kSize; ++r) {
+      INFO("round " << gen << " rank " << r << ": " << results[r].status().ToString());
+      REQUIRE(results[r].ok());
+      for (int p = 0; p < kSize; ++p) CHECK(results[r]->port_of_rank[p] == uint32_t(port_base + p));
+    }
+  };
+  round(0, 2000);
+  JoinInfo late;
+  late.rank = 1, late.size = kSize, late.address = "127.0.0.1", late.port = 9, late.generation = 0;
+  // Round 0 is over: joining it again is refused; skipping a round is too.
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(late, 2000).status().code() ==
+        Code::kInvalidArgument);
+  round(1, 3000);  // new endpoints: the table is the new round's
+  late.generation = 3;
+  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(late, 2000).status().code() ==
+        Code::kInvalidArgument);
+  round(2, 4000);
+}
+
 }  // namespace ringrun::runtime::testing

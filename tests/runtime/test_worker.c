@@ -1,6 +1,8 @@
 /* A rank that uses only the public C API (and is written in C, which keeps ringrun.h valid C).
  *   runtime_test_worker check   collectives with known answers; exit 0 when all are right
  *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error
+ *   runtime_test_worker reinit  init, allreduce, shutdown, three times over; exit 0 when each
+ *                               round's results are right
  *   runtime_test_worker oom     a reduce-scatter whose scratch buffer cannot be allocated (the
  *                               address space is capped first) must fail with an error, not
  *                               abort, and leave the runtime failing; exit 0 when it does
@@ -138,6 +140,21 @@ static int loop(void) {
   }
 }
 
+static int reinit(void) {
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0) CHECK_RC(ringrun_init());
+    const int n = ringrun_size();
+    int64_t v[3] = {ringrun_rank(), round, 1};
+    CHECK_RC(ringrun_allreduce(v, v, 3, RINGRUN_INT64, RINGRUN_SUM));
+    EXPECT(v[0] == (int64_t)n * (n - 1) / 2 && v[1] == (int64_t)round * n && v[2] == n,
+           "round %d: allreduce gave %lld %lld %lld", round, (long long)v[0], (long long)v[1],
+           (long long)v[2]);
+    ringrun_shutdown();
+    EXPECT(ringrun_rank() == -1, "round %d: still initialized after shutdown", round);
+  }
+  return ringrun_init(); /* left initialized: main shuts it down */
+}
+
 static int oom(void) {
   const size_t total = (size_t)128 << 20; /* bytes of the reduce-scatter's input */
   const int n = ringrun_size();
@@ -176,7 +193,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_rank = ringrun_rank();
-  int rc = strcmp(mode, "loop") == 0 ? loop() : strcmp(mode, "oom") == 0 ? oom() : check();
+  int rc = strcmp(mode, "loop") == 0     ? loop()
+           : strcmp(mode, "oom") == 0    ? oom()
+           : strcmp(mode, "reinit") == 0 ? reinit()
+                                         : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();
   return rc;

@@ -61,7 +61,8 @@ typedef enum { RINGRUN_SUM, RINGRUN_AVERAGE, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_P
  * timeout. */
 RINGRUN_API int ringrun_init(void);
 /* Leaves the job: closes connections and shared memory. Safe to call when not initialized.
- * ringrun_init() may be called again afterwards. */
+ * ringrun_init() may be called again afterwards; in a job of more than one rank every rank
+ * must, and they meet in a new round of the job service's rendezvous (new peer table). */
 RINGRUN_API void ringrun_shutdown(void);
 
 /* The job's shape; -1 before ringrun_init(). local_* count the ranks on this host, cross_*

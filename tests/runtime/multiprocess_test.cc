@@ -95,6 +95,24 @@ class Job {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // Waits for `ranks` only, until the deadline; false on timeout.
+  bool WaitRanks(const std::vector<int>& ranks, int timeout_ms) {
+    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int r : ranks) {
+      Worker& w = workers_[r];
+      while (!w.exited && w.pid > 0) {
+        if (::waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
+          w.exited = true;
+        } else if (Clock::now() > end) {
+          return false;
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    }
+    return true;
+  }
+  void Signal(int rank, int sig) { ::kill(workers_[rank].pid, sig); }
   void Kill(int rank) {
     ::kill(workers_[rank].pid, SIGKILL);
     ::waitpid(workers_[rank].pid, &workers_[rank].status, 0);
@@ -160,6 +178,42 @@ TEST_CASE("processes: collectives through the C API, shared memory", "[multiproc
 TEST_CASE("processes: collectives through the C API, TCP", "[multiprocess]") {
   for (int np : {2, 3}) {
     DYNAMIC_SECTION("np=" << np) { RunCheck(np, {"RINGRUN_DISABLE_SHM=1"}); }
+  }
+}
+
+TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it",
+          "[multiprocess][dead-peer]") {
+  // SIGSTOP: the peer's sockets stay open (no EOF), so only the collective timeout can tell.
+  for (const char* shm : {"0", "1"}) {
+    DYNAMIC_SECTION("disable_shm=" << shm) {
+      constexpr int kTimeoutMs = 3000;
+      Job job(3, {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
+                  std::string("RINGRUN_DISABLE_SHM=") + shm},
+              "loop");
+      REQUIRE(job.server_ok());
+      const auto t_join = Clock::now() + std::chrono::seconds(30);
+      while (!job.joined_all() && Clock::now() < t_join) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      REQUIRE(job.joined_all());
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const auto t0 = Clock::now();
+      job.Signal(1, SIGSTOP);
+      const bool done = job.WaitRanks({0, 2}, kTimeoutMs + 10000);
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      job.Kill(1);
+      REQUIRE(done);
+      CHECK(ms < 3 * kTimeoutMs);  // one timeout, plus the neighbour's failure reaching it
+      for (int r : {0, 2}) {
+        INFO("rank " << r << " stderr: " << job.Stderr(r));
+        CHECK(job.ExitCode(r) == 3);
+        CHECK(job.Stderr(r).find("peer rank") != std::string::npos);
+      }
+      const std::string both = job.Stderr(0) + job.Stderr(2);
+      CHECK(both.find("timed out") != std::string::npos);
+      CHECK(both.find("peer rank 1 ") != std::string::npos);
+    }
   }
 }
 

@@ -8,6 +8,7 @@
  *                               abort, and leave the runtime failing; exit 0 when it does
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,26 @@ static float from_bf16(uint16_t h) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+static void* bad_root(void* out) {
+  int32_t v = 0;
+  if (ringrun_broadcast(&v, 1, RINGRUN_INT32, ringrun_size()) != 0) {
+    *(char**)out = strdup(ringrun_error_message());
+  }
+  return NULL;
+}
+
+/* Outside a job's lifetime (before ringrun_init, after ringrun_shutdown): shape -1, and a
+ * collective fails saying so. */
+static int uninitialized(const char* when) {
+  float x = 0;
+  EXPECT(ringrun_rank() == -1 && ringrun_size() == -1, "%s: rank %d size %d", when,
+         ringrun_rank(), ringrun_size());
+  EXPECT(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM) != 0 &&
+             strstr(ringrun_error_message(), "not initialized") != NULL,
+         "%s: allreduce: %s", when, ringrun_error_message());
+  return 0;
 }
 
 static int check(void) {
@@ -120,6 +141,17 @@ static int check(void) {
   EXPECT(strstr(ringrun_error_message(), "AVERAGE") != NULL, "error message: %s",
          ringrun_error_message());
   EXPECT(ringrun_broadcast(bc, 1, RINGRUN_INT32, n) != 0, "root out of range");
+  /* Each thread has its own last error: another thread's failure leaves this one's alone. */
+  EXPECT(ringrun_allreduce(rs, rs, 4, RINGRUN_INT32, RINGRUN_AVERAGE) != 0, "AVERAGE on int");
+  char* theirs = NULL;
+  pthread_t t;
+  EXPECT(pthread_create(&t, NULL, bad_root, &theirs) == 0 && pthread_join(t, NULL) == 0,
+         "thread");
+  EXPECT(theirs != NULL && strstr(theirs, "root") != NULL, "the thread's error: %s",
+         theirs ? theirs : "(none)");
+  EXPECT(strstr(ringrun_error_message(), "AVERAGE") != NULL,
+         "another thread's failure replaced this thread's error: %s", ringrun_error_message());
+  free(theirs);
   CHECK_RC(ringrun_barrier());
   free(all), free(rs);
   return 0;
@@ -188,6 +220,7 @@ static int oom(void) {
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "check";
+  if (uninitialized("before ringrun_init") != 0) return 2;
   if (ringrun_init() != 0) {
     fprintf(stderr, "ringrun_init failed: %s\n", ringrun_error_message());
     return 2;
@@ -199,5 +232,6 @@ int main(int argc, char** argv) {
                                          : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();
+  if (rc == 0 && uninitialized("after ringrun_shutdown") != 0) return 1;
   return rc;
 }

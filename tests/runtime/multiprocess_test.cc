@@ -119,6 +119,13 @@ class Job {
     workers_[rank].exited = true;
   }
   bool joined_all() { return server_->rendezvous().joined() == np_; }
+  bool WaitJoined(int timeout_ms) {
+    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!joined_all() && Clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return joined_all();
+  }
   const Worker& worker(int r) const { return workers_[r]; }
   std::string Stderr(int r) const { return ReadFile(workers_[r].err_path); }
   int ExitCode(int r) const {
@@ -191,11 +198,7 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
                   std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
-      const auto t_join = Clock::now() + std::chrono::seconds(30);
-      while (!job.joined_all() && Clock::now() < t_join) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      REQUIRE(job.joined_all());
+      REQUIRE(job.WaitJoined(30000));
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       const auto t0 = Clock::now();
       job.Signal(1, SIGSTOP);
@@ -253,11 +256,7 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
                     std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
-      const auto t_join = Clock::now() + std::chrono::seconds(30);
-      while (!job.joined_all() && Clock::now() < t_join) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      REQUIRE(job.joined_all());
+      REQUIRE(job.WaitJoined(30000));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-allreduce by now
       // Same-host pairs are shared memory unless disabled: rank 0 maps one per peer.
       CHECK(MappedPairSegments(job.worker(0).pid) == (std::string(shm) == "0" ? kNp - 1 : 0));

@@ -319,6 +319,69 @@ t_collective_bench() {
   expect_no_orphans
 }
 
+t_installed_package() {
+  # `cmake --install` of this build into a fresh prefix, then a separate project that finds it
+  # with find_package(ringrun), links ringrun::ringrun from C and C++, and runs alone (a job of
+  # size 1) and under ringrun -np 2.
+  local build=$BIN/.. rc
+  cmake --install "$build" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1 ||
+    { cat "$WORK/install.log" >&2; fail "cmake --install"; }
+  for f in include/ringrun/ringrun.h include/ringrun/ringrun.hpp lib/cmake/ringrun/ringrunConfig.cmake; do
+    [[ -f $WORK/prefix/$f ]] || fail "cmake --install did not install $f"
+  done
+  ls "$WORK"/prefix/lib*/libringrun.so >/dev/null 2>&1 || fail "cmake --install did not install libringrun.so"
+  mkdir -p "$WORK/consumer"
+  cat >"$WORK/consumer/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.16)
+project(consumer C CXX)
+find_package(ringrun REQUIRED)
+add_executable(c_app app.c)
+target_link_libraries(c_app PRIVATE ringrun::ringrun)
+add_executable(cxx_app app.cc)
+target_link_libraries(cxx_app PRIVATE ringrun::ringrun)
+CMAKE
+  cat >"$WORK/consumer/app.c" <<'C'
+#include <stdio.h>
+#include <ringrun/ringrun.h>
+int main(void) {
+  if (ringrun_init() != 0) { fprintf(stderr, "%s\n", ringrun_error_message()); return 1; }
+  double x = ringrun_rank() + 1;
+  if (ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT64, RINGRUN_SUM) != 0) return 1;
+  printf("c rank=%d size=%d sum=%g\n", ringrun_rank(), ringrun_size(), x);
+  ringrun_shutdown();
+  return 0;
+}
+C
+  cat >"$WORK/consumer/app.cc" <<'CXX'
+#include <cstdio>
+#include <vector>
+#include <ringrun/ringrun.hpp>
+int main() {
+  ringrun::Session s;
+  std::vector<float> v(3, float(s.rank() + 1));
+  s.Allreduce(v);
+  std::printf("cxx rank=%d size=%d sum=%g\n", s.rank(), s.size(), double(v[2]));
+  return 0;
+}
+CXX
+  (cmake -S "$WORK/consumer" -B "$WORK/consumer/build" -DCMAKE_PREFIX_PATH="$WORK/prefix" &&
+     cmake --build "$WORK/consumer/build") >"$WORK/consumer.log" 2>&1 ||
+    { tail -30 "$WORK/consumer.log" >&2; fail "a project using find_package(ringrun) did not build"; }
+  "$WORK/consumer/build/c_app" >"$WORK/alone" 2>&1; rc=$?
+  expect_rc 0 $rc "c_app outside ringrun"
+  expect_contains "$WORK/alone" "c rank=0 size=1 sum=1"
+  "$RINGRUN" -np 2 "$WORK/consumer/build/c_app" >"$WORK/c2" 2>&1; rc=$?
+  expect_rc 0 $rc "c_app under ringrun -np 2"
+  expect_contains "$WORK/c2" "[1]<stdout>:c rank=1 size=2 sum=3"
+  "$RINGRUN" -np 2 "$WORK/consumer/build/cxx_app" >"$WORK/cxx2" 2>&1; rc=$?
+  expect_rc 0 $rc "cxx_app under ringrun -np 2"
+  expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3"
+  # The installed library is the one that ran, not the build tree's.
+  ldd "$WORK/consumer/build/c_app" | grep -q "$WORK/prefix/lib.*/libringrun.so" ||
+    fail "c_app does not load the installed libringrun.so: $(ldd "$WORK/consumer/build/c_app" | grep ringrun)"
+  expect_no_orphans
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

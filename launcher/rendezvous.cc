@@ -125,10 +125,12 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
       if (s.aborted) {
         st = grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason);
       } else if (gen > s.round) {
-        st = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "rank " + std::to_string(r) + " joins round " + std::to_string(gen) +
-                              " while round " + std::to_string(s.round) +
-                              " still waits for ranks (every rank must leave and join again)");
+        st = grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            "rank " + std::to_string(r) + " joins round " + std::to_string(gen) + " but round " +
+                std::to_string(s.round) +
+                (s.released ? " is the last one (rounds are joined in order)"
+                            : " still waits for ranks (every rank must leave and join again)"));
       } else {
         st = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                           "rank " + std::to_string(r) + " has already joined" +

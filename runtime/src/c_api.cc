@@ -78,12 +78,16 @@ int ringrun_init(void) {
   if (env->in_job && env->size > 1) {
     client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
   }
+  // A round of the rendezvous that was used up counts, even if a later step failed: the next
+  // ringrun_init joins the next round, as the other ranks' will.
+  bool joined = false;
   try {
-    ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get());
+    ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
+    p.joins += joined ? 1 : 0;
     if (!rt.ok()) return Fail(rt.status());
     p.runtime = std::move(rt.value());
-    ++p.joins;
   } catch (const std::bad_alloc&) {
+    p.joins += joined ? 1 : 0;
     return Fail(ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory"));
   }
   return 0;

@@ -78,8 +78,9 @@ Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void*
     const int pv = vr ^ mask;
     const int partner = pv < rem ? 2 * pv + 1 : pv + rem;
     void* dst = cur == recv ? static_cast<void*>(tmp) : recv;
+    // Both partners compute reduce(lower rank's value, higher rank's value): the same bits.
     ops = {Op::Send(g.peer(partner), cur, bytes),
-           Op::RecvReduce(g.peer(partner), dst, cur, bytes, fn, elem)};
+           Op::RecvReduce(g.peer(partner), dst, cur, bytes, fn, elem, partner < me)};
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
     cur = dst;
   }

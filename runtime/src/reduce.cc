@@ -24,48 +24,64 @@ inline float BitsFloat(uint32_t u) {
   return f;
 }
 
+// MIN and MAX of floats are IEEE 754-2019 minimum and maximum: NaN if either is NaN (the
+// default quiet NaN), -0 below +0. They are computed on integer keys, not float compares: a
+// thread that flushes denormals (DAZ, as -ffast-math and torch.set_flush_denormal set) compares
+// a denormal as zero, which made min(d, x) and min(x, d) differ. (Ranks also agree on every
+// op's bits because the collectives apply each reduction in the same operand order on every
+// rank; see Op::incoming_first.)
+template <typename T>
+using BitsOf = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+
+template <typename T>
+BitsOf<T> ToBits(T v) {
+  BitsOf<T> u;
+  std::memcpy(&u, &v, sizeof(T));
+  return u;
+}
+template <typename T>
+T FromBits(BitsOf<T> u) {
+  T v;
+  std::memcpy(&v, &u, sizeof(T));
+  return v;
+}
+template <typename T>
+constexpr BitsOf<T> kMagnitude = ~BitsOf<T>{0} >> 1;  // every bit but the sign
+template <typename T>
+constexpr BitsOf<T> kInfBits = sizeof(T) == 4 ? BitsOf<T>(0x7f800000u)
+                                              : BitsOf<T>(0x7ff0000000000000ull);
+template <typename T>
+constexpr BitsOf<T> kQuietNanBits = sizeof(T) == 4 ? BitsOf<T>(0x7fc00000u)
+                                                   : BitsOf<T>(0x7ff8000000000000ull);
+template <typename T>
+bool IsNanBits(BitsOf<T> u) { return (u & kMagnitude<T>) > kInfBits<T>; }
+// A signed integer in the order of the value (for non-NaNs): negatives have their magnitude
+// bits flipped, so -0 sorts just below +0 and denormals by value.
+template <typename T>
+std::make_signed_t<BitsOf<T>> OrderKey(BitsOf<T> u) {
+  using S = std::make_signed_t<BitsOf<T>>;
+  const BitsOf<T> negative = static_cast<BitsOf<T>>(static_cast<S>(u) >> (8 * sizeof(T) - 1));
+  return static_cast<S>(u ^ (negative & kMagnitude<T>));
+}
 struct Sum { template <typename T> static T Apply(T a, T b) { return a + b; } };
 struct Prod { template <typename T> static T Apply(T a, T b) { return a * b; } };
-// MIN and MAX of floating values are IEEE 754-2019 minimum and maximum: NaN when either is NaN
-// (the default quiet NaN, whatever the payloads), and -0 below +0. That makes them commutative
-// bit for bit, which a collective needs: ranks combine the same values in different orders
-// (in recursive doubling each side of a pair applies `mine OP theirs`), and every rank must
-// end with the same answer.
-// Equal floats have equal bits, except +0 and -0: OR of the bits picks -0, AND picks +0.
-template <typename T, bool kMin>
-T Tie(T a, T b) {
-  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
-  U ua, ub;
-  std::memcpy(&ua, &a, sizeof(T));
-  std::memcpy(&ub, &b, sizeof(T));
-  const U t = kMin ? (ua | ub) : (ua & ub);
-  T out;
-  std::memcpy(&out, &t, sizeof(T));
-  return out;
-}
-
-struct Min {
+template <bool kMin>
+struct MinMax {
   template <typename T>
   static T Apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      const T m = a < b ? a : (b < a ? b : Tie<T, true>(a, b));
-      return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : m;
+      const BitsOf<T> ua = ToBits(a), ub = ToBits(b);
+      const auto ka = OrderKey<T>(ua), kb = OrderKey<T>(ub);
+      const BitsOf<T> pick = (kMin ? kb < ka : ka < kb) ? ub : ua;
+      const bool nan = IsNanBits<T>(ua) || IsNanBits<T>(ub);
+      return FromBits<T>(nan ? kQuietNanBits<T> : pick);
     } else {
-      return b < a ? b : a;
+      return (kMin ? b < a : a < b) ? b : a;
     }
   }
 };
-struct Max {
-  template <typename T>
-  static T Apply(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) {
-      const T m = b < a ? a : (a < b ? b : Tie<T, false>(a, b));
-      return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : m;
-    } else {
-      return a < b ? b : a;
-    }
-  }
-};
+using Min = MinMax<true>;
+using Max = MinMax<false>;
 
 // Integer sums and products wrap (computed in the unsigned type: no undefined overflow).
 template <typename T, typename Op>
@@ -131,9 +147,8 @@ RINGRUN_AVX2 void ReduceNativeAvx2(void* dst, const void* a, const void* b, size
   NativeBody<T, Op>(dst, a, b, n);
 }
 
-// Op on eight floats, with the scalar Apply's semantics. min/max_ps return their second operand
-// for equal or unordered inputs; equal inputs differ only for +0/-0, which OR (min: -0) and
-// AND (max: +0) of the bits settle, and a NaN anywhere gives the default NaN.
+// Op on eight floats, with the scalar Apply's semantics: MIN/MAX pick an operand by its integer
+// order key (no float compares: DAZ-proof), and give the default NaN for a NaN.
 template <typename Op>
 RINGRUN_AVX2 RINGRUN_INLINE __m256 Apply8(__m256 a, __m256 b) {
   if constexpr (std::is_same_v<Op, Sum>) {
@@ -141,13 +156,18 @@ RINGRUN_AVX2 RINGRUN_INLINE __m256 Apply8(__m256 a, __m256 b) {
   } else if constexpr (std::is_same_v<Op, Prod>) {
     return _mm256_mul_ps(a, b);
   } else {
+    const __m256i nan_bits = _mm256_set1_epi32(0x7fc00000);
     static_assert(std::is_same_v<Op, Min> || std::is_same_v<Op, Max>);
-    constexpr bool kMin = std::is_same_v<Op, Min>;
-    const __m256 picked = kMin ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
-    const __m256 tie = kMin ? _mm256_or_ps(a, b) : _mm256_and_ps(a, b);
-    const __m256 m = _mm256_blendv_ps(picked, tie, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
-    return _mm256_blendv_ps(m, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
-                            _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+    const __m256i ia = _mm256_castps_si256(a), ib = _mm256_castps_si256(b);
+    const __m256i mag = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i ka = _mm256_xor_si256(ia, _mm256_and_si256(_mm256_srai_epi32(ia, 31), mag));
+    const __m256i kb = _mm256_xor_si256(ib, _mm256_and_si256(_mm256_srai_epi32(ib, 31), mag));
+    const __m256i take_b = std::is_same_v<Op, Min> ? _mm256_cmpgt_epi32(ka, kb)
+                                                   : _mm256_cmpgt_epi32(kb, ka);
+    const __m256i nan = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_and_si256(ia, mag), inf),
+                                        _mm256_cmpgt_epi32(_mm256_and_si256(ib, mag), inf));
+    const __m256i r = _mm256_blendv_epi8(_mm256_blendv_epi8(ia, ib, take_b), nan_bits, nan);
+    return _mm256_castsi256_ps(r);
   }
 }
 

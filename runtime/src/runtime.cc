@@ -132,7 +132,9 @@ Shape DeriveShape(const PeerTable& peers, int rank) {
   return s;
 }
 
-Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client) {
+Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client,
+                                               bool* joined) {
+  if (joined) *joined = false;
   Shape shape;
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
@@ -154,6 +156,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   Result<PeerTable> peers =
       client->Join(info, env.join_timeout_ms > 0 ? env.join_timeout_ms : kJoinTimeoutMs);
   if (!peers.ok()) return peers.status().Annotate("rank " + std::to_string(env.rank));
+  if (joined) *joined = true;
   if (peers->job_id.empty()) peers->job_id = env.job_id;
   TransportOptions topts;
   topts.use_shm = env.use_shm;
@@ -359,8 +362,8 @@ Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ri
 
 Status Runtime::Barrier() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (shape_.size == 1) return Status::Ok();
   RINGRUN_RETURN_IF_ERROR(host_error_);
+  if (shape_.size == 1) return Status::Ok();
   return Remember(runtime::Barrier(Context(), world_));
 }
 

@@ -52,8 +52,10 @@ struct Shape {
 class Runtime {
  public:
   // Binds the data-plane listener, joins through `client` (unused when !env.in_job), and
-  // builds the transport.
-  static Result<std::unique_ptr<Runtime>> Join(const JobEnv& env, JobClient* client);
+  // builds the transport. *joined (if given) says whether the job service's Join succeeded,
+  // that is whether this round of the rendezvous is used up, even when a later step fails.
+  static Result<std::unique_ptr<Runtime>> Join(const JobEnv& env, JobClient* client,
+                                               bool* joined = nullptr);
   // Over an existing transport (tests). Shape fields < 0 are derived from the peer table.
   Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,
           std::string nccl_id = "");

@@ -331,9 +331,10 @@ class TcpPair final : public Pair {
         staged_ += static_cast<size_t>(n), moved = true;
         const size_t whole = staged_ - staged_ % op.elem_size;
         if (whole > 0) {
-          op.reduce(static_cast<char*>(op.buf) + st.done,
-                    static_cast<const char*>(op.src) + st.done, staging_.data(),
-                    whole / op.elem_size);
+          const char* mine = static_cast<const char*>(op.src) + st.done;
+          const char* in = staging_.data();
+          op.reduce(static_cast<char*>(op.buf) + st.done, op.incoming_first ? in : mine,
+                    op.incoming_first ? mine : in, whole / op.elem_size);
           std::memmove(staging_.data(), staging_.data() + whole, staged_ - whole);
           staged_ -= whole;
           st.done += whole;
@@ -441,7 +442,9 @@ class ShmPair final : public Pair {
       if (op.kind == Op::kRecv) {
         std::memcpy(dst, ring + at, k);
       } else {
-        op.reduce(dst, static_cast<const char*>(op.src) + off, ring + at, k / op.elem_size);
+        const char* mine = static_cast<const char*>(op.src) + off;
+        op.reduce(dst, op.incoming_first ? ring + at : mine, op.incoming_first ? mine : ring + at,
+                  k / op.elem_size);
       }
       pos += k, off += k, real -= k;
     }
@@ -460,6 +463,7 @@ class ShmPair final : public Pair {
 // allreduce 45-52 ms -> 19-24 ms. Where the kernel lacks it, the first bell, 200 us at most.
 void WaitForBells(const std::vector<std::atomic<uint32_t>*>& bells,
                   const std::vector<uint32_t>& seen, int max_us) {
+#if defined(FUTEX_WAITV_MAX) && defined(SYS_futex_waitv)  // kernel headers 5.16 and later
   static std::atomic<bool> no_waitv{false};
   if (bells.size() > 1 && bells.size() <= FUTEX_WAITV_MAX && !no_waitv.load()) {
     futex_waitv w[FUTEX_WAITV_MAX] = {};
@@ -475,11 +479,14 @@ void WaitForBells(const std::vector<std::atomic<uint32_t>*>& bells,
     if (until.tv_nsec >= 1000000000L) until.tv_sec += 1, until.tv_nsec -= 1000000000L;
     if (::syscall(SYS_futex_waitv, w, static_cast<unsigned>(bells.size()), 0u, &until,
                   CLOCK_MONOTONIC) >= 0 ||
-        errno != ENOSYS) {
-      return;
+        errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT) {
+      return;  // woken, a bell had moved already, a signal, or the timeout
     }
+    // ENOSYS (an older kernel), EPERM (a seccomp filter that does not know it), ...: from now
+    // on the fallback, which sleeps (returning at once here would make the caller spin).
     no_waitv.store(true);
   }
+#endif
   if (bells.size() > 1) max_us = std::min(max_us, 200);
   timespec ts{max_us / 1000000, (max_us % 1000000) * 1000L};
   Futex(bells[0], FUTEX_WAIT, seen[0], &ts);

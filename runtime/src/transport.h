@@ -38,6 +38,10 @@ struct Op {
   const void* src = nullptr;
   ReduceFn reduce = nullptr;
   size_t elem_size = 1;
+  // reduce(incoming, src) instead of reduce(src, incoming). Floating reductions are not
+  // commutative bit for bit (NaN payloads; a rounding mode or DAZ), so when two ranks each
+  // combine their own value with the other's, both must put the same rank's value first.
+  bool incoming_first = false;
 
   static Op Send(int peer, const void* p, size_t n) {
     Op o;
@@ -50,10 +54,10 @@ struct Op {
     return o;
   }
   static Op RecvReduce(int peer, void* dst, const void* src, size_t n, ReduceFn fn,
-                       size_t elem_size) {
+                       size_t elem_size, bool incoming_first = false) {
     Op o;
     o.kind = kRecvReduce, o.peer = peer, o.buf = dst, o.bytes = n, o.src = src, o.reduce = fn;
-    o.elem_size = elem_size;
+    o.elem_size = elem_size, o.incoming_first = incoming_first;
     return o;
   }
 };

@@ -84,22 +84,27 @@ TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allred
   }
 }
 
-TEST_CASE("min and max: every rank gets the same bits, NaN propagates, -0 < +0", "[allreduce]") {
-  // Element i: NaN on rank i % 7 (when that rank exists), +0 / -0 (even / odd ranks) where
-  // i % 5 == 0, else a small integer. Small counts take recursive doubling, large the ring.
+TEST_CASE("min/max/sum: every rank gets the same bits, NaN propagates, -0 < +0",
+          "[allreduce]") {
+  // Element i: NaN on rank i % 7 (when that rank exists; the payload names the rank, and
+  // i % 14 < 7 puts a NaN on every rank), +0 / -0 (even / odd ranks) where i % 5 == 0, else a
+  // small integer. Small counts take recursive doubling, where each pair combines its two
+  // values on both sides, large ones the ring.
   for (Mode mode : {Mode::kTcp, Mode::kShm}) {
-    for (int np : {2, 3}) {
+    for (int np : {2, 3, 4}) {
       DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
-        for (size_t count : {size_t{5}, size_t{100003}}) {
-          for (ringrun_op op : {RINGRUN_MIN, RINGRUN_MAX}) {
+        for (size_t count : {size_t{5}, size_t{29}, size_t{100003}}) {
+          for (ringrun_op op : {RINGRUN_MIN, RINGRUN_MAX, RINGRUN_SUM}) {
             std::vector<std::vector<float>> out(np);
             std::string failures =
                 RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
                   std::vector<float> in(count);
+                  const uint32_t nan_bits = 0x7fc00000u | static_cast<uint32_t>(rank + 1);
                   for (size_t i = 0; i < count; ++i) {
-                    in[i] = static_cast<int>(i % 7) == rank ? std::nanf("")
-                            : i % 5 == 0 ? (rank % 2 ? -0.0f : 0.0f)
-                                         : static_cast<float>((i * 3 + rank) % 11);
+                    const bool nan = static_cast<int>(i % 7) == rank || i % 14 < 7;
+                    if (nan) std::memcpy(&in[i], &nan_bits, 4);
+                    else in[i] = i % 5 == 0 ? (rank % 2 ? -0.0f : 0.0f)
+                                            : static_cast<float>((i * 3 + rank) % 11);
                   }
                   out[rank].resize(count);
                   Status st = rt.Allreduce(in.data(), out[rank].data(), count, RINGRUN_FLOAT32, op);
@@ -113,8 +118,8 @@ TEST_CASE("min and max: every rank gets the same bits, NaN propagates, -0 < +0",
             size_t bad = 0;
             for (size_t i = 0; i < count; ++i) {
               const float v = out[0][i];
-              if (static_cast<int>(i % 7) < np) bad += !std::isnan(v);
-              else if (i % 5 == 0) bad += v != 0 || std::signbit(v) != (op == RINGRUN_MIN);
+              if (static_cast<int>(i % 7) < np || i % 14 < 7) bad += !std::isnan(v);
+              else if (i % 5 == 0 && op != RINGRUN_SUM) bad += v != 0 || std::signbit(v) != (op == RINGRUN_MIN);
             }
             CHECK(bad == 0);
           }

@@ -85,9 +85,16 @@ TEST_CASE("the fast kernels give the portable kernels' results, bit for bit", "[
 }
 
 TEST_CASE("min and max are commutative bit for bit: NaN wins, -0 < +0", "[reduce]") {
-  // Ranks combine the same values in different orders, so op(a, b) and op(b, a) must have the
-  // same bits, in both builds; checked over every fp16 and bf16 pattern against shuffled ones.
+  // op(a, b) and op(b, a) must have the same bits, in both builds, also when the thread flushes
+  // denormals (DAZ|FTZ: a float compare would see a denormal as zero); checked over every fp16
+  // and bf16 pattern against shuffled ones.
+  for (int daz = 0; daz < 2; ++daz)
   for (ReduceIsa isa : {ReduceIsa::kPortable, ReduceIsa::kBest}) {
+    INFO("daz=" << daz);
+#if defined(__x86_64__)
+    const unsigned saved_csr = _mm_getcsr();
+    if (daz) _mm_setcsr(saved_csr | 0x8040);
+#endif
     for (ringrun_dtype t : {RINGRUN_FLOAT16, RINGRUN_BFLOAT16}) {
       std::vector<uint16_t> a(65536), b(65536), ab(65536), ba(65536);
       for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i);
@@ -120,7 +127,16 @@ TEST_CASE("min and max are commutative bit for bit: NaN wins, -0 < +0", "[reduce
     }
     double dx[2] = {0.0, std::nan("")}, dy[2] = {-0.0, -5.0}, dm[2];
     GetReduceFn(RINGRUN_FLOAT64, RINGRUN_MIN, isa)(dm, dx, dy, 2);
+    // A denormal against a tiny normal, both orders: the same bits (the smaller, the denormal).
+    float den[2] = {Bits(0x00020000), Bits(0x2f8c0000)}, rev[2] = {den[1], den[0]}, m1[2], m2[2];
+    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m1, den, rev, 2);
+    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m2, rev, den, 2);
+#if defined(__x86_64__)
+    _mm_setcsr(saved_csr);
+#endif
     CHECK((std::signbit(dm[0]) && std::isnan(dm[1])));
+    CHECK(std::memcmp(m1, m2, sizeof m1) == 0);
+    CHECK(std::memcmp(&m1[0], &den[0], 4) == 0);
   }
 }
 

@@ -72,35 +72,48 @@ TEST_CASE("rendezvous: ranks that leave and join again meet in a new round", "[r
   constexpr int kSize = 3;
   auto server = TestJobServer::Start(kSize, "secret");
   REQUIRE(server);
-  auto round = [&](uint32_t gen, int port_base) {
+  auto join = [&](int rank, uint32_t gen, int port, int timeout_ms) {
+    JoinInfo info;
+    info.rank = rank, info.size = kSize, info.address = "127.0.0.1";
+    info.port = static_cast<uint16_t>(port), info.generation = gen;
+    return MakeGrpcJobClient(server->target(), "secret")->Join(info, timeout_ms);
+  };
+  // Joins `ranks` of round `gen` concurrently (rank r on port_base + r); each must get the
+  // whole table of that round.
+  auto round = [&](uint32_t gen, int port_base, std::vector<int> ranks) {
     std::vector<Result<PeerTable>> results(kSize, Result<PeerTable>(Internal("not run")));
     std::vector<std::thread> threads;
-    for (int r = 0; r < kSize; ++r) {
-      threads.emplace_back([&, r] {
-        JoinInfo info;
-        info.rank = r, info.size = kSize, info.address = "127.0.0.1";
-        info.port = static_cast<uint16_t>(port_base + r), info.generation = gen;
-        results[r] = MakeGrpcJobClient(server->target(), "secret")->Join(info, 10000);
-      });
+    for (int r : ranks) {
+      threads.emplace_back([&, r] { results[r] = join(r, gen, port_base + r, 10000); });
     }
     for (auto& t : threads) t.join();
-    for (int r = 0; r < kSize; ++r) {
+    for (int r : ranks) {
       INFO("round " << gen << " rank " << r << ": " << results[r].status().ToString());
       REQUIRE(results[r].ok());
       for (int p = 0; p < kSize; ++p) CHECK(results[r]->port_of_rank[p] == uint32_t(port_base + p));
     }
   };
-  round(0, 2000);
-  JoinInfo late;
-  late.rank = 1, late.size = kSize, late.address = "127.0.0.1", late.port = 9, late.generation = 0;
-  // Round 0 is over: joining it again is refused; skipping a round is too.
-  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(late, 2000).status().code() ==
-        Code::kInvalidArgument);
-  round(1, 3000);  // new endpoints: the table is the new round's
-  late.generation = 3;
-  CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(late, 2000).status().code() ==
-        Code::kInvalidArgument);
-  round(2, 4000);
+  round(0, 2000, {0, 1, 2});
+  // Round 0 is over: joining it again is refused, and so is skipping a round.
+  Status st = join(1, 0, 9, 2000).status();
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.message().find("already joined") != std::string::npos);
+  st = join(1, 2, 9, 2000).status();
+  CHECK(st.message().find("joined in order") != std::string::npos);
+  // Round 1: a rank that gives up (deadline) may join it again; while it collects, a join for
+  // round 2 is refused; then everyone meets, with the new endpoints.
+  CHECK(join(0, 1, 9, 200).status().code() == Code::kTimeout);
+  while (server->rendezvous().joined() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Result<PeerTable> held(Internal("not run"));
+  std::thread holder([&] { held = join(2, 1, 3002, 10000); });
+  while (server->rendezvous().joined() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  st = join(1, 2, 9, 2000).status();
+  CHECK(st.message().find("still waits") != std::string::npos);
+  round(1, 3000, {0, 1});
+  holder.join();
+  REQUIRE(held.ok());
+  CHECK(held->port_of_rank[0] == 3000u);
+  round(2, 4000, {0, 1, 2});
 }
 
 }  // namespace ringrun::runtime::testing

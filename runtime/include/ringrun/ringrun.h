@@ -52,8 +52,8 @@ typedef enum {
  * are scaled by 1/size and then summed (as NCCL does), so that an average that fits in fp16
  * never overflows on the way; the other types sum, then divide.
  * MIN and MAX of floating types are IEEE 754-2019 minimum and maximum: NaN if any input is NaN,
- * and -0 below +0, so every rank gets the same bits. Reductions of 16-bit floats compute in
- * float and round once per step, to nearest even. */
+ * and -0 below +0. Every rank gets the same bits for every op. Reductions of 16-bit floats
+ * compute in float and round once per step, to nearest even. */
 typedef enum { RINGRUN_SUM, RINGRUN_AVERAGE, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT } ringrun_op;
 
 /* Joins the job described by the environment that ringrun sets. Calling it again while

@@ -753,10 +753,15 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     char c;
     ssize_t n = ::recv(fds[i].fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-      // The peer may have written its last bytes and exited: drain what it left first.
+      // The peer may have written its last bytes and exited: drain what it left first (all of
+      // it: a progress step moves at most kShmChunk, and up to a ring's worth may be waiting;
+      // the mapping outlives the peer).
       size_t remaining;
-      Result<bool> r = ProgressAll(states, &remaining);
-      if (!r.ok()) return r.status();
+      for (;;) {
+        Result<bool> r = ProgressAll(states, &remaining);
+        if (!r.ok()) return r.status();
+        if (!*r) break;
+      }
       for (const OpState& s : states) {
         if (!s.complete && s.op->peer == fd_peer[i]) {
           return PeerError(fd_peer[i],

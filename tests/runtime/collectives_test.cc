@@ -350,6 +350,30 @@ TEST_CASE("a peer that closes mid-collective fails the others at once", "[dead-p
   }
 }
 
+TEST_CASE("a peer that wrote its last bytes and left is drained, not reported gone",
+          "[dead-peer][shm]") {
+  // Rank 0's broadcast fits in the pair's ring, so it completes and rank 0 leaves before rank 1
+  // reads a byte; rank 1 must still read all of it (the mapping outlives the peer). (The racier
+  // case, a rank asleep in Wait while its peer writes its last bytes and exits, is the
+  // multiprocess "late" test's: it failed in about 2 of 10 runs before Wait drained fully.)
+  ThreadJobOptions o = Options(2, Mode::kShm);
+  o.transport.shm_ring_bytes = 1 << 20;
+  std::vector<std::unique_ptr<Runtime>> rts;
+  REQUIRE(MakeThreadJob(o, &rts).empty());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { (void)rts[r]->Barrier(); });
+  for (auto& t : threads) t.join();
+  const size_t n = 900 << 8;  // 900 KiB of int32
+  std::vector<int32_t> sent(n), got(n, -1);
+  for (size_t i = 0; i < n; ++i) sent[i] = static_cast<int32_t>(i * 3);
+  REQUIRE(rts[0]->Broadcast(sent.data(), n, RINGRUN_INT32, 0).ok());
+  rts[0].reset();
+  Status st = rts[1]->Broadcast(got.data(), n, RINGRUN_INT32, 0);
+  INFO(st.ToString());
+  CHECK(st.ok());
+  CHECK(got == sent);
+}
+
 TEST_CASE("fp16 average: an average that fits never overflows on the way", "[allreduce]") {
   // 40000 on every rank: the fp16 sum (80000, 120000) is past 65504, the average is not.
   // Inputs are scaled by 1/np first, so allreduce and reduce-scatter give 40000 (for np=3:

@@ -220,6 +220,24 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
   }
 }
 
+TEST_CASE("processes: ranks waiting for a late one sleep, on every pair they wait on",
+          "[multiprocess]") {
+  // In a ring a rank waits on two pairs (its send and its receive neighbour): at np=3 with
+  // both neighbours late, rank 1's send ring fills and its receive is empty, and it must sleep
+  // on both bells at once (futex_waitv), not spin.
+  for (int np : {2, 3}) {
+    DYNAMIC_SECTION("np=" << np) {
+      Job job(np, {}, "late");
+      REQUIRE(job.server_ok());
+      REQUIRE(job.WaitAll(60000));
+      for (int r = 0; r < np; ++r) {
+        INFO("rank " << r << " stderr: " << job.Stderr(r));
+        CHECK(job.ExitCode(r) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again",
           "[multiprocess]") {
   for (int np : {2, 3}) {

@@ -3,6 +3,9 @@
  *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error
  *   runtime_test_worker reinit  init, allreduce, shutdown, three times over; exit 0 when each
  *                               round's results are right
+ *   runtime_test_worker late    every rank but rank 1 enters an allreduce 1.5 s late; rank 1,
+ *                               blocked on both ring neighbours, must sleep meanwhile (under
+ *                               0.4 s of CPU), not spin
  *   runtime_test_worker oom     a reduce-scatter whose scratch buffer cannot be allocated (the
  *                               address space is capped first) must fail with an error, not
  *                               abort, and leave the runtime failing; exit 0 when it does
@@ -187,6 +190,28 @@ static int reinit(void) {
   return ringrun_init(); /* left initialized: main shuts it down */
 }
 
+static double cpu_seconds(void) {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+static int late(void) {
+  const size_t count = (size_t)4 << 20;
+  float* buf = calloc(count, sizeof(float));
+  EXPECT(buf != NULL, "no memory");
+  CHECK_RC(ringrun_allreduce(buf, buf, count, RINGRUN_FLOAT32, RINGRUN_SUM)); /* connects */
+  if (ringrun_rank() != 1) usleep(1500 * 1000);
+  const double c0 = cpu_seconds();
+  CHECK_RC(ringrun_allreduce(buf, buf, count, RINGRUN_FLOAT32, RINGRUN_SUM));
+  const double used = cpu_seconds() - c0;
+  free(buf);
+  EXPECT(ringrun_rank() != 1 || used < 0.4,
+         "%.2f s of CPU while waiting 1.5 s for a late rank: spinning, not sleeping", used);
+  return 0;
+}
+
 static int oom(void) {
   const size_t total = (size_t)128 << 20; /* bytes of the reduce-scatter's input */
   const int n = ringrun_size();
@@ -229,6 +254,7 @@ int main(int argc, char** argv) {
   int rc = strcmp(mode, "loop") == 0     ? loop()
            : strcmp(mode, "oom") == 0    ? oom()
            : strcmp(mode, "reinit") == 0 ? reinit()
+           : strcmp(mode, "late") == 0   ? late()
                                          : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();

@@ -162,8 +162,9 @@ int MappedPairSegments(pid_t pid) {
   return found;
 }
 
-void RunCheck(int np, std::vector<std::string> env) {
-  Job job(np, env, "check");
+// Runs runtime_test_worker MODE on np ranks; every rank must exit 0.
+void RunMode(int np, std::vector<std::string> env, const std::string& mode = "check") {
+  Job job(np, env, mode);
   REQUIRE(job.server_ok());
   const bool done = job.WaitAll(120000);
   REQUIRE(done);
@@ -178,13 +179,13 @@ void RunCheck(int np, std::vector<std::string> env) {
 
 TEST_CASE("processes: collectives through the C API, shared memory", "[multiprocess]") {
   for (int np : {1, 2, 3, 5}) {
-    DYNAMIC_SECTION("np=" << np) { RunCheck(np, {}); }
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {}); }
   }
 }
 
 TEST_CASE("processes: collectives through the C API, TCP", "[multiprocess]") {
   for (int np : {2, 3}) {
-    DYNAMIC_SECTION("np=" << np) { RunCheck(np, {"RINGRUN_DISABLE_SHM=1"}); }
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {"RINGRUN_DISABLE_SHM=1"}); }
   }
 }
 
@@ -227,13 +228,7 @@ TEST_CASE("processes: ranks waiting for a late one sleep, on every pair they wai
   // on both bells at once (futex_waitv), not spin.
   for (int np : {2, 3}) {
     DYNAMIC_SECTION("np=" << np) {
-      Job job(np, {}, "late");
-      REQUIRE(job.server_ok());
-      REQUIRE(job.WaitAll(60000));
-      for (int r = 0; r < np; ++r) {
-        INFO("rank " << r << " stderr: " << job.Stderr(r));
-        CHECK(job.ExitCode(r) == 0);
-      }
+      RunMode(np, {}, "late");
     }
   }
 }
@@ -242,26 +237,14 @@ TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again",
           "[multiprocess]") {
   for (int np : {2, 3}) {
     DYNAMIC_SECTION("np=" << np) {
-      Job job(np, {}, "reinit");
-      REQUIRE(job.server_ok());
-      REQUIRE(job.WaitAll(60000));
-      for (int r = 0; r < np; ++r) {
-        INFO("rank " << r << " stderr: " << job.Stderr(r));
-        CHECK(job.ExitCode(r) == 0);
-      }
+      RunMode(np, {}, "reinit");
     }
   }
 }
 
 TEST_CASE("processes: running out of memory in a collective is an error, not an abort",
           "[multiprocess]") {
-  Job job(2, {}, "oom");
-  REQUIRE(job.server_ok());
-  REQUIRE(job.WaitAll(60000));
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << " stderr: " << job.Stderr(r));
-    CHECK(job.ExitCode(r) == 0);
-  }
+  RunMode(2, {}, "oom");
 }
 
 TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hanging",

@@ -19,7 +19,7 @@ using ringrun::runtime::Runtime;
 struct Process {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;  // guarded by mu
-  uint32_t joins = 0;                // successful ringrun_init calls; guarded by mu
+  uint32_t joins = 0;                // rendezvous rounds joined so far; guarded by mu
 };
 Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -81,16 +81,16 @@ int ringrun_init(void) {
   // A round of the rendezvous that was used up counts, even if a later step failed: the next
   // ringrun_init joins the next round, as the other ranks' will.
   bool joined = false;
+  Status st;
   try {
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
-    p.joins += joined ? 1 : 0;
-    if (!rt.ok()) return Fail(rt.status());
-    p.runtime = std::move(rt.value());
+    if (rt.ok()) p.runtime = std::move(rt.value());
+    else st = rt.status();
   } catch (const std::bad_alloc&) {
-    p.joins += joined ? 1 : 0;
-    return Fail(ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory"));
+    st = ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory");
   }
-  return 0;
+  if (joined) ++p.joins;
+  return st.ok() ? 0 : Fail(st);
 }
 
 void ringrun_shutdown(void) {

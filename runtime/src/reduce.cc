@@ -330,39 +330,8 @@ ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa) {
   return nullptr;
 }
 
-namespace {
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
-void Scale16(void* dst, const void* src, size_t n, float f) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* x = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) d[i] = FromF(ToF(x[i]) * f);
-}
-}  // namespace
-
-void ScaleInto(void* dst, const void* src, size_t n, ringrun_dtype dtype, double factor) {
-  switch (dtype) {
-    case RINGRUN_FLOAT16:
-      Scale16<HalfToFloat, FloatToHalf>(dst, src, n, static_cast<float>(factor));
-      break;
-    case RINGRUN_BFLOAT16:
-      Scale16<Bf16ToFloat, FloatToBf16>(dst, src, n, static_cast<float>(factor));
-      break;
-    case RINGRUN_FLOAT32: {
-      float* d = static_cast<float*>(dst);
-      const float* x = static_cast<const float*>(src);
-      const float f = static_cast<float>(factor);
-      for (size_t i = 0; i < n; ++i) d[i] = x[i] * f;
-      break;
-    }
-    case RINGRUN_FLOAT64: {
-      double* d = static_cast<double*>(dst);
-      const double* x = static_cast<const double*>(src);
-      for (size_t i = 0; i < n; ++i) d[i] = x[i] * factor;
-      break;
-    }
-    default:
-      break;
-  }
+void ScaleHalf(uint16_t* dst, const uint16_t* src, size_t n, float factor) {
+  for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(HalfToFloat(src[i]) * factor);
 }
 
 void DivideInPlace(void* buf, size_t n, ringrun_dtype dtype, double divisor) {

@@ -28,14 +28,11 @@ bool HasAvx2();
 // buf[i] /= divisor, for the floating dtypes (AVERAGE's last step).
 void DivideInPlace(void* buf, size_t count, ringrun_dtype dtype, double divisor);
 
-// dst[i] = src[i] * factor, for the floating dtypes (dst may equal src): fp16 AVERAGE's first
-// step (see PreScalesAverage).
-void ScaleInto(void* dst, const void* src, size_t count, ringrun_dtype dtype, double factor);
-
-// Whether AVERAGE of this dtype scales the inputs by 1/n and sums them (NCCL's PreMulSum)
-// rather than summing and dividing: fp16, whose sum can overflow (65504) where the average
-// fits. Other floating types sum first, which rounds less.
-inline bool PreScalesAverage(ringrun_dtype dtype) { return dtype == RINGRUN_FLOAT16; }
+// fp16 AVERAGE scales the inputs by 1/n and sums them (NCCL's PreMulSum) rather than summing
+// and dividing: an fp16 sum can overflow (65504) where the average fits. The other floating
+// types sum first, which rounds less. This is its first step: dst[i] = src[i] * factor, in
+// float and rounded once (dst may equal src).
+void ScaleHalf(uint16_t* dst, const uint16_t* src, size_t count, float factor);
 
 bool IsValidDtype(int dtype);
 bool IsValidOp(int op);

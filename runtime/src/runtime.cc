@@ -196,15 +196,15 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
 
 Runtime::~Runtime() = default;
 
-Status Runtime::Remember(Status st) {
-  if (!st.ok() && host_error_.ok()) host_error_ = st;
-  return st;
+Status Runtime::HostStatus() const {
+  return transport_ ? transport_->status() : Status::Ok();
 }
 
 Status Runtime::Break(Status st) {
   std::lock_guard<std::mutex> lock(mu_);
-  Remember(std::move(st));
-  return host_error_;
+  if (!transport_) return st;  // a job of one: no peers to leave mid-collective
+  transport_->Break(st);
+  return transport_->status();
 }
 
 CollectiveContext Runtime::Context() {
@@ -266,15 +266,16 @@ Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dt
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(send, recv, Allreduce(send, recv, count, dtype, op, stream, !stream));
   if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(host_error_);
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
   const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
-  if (average && PreScalesAverage(dtype) && count > 0) {
-    ScaleInto(recv, send, count, dtype, 1.0 / shape_.size);
-    return Remember(runtime::Allreduce(Context(), world_, recv, recv, count, dtype,
-                                       GetReduceFn(dtype, RINGRUN_SUM)));
+  if (average && dtype == RINGRUN_FLOAT16 && count > 0) {  // see ScaleHalf
+    ScaleHalf(static_cast<uint16_t*>(recv), static_cast<const uint16_t*>(send), count,
+              1.0f / static_cast<float>(shape_.size));
+    return runtime::Allreduce(Context(), world_, recv, recv, count, dtype,
+                              GetReduceFn(dtype, RINGRUN_SUM));
   }
-  RINGRUN_RETURN_IF_ERROR(Remember(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
-                                                      GetReduceFn(dtype, op))));
+  RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
+                                             GetReduceFn(dtype, op)));
   if (average) DivideInPlace(recv, count, dtype, shape_.size);
   return Status::Ok();
 }
@@ -290,8 +291,8 @@ Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(buf, buf, Broadcast(buf, count, dtype, root, stream, !stream));
   if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(host_error_);
-  return Remember(runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root));
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
+  return runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root);
 }
 
 Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
@@ -302,7 +303,7 @@ Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dt
   std::lock_guard<std::mutex> lock(mu_);
   RINGRUN_ROUTE_DEVICE(send, recv, Allgather(send, recv, count, dtype, stream, !stream));
   if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(host_error_);
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
   const size_t bytes = count * DtypeSize(dtype);
   const char* mine = static_cast<char*>(recv) + static_cast<size_t>(shape_.rank) * bytes;
   if (PartialOverlap(send, recv, bytes * shape_.size) && send != mine) {
@@ -310,7 +311,7 @@ Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dt
     std::memcpy(copy, send, bytes);
     send = copy;
   }
-  return Remember(runtime::Allgather(Context(), world_, send, recv, bytes));
+  return runtime::Allgather(Context(), world_, send, recv, bytes);
 }
 
 Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
@@ -327,17 +328,18 @@ Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ri
     if (*routed) return InvalidArgument("reducescatter on device memory is not supported yet");
   }
 #endif
-  RINGRUN_RETURN_IF_ERROR(host_error_);
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
   const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
-  if (average && PreScalesAverage(dtype) && recvcount > 0) {
+  if (average && dtype == RINGRUN_FLOAT16 && recvcount > 0) {  // see ScaleHalf
     const size_t total = recvcount * static_cast<size_t>(shape_.size);
-    char* scaled = scratch_.Get(3, total * DtypeSize(dtype));
-    ScaleInto(scaled, send, total, dtype, 1.0 / shape_.size);
-    return Remember(runtime::ReduceScatter(Context(), world_, scaled, recv, recvcount, dtype,
-                                           GetReduceFn(dtype, RINGRUN_SUM)));
+    uint16_t* scaled = reinterpret_cast<uint16_t*>(scratch_.Get(3, total * sizeof(uint16_t)));
+    ScaleHalf(scaled, static_cast<const uint16_t*>(send), total,
+              1.0f / static_cast<float>(shape_.size));
+    return runtime::ReduceScatter(Context(), world_, scaled, recv, recvcount, dtype,
+                                  GetReduceFn(dtype, RINGRUN_SUM));
   }
-  RINGRUN_RETURN_IF_ERROR(Remember(runtime::ReduceScatter(
-      Context(), world_, send, recv, recvcount, dtype, GetReduceFn(dtype, op))));
+  RINGRUN_RETURN_IF_ERROR(runtime::ReduceScatter(Context(), world_, send, recv, recvcount, dtype,
+                                                 GetReduceFn(dtype, op)));
   if (average) DivideInPlace(recv, recvcount, dtype, shape_.size);
   return Status::Ok();
 }
@@ -355,16 +357,15 @@ Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ri
     if (*routed) return InvalidArgument("alltoall on device memory is not supported yet");
   }
 #endif
-  RINGRUN_RETURN_IF_ERROR(host_error_);
-  return Remember(
-      runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype)));
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
+  return runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype));
 }
 
 Status Runtime::Barrier() {
   std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_RETURN_IF_ERROR(host_error_);
+  RINGRUN_RETURN_IF_ERROR(HostStatus());
   if (shape_.size == 1) return Status::Ok();
-  return Remember(runtime::Barrier(Context(), world_));
+  return runtime::Barrier(Context(), world_);
 }
 
 }  // namespace ringrun::runtime

@@ -76,16 +76,17 @@ class Runtime {
   Status Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype);
   Status Barrier();
 
-  // Breaks the host data plane with `st` (as a failed collective would) and returns the
-  // status every later host collective fails with: for failures outside the transport, such as
-  // running out of memory mid-collective.
+  // Breaks the host data plane with `st` (as a failed collective would: connections close, so
+  // peers fail at once) and returns the status every later host collective fails with. For
+  // failures outside the transport, such as running out of memory mid-collective. In a job of
+  // one there is nothing to break: it returns `st`.
   Status Break(Status st);
 
  private:
   CollectiveContext Context();
-  // Records the first failure of the host data plane (the transport is broken from then on:
-  // every later host collective, empty ones included, fails with it) and returns `st`.
-  Status Remember(Status st);
+  // The host data plane's first failure (OK while it works): every later host collective,
+  // empty ones included, fails with it.
+  Status HostStatus() const;
   // Device memory: both buffers on the device -> true with *backend set; mixed -> error.
   Result<bool> RouteToDevice(const void* a, const void* b, DeviceBackend** backend);
 
@@ -98,7 +99,6 @@ class Runtime {
   std::mutex mu_;  // serializes collectives; guards everything below
   std::unique_ptr<Transport> transport_;
   Scratch scratch_;
-  Status host_error_;  // the host data plane's first failure
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
 };

@@ -455,6 +455,10 @@ class ShmPair final : public Pair {
   const size_t ring_bytes_;
 };
 
+// ---- the transport ------------------------------------------------------------------------
+
+namespace {
+
 // Sleeps until one of `bells` no longer holds its value in `seen`, or max_us pass. A rank in a
 // ring waits on two pairs at once (sending to one neighbour, receiving from the other), and
 // sleeping on one bell alone missed the other's progress until the timeout (ranks waiting on
@@ -492,9 +496,6 @@ void WaitForBells(const std::vector<std::atomic<uint32_t>*>& bells,
   Futex(bells[0], FUTEX_WAIT, seen[0], &ts);
 }
 
-// ---- the transport ------------------------------------------------------------------------
-
-namespace {
 
 class SocketTransport final : public Transport {
  public:
@@ -509,13 +510,16 @@ class SocketTransport final : public Transport {
   Status Run(std::vector<Op>& ops, Deadline deadline) override {
     if (!broken_.ok()) return broken_;
     Status st = RunOps(ops, deadline);
-    if (!st.ok()) {
-      // Close every connection, so that peers waiting on this rank fail at once too instead of
-      // waiting for their timeout.
-      broken_ = st;
-      pairs_.clear();
-    }
+    if (!st.ok()) Break(st);
     return st;
+  }
+  Status status() const override { return broken_; }
+  void Break(const Status& st) override {
+    if (!broken_.ok()) return;
+    // Close every connection, so that peers waiting on this rank fail at once too instead of
+    // waiting for their timeout.
+    broken_ = st;
+    pairs_.clear();
   }
 
  private:

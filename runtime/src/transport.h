@@ -92,6 +92,12 @@ class Transport {
   // peer. After a failure the transport is broken: it closes every connection (so that peers
   // waiting on this rank fail at once too) and every later Run fails with that status.
   virtual Status Run(std::vector<Op>& ops, Deadline deadline) = 0;
+
+  // OK while the transport works; after a failure, that failure.
+  virtual Status status() const = 0;
+  // Breaks the transport with `st` as a failed Run does (unless it is broken already): for a
+  // failure outside it that leaves peers mid-collective with this rank (out of memory).
+  virtual void Break(const Status& st) = 0;
 };
 
 struct TransportOptions {

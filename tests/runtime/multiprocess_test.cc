@@ -244,7 +244,8 @@ TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again",
 
 TEST_CASE("processes: running out of memory in a collective is an error, not an abort",
           "[multiprocess]") {
-  RunMode(2, {}, "oom");
+  // The others would wait 20 s (the timeout) if rank 0's failure did not close its connections.
+  RunMode(2, {"RINGRUN_TIMEOUT_MS=20000"}, "oom");
 }
 
 TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hanging",

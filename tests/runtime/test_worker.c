@@ -6,9 +6,11 @@
  *   runtime_test_worker late    every rank but rank 1 enters an allreduce 1.5 s late; rank 1,
  *                               blocked on both ring neighbours, must sleep meanwhile (under
  *                               0.4 s of CPU), not spin
- *   runtime_test_worker oom     a reduce-scatter whose scratch buffer cannot be allocated (the
- *                               address space is capped first) must fail with an error, not
- *                               abort, and leave the runtime failing; exit 0 when it does
+ *   runtime_test_worker oom     on rank 0, a reduce-scatter whose scratch buffer cannot be
+ *                               allocated (its address space is capped first) must fail with an
+ *                               error, not abort, and leave the runtime failing; rank 0 then
+ *                               stays alive 3 s, and the others' reduce-scatter must fail within
+ *                               2 s naming it (its connections closed); exit 0 when all that holds
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <math.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ringrun/ringrun.h"
@@ -219,6 +222,22 @@ static int oom(void) {
   char* recv = malloc(total / (size_t)n);
   EXPECT(send != NULL && recv != NULL, "no memory for the buffers");
   memset(send, 0, total);
+  const size_t count = total / (size_t)n / sizeof(float);
+  float x = 1;
+  CHECK_RC(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM)); /* connects */
+  if (ringrun_rank() != 0) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    EXPECT(ringrun_reducescatter(send, recv, count, RINGRUN_FLOAT32, RINGRUN_SUM) != 0,
+           "a reduce-scatter with a rank out of memory succeeded");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    EXPECT(s < 2.0 && strstr(ringrun_error_message(), "peer rank 0 ") != NULL,
+           "after %.2f s: %s", s, ringrun_error_message());
+    free(send);
+    free(recv);
+    return 0;
+  }
   /* Cap the address space 32 MiB above what is mapped now: the scratch copy (total bytes)
    * that the reduce-scatter needs cannot fit. */
   FILE* statm = fopen("/proc/self/statm", "r");
@@ -229,15 +248,14 @@ static int oom(void) {
   getrlimit(RLIMIT_AS, &lim);
   lim.rlim_cur = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)32 << 20);
   EXPECT(setrlimit(RLIMIT_AS, &lim) == 0, "setrlimit failed");
-  const size_t count = total / (size_t)n / sizeof(float);
   EXPECT(ringrun_reducescatter(send, recv, count, RINGRUN_FLOAT32, RINGRUN_SUM) != 0,
          "a reduce-scatter without memory for its scratch buffer succeeded");
   EXPECT(strstr(ringrun_error_message(), "out of memory") != NULL, "error: %s",
          ringrun_error_message());
-  float x = 1;
   EXPECT(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM) != 0 &&
              strstr(ringrun_error_message(), "out of memory") != NULL,
          "the runtime was usable after running out of memory mid-collective");
+  sleep(3); /* alive: the others must learn of the failure from the closed connections */
   free(send);
   free(recv);
   return 0;

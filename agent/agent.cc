@@ -35,9 +35,9 @@ using std::chrono::milliseconds;
 using Stream = grpc::ClientReaderWriter<v1::AgentEvent, v1::AgentCommand>;
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr size_t kMaxLine = 1 << 20;           // longer lines are sent in pieces
-constexpr size_t kMaxQueuedBytes = 8 << 20;    // stop reading ranks' pipes beyond this
-constexpr int kExitReportDelayMs = 500;        // wait this long for a dead rank's pipes to drain
+constexpr size_t kMaxLine = 1 << 20;         // longer lines are sent in pieces
+constexpr size_t kMaxQueuedBytes = 8 << 20;  // stop reading ranks' pipes beyond this
+constexpr int kExitReportDelayMs = 500;      // wait this long for a dead rank's pipes to drain
 
 int64_t NowMs() {
   return std::chrono::duration_cast<milliseconds>(Clock::now().time_since_epoch()).count();
@@ -127,8 +127,8 @@ class Outbox {
   Stream* const stream_;
   std::mutex mu_;
   std::condition_variable cv_, drained_cv_;
-  std::deque<v1::AgentEvent> queue_;  // guarded by mu_
-  size_t bytes_ = 0;                  // guarded by mu_
+  std::deque<v1::AgentEvent> queue_;                                         // guarded by mu_
+  size_t bytes_ = 0;                                                         // guarded by mu_
   bool done_ = false, abandon_ = false, finished_ = false, broken_ = false;  // guarded by mu_
   std::thread thread_;
 };
@@ -136,7 +136,7 @@ class Outbox {
 struct Rank {
   int rank = 0;
   pid_t pid = -1;
-  UniqueFd fds[2];       // stdout, stderr; reset at EOF
+  UniqueFd fds[2];  // stdout, stderr; reset at EOF
   std::string pending[2];
   bool reaped = false;
   int wait_status = 0;
@@ -339,18 +339,18 @@ int Agent::Run() {
     grpc::Status st = stub->Register(&ctx, req, &reply);
     if (!st.ok()) {
       // ABORTED: the job was torn down before this host's turn; the launcher says why.
-      auto level = st.error_code() == grpc::StatusCode::ABORTED ? spdlog::level::debug
-                                                                 : spdlog::level::err;
+      auto level =
+          st.error_code() == grpc::StatusCode::ABORTED ? spdlog::level::debug : spdlog::level::err;
       spdlog::log(level, "{}: registering with the job service at {}: {}", host,
                   config_.launcher_target, st.error_message());
       return 1;
     }
   }
   spdlog::debug("registered: {} ranks", reply.ranks_size());
-  const int heartbeat_ms = reply.heartbeat_interval_ms() > 0 ? reply.heartbeat_interval_ms()
-                                                             : kHeartbeatIntervalMs;
-  const int silence_ms = reply.heartbeat_timeout_ms() > 0 ? reply.heartbeat_timeout_ms()
-                                                          : kHeartbeatTimeoutMs;
+  const int heartbeat_ms =
+      reply.heartbeat_interval_ms() > 0 ? reply.heartbeat_interval_ms() : kHeartbeatIntervalMs;
+  const int silence_ms =
+      reply.heartbeat_timeout_ms() > 0 ? reply.heartbeat_timeout_ms() : kHeartbeatTimeoutMs;
   const int grace_ms = reply.grace_ms();
 
   grpc::ClientContext session_ctx;
@@ -470,7 +470,8 @@ int Agent::Run() {
       exit_code = 1;
     }
     if (!lost && NowMs() - last_heard > silence_ms) {
-      spdlog::warn("{}: lost the launcher (no heartbeat for {} ms): ending ranks", host, silence_ms);
+      spdlog::warn("{}: lost the launcher (no heartbeat for {} ms): ending ranks", host,
+                   silence_ms);
       lost = true;
       exit_code = 1;
     }

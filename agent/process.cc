@@ -2,8 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <linux/close_range.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,8 +27,7 @@ bool IsExecutableFile(const std::string& path) {
 
 // Child side of fork: never returns. Reports a failure as {stage, errno} on `status_fd`.
 [[noreturn]] void ExecChild(const std::string& path, char* const* argv, char* const* envp,
-                            const char* cwd, int out_fd, int err_fd, int status_fd,
-                            pid_t parent) {
+                            const char* cwd, int out_fd, int err_fd, int status_fd, pid_t parent) {
   auto fail = [&](int stage) {
     int msg[2] = {stage, errno};
     (void)!::write(status_fd, msg, sizeof(msg));
@@ -123,8 +122,7 @@ class ForkExecSpawner final : public Spawner {
 
 }  // namespace
 
-Result<std::string> ResolveExecutable(const std::string& file,
-                                      const std::vector<std::string>& env,
+Result<std::string> ResolveExecutable(const std::string& file, const std::vector<std::string>& env,
                                       const std::string& cwd) {
   if (file.empty()) return NotFound("cannot execute '': empty command name");
   if (file.find('/') != std::string::npos) {
@@ -145,7 +143,8 @@ Result<std::string> ResolveExecutable(const std::string& file,
   size_t start = 0;
   while (start <= path.size()) {
     size_t colon = path.find(':', start);
-    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string dir =
+        path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     std::string candidate = FromDir(cwd, (dir.empty() ? "." : dir) + "/" + file);
     if (IsExecutableFile(candidate)) return candidate;
     if (colon == std::string::npos) break;

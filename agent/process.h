@@ -19,8 +19,8 @@ struct SpawnRequest {
 };
 
 struct SpawnedProcess {
-  pid_t pid = -1;   // also the process group id: each rank leads its own group
-  UniqueFd out;     // read ends of the rank's stdout and stderr (O_CLOEXEC, non-blocking)
+  pid_t pid = -1;  // also the process group id: each rank leads its own group
+  UniqueFd out;    // read ends of the rank's stdout and stderr (O_CLOEXEC, non-blocking)
   UniqueFd err;
 };
 

@@ -4,11 +4,12 @@
 //   join_bench [N ...]        (default: 1000 8000)
 //
 // Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
-// channels (64 calls each), against a server in this process (the launcher's own JobService: a raw callback Join that
-// checks the secret and forwards to Rendezvous::Join). The time runs from "go" until the last
-// rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch TCPStore).
-#include <grpcpp/grpcpp.h>
+// channels (64 calls each), against a server in this process (the launcher's own JobService: a raw
+// callback Join that checks the secret and forwards to Rendezvous::Join). The time runs from "go"
+// until the last rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch
+// TCPStore).
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +34,6 @@ constexpr int kProcesses = 4;
 // Calls per channel stay under gRPC's default of 100 concurrent streams per connection (held
 // calls above it would queue behind the barrier they wait for). Real ranks each have their own.
 constexpr int kCallsPerChannel = 64;
-
 
 // One client process: ranks [first, last) as concurrent callback calls. Exit 0 when every
 // reply is OK and holds the whole table.

@@ -42,10 +42,23 @@ bool ParseSize(const char* s, size_t* out) {
   double v = std::strtod(s, &end);
   if (end == s || v < 0) return false;
   switch (*end) {
-    case 'K': case 'k': v *= 1024; ++end; break;
-    case 'M': case 'm': v *= 1024 * 1024; ++end; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; ++end; break;
-    default: break;
+    case 'K':
+    case 'k':
+      v *= 1024;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      ++end;
+      break;
+    default:
+      break;
   }
   if (*end == 'B' || *end == 'b') ++end;
   if (*end != '\0') return false;
@@ -54,12 +67,15 @@ bool ParseSize(const char* s, size_t* out) {
 }
 
 bool ParseDtype(const std::string& s, ringrun_dtype* d) {
-  static const struct { const char* name; ringrun_dtype d; } k[] = {
-      {"int8", RINGRUN_INT8},         {"uint8", RINGRUN_UINT8},    {"int32", RINGRUN_INT32},
-      {"int", RINGRUN_INT32},         {"int64", RINGRUN_INT64},    {"half", RINGRUN_FLOAT16},
-      {"float16", RINGRUN_FLOAT16},   {"bfloat16", RINGRUN_BFLOAT16},
-      {"bf16", RINGRUN_BFLOAT16},     {"float", RINGRUN_FLOAT32},  {"float32", RINGRUN_FLOAT32},
-      {"double", RINGRUN_FLOAT64},    {"float64", RINGRUN_FLOAT64}};
+  static const struct {
+    const char* name;
+    ringrun_dtype d;
+  } k[] = {
+      {"int8", RINGRUN_INT8},       {"uint8", RINGRUN_UINT8},       {"int32", RINGRUN_INT32},
+      {"int", RINGRUN_INT32},       {"int64", RINGRUN_INT64},       {"half", RINGRUN_FLOAT16},
+      {"float16", RINGRUN_FLOAT16}, {"bfloat16", RINGRUN_BFLOAT16}, {"bf16", RINGRUN_BFLOAT16},
+      {"float", RINGRUN_FLOAT32},   {"float32", RINGRUN_FLOAT32},   {"double", RINGRUN_FLOAT64},
+      {"float64", RINGRUN_FLOAT64}};
   for (const auto& e : k) {
     if (s == e.name) return *d = e.d, true;
   }
@@ -67,7 +83,8 @@ bool ParseDtype(const std::string& s, ringrun_dtype* d) {
 }
 
 const char* DtypeName(ringrun_dtype d) {
-  static const char* k[] = {"int8", "uint8", "int32", "int64", "half", "bfloat16", "float", "double"};
+  static const char* k[] = {"int8", "uint8",    "int32", "int64",
+                            "half", "bfloat16", "float", "double"};
   return k[d];
 }
 
@@ -102,18 +119,29 @@ bool Parse(int argc, char** argv, Options* o) {
   }
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--json") { o->json = true; continue; }
+    if (k == "--json") {
+      o->json = true;
+      continue;
+    }
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
     bool ok = true;
-    if (k == "-b") ok = ParseSize(v, &o->min_bytes);
-    else if (k == "-e") ok = ParseSize(v, &o->max_bytes);
-    else if (k == "-f") o->factor = std::atof(v), ok = o->factor > 1;
-    else if (k == "-n") o->iters = std::atoi(v), ok = o->iters > 0;
-    else if (k == "-w") o->warmup = std::atoi(v), ok = o->warmup >= 0;
-    else if (k == "-c") o->check = std::atoi(v) != 0;
-    else if (k == "-d") ok = ParseDtype(v, &o->dtype);
-    else if (k == "-o") ok = ParseOp(v, &o->redop);
+    if (k == "-b")
+      ok = ParseSize(v, &o->min_bytes);
+    else if (k == "-e")
+      ok = ParseSize(v, &o->max_bytes);
+    else if (k == "-f")
+      o->factor = std::atof(v), ok = o->factor > 1;
+    else if (k == "-n")
+      o->iters = std::atoi(v), ok = o->iters > 0;
+    else if (k == "-w")
+      o->warmup = std::atoi(v), ok = o->warmup >= 0;
+    else if (k == "-c")
+      o->check = std::atoi(v) != 0;
+    else if (k == "-d")
+      ok = ParseDtype(v, &o->dtype);
+    else if (k == "-o")
+      ok = ParseOp(v, &o->redop);
     else if (k == "--device") {
       ok = std::strcmp(v, "cpu") == 0 || std::strcmp(v, "cuda") == 0;
       o->cuda = std::strcmp(v, "cuda") == 0;
@@ -136,10 +164,18 @@ double Value(int r, size_t i, ringrun_op op) {
 
 void Store(ringrun_dtype d, double v, void* p, size_t i) {
   switch (d) {
-    case RINGRUN_INT8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case RINGRUN_UINT8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case RINGRUN_INT32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case RINGRUN_INT64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case RINGRUN_INT8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case RINGRUN_UINT8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case RINGRUN_INT32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case RINGRUN_INT64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
     case RINGRUN_FLOAT16: {
       // Small integers: exact. Build the half from the float's fields.
       float f = static_cast<float>(v);
@@ -160,17 +196,25 @@ void Store(ringrun_dtype d, double v, void* p, size_t i) {
       static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
       break;
     }
-    case RINGRUN_FLOAT32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case RINGRUN_FLOAT64: static_cast<double*>(p)[i] = v; break;
+    case RINGRUN_FLOAT32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case RINGRUN_FLOAT64:
+      static_cast<double*>(p)[i] = v;
+      break;
   }
 }
 
 double Load(ringrun_dtype d, const void* p, size_t i) {
   switch (d) {
-    case RINGRUN_INT8: return static_cast<const int8_t*>(p)[i];
-    case RINGRUN_UINT8: return static_cast<const uint8_t*>(p)[i];
-    case RINGRUN_INT32: return static_cast<const int32_t*>(p)[i];
-    case RINGRUN_INT64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case RINGRUN_INT8:
+      return static_cast<const int8_t*>(p)[i];
+    case RINGRUN_UINT8:
+      return static_cast<const uint8_t*>(p)[i];
+    case RINGRUN_INT32:
+      return static_cast<const int32_t*>(p)[i];
+    case RINGRUN_INT64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case RINGRUN_FLOAT16: {
       uint16_t h = static_cast<const uint16_t*>(p)[i];
       if ((h & 0x7fff) == 0) return 0;
@@ -186,8 +230,10 @@ double Load(ringrun_dtype d, const void* p, size_t i) {
       std::memcpy(&f, &u, 4);
       return f;
     }
-    case RINGRUN_FLOAT32: return static_cast<const float*>(p)[i];
-    case RINGRUN_FLOAT64: return static_cast<const double*>(p)[i];
+    case RINGRUN_FLOAT32:
+      return static_cast<const float*>(p)[i];
+    case RINGRUN_FLOAT64:
+      return static_cast<const double*>(p)[i];
   }
   return 0;
 }
@@ -207,7 +253,8 @@ double Reduce(ringrun_op op, int n, size_t i) {
 // Host or device buffers of one size.
 class Buffers {
  public:
-  Buffers(bool cuda, size_t send, size_t recv) : cuda_(cuda), send_bytes_(send), recv_bytes_(recv) {}
+  Buffers(bool cuda, size_t send, size_t recv)
+      : cuda_(cuda), send_bytes_(send), recv_bytes_(recv) {}
   ~Buffers() {
 #if RINGRUN_BENCH_HAVE_CUDA
     if (cuda_) {
@@ -283,10 +330,10 @@ int main(int argc, char** argv) {
   const bool reduces = o.op == "allreduce" || o.op == "reducescatter";
   if (!reduces) o.redop = RINGRUN_SUM;
   if (rank == 0 && !o.json) {
-    std::printf("# ringrun-bench %s np=%d device=%s dtype=%s iters=%d warmup=%d\n", o.op.c_str(),
-                n, o.cuda ? "cuda" : "cpu", DtypeName(o.dtype), o.iters, o.warmup);
-    std::printf("#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop",
-                "time", "algbw", "busbw", "#wrong");
+    std::printf("# ringrun-bench %s np=%d device=%s dtype=%s iters=%d warmup=%d\n", o.op.c_str(), n,
+                o.cuda ? "cuda" : "cpu", DtypeName(o.dtype), o.iters, o.warmup);
+    std::printf("#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "time",
+                "algbw", "busbw", "#wrong");
     std::printf("#%12s %12s %8s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)",
                 "(GB/s)", "(GB/s)", "");
   }
@@ -319,7 +366,8 @@ int main(int argc, char** argv) {
     }
     buf.Upload(buf.send(), host);
     auto run = [&]() -> int {
-      if (o.op == "allreduce") return ringrun_allreduce(buf.send(), buf.recv(), count, o.dtype, o.redop);
+      if (o.op == "allreduce")
+        return ringrun_allreduce(buf.send(), buf.recv(), count, o.dtype, o.redop);
       if (o.op == "broadcast") return ringrun_broadcast(buf.send(), count, o.dtype, 0);
       if (o.op == "allgather") return ringrun_allgather(buf.send(), buf.recv(), block, o.dtype);
       return ringrun_reducescatter(buf.send(), buf.recv(), block, o.dtype, o.redop);
@@ -329,11 +377,12 @@ int main(int argc, char** argv) {
     failed = failed || ringrun_barrier() != 0;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters && !failed; ++i) failed = run() != 0;
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                    .count() / o.iters;
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        o.iters;
     if (failed || ringrun_allreduce(&us, &us, 1, RINGRUN_FLOAT64, RINGRUN_MAX) != 0) {
-      std::fprintf(stderr, "ringrun-bench: rank %d: %s %zu bytes: %s\n", rank, o.op.c_str(),
-                   bytes, ringrun_error_message());
+      std::fprintf(stderr, "ringrun-bench: rank %d: %s %zu bytes: %s\n", rank, o.op.c_str(), bytes,
+                   ringrun_error_message());
       status = 1;
       break;
     }
@@ -358,10 +407,14 @@ int main(int argc, char** argv) {
       const bool is_broadcast = o.op == "broadcast";
       for (size_t i = 0; i < out_count; ++i) {
         double want;
-        if (is_allreduce) want = Reduce(o.redop, n, i);
-        else if (is_reducescatter) want = Reduce(o.redop, n, rank * block + i);
-        else if (is_broadcast) want = Value(0, i, o.redop);
-        else want = Value(static_cast<int>(i / std::max<size_t>(block, 1)), i, o.redop);
+        if (is_allreduce)
+          want = Reduce(o.redop, n, i);
+        else if (is_reducescatter)
+          want = Reduce(o.redop, n, rank * block + i);
+        else if (is_broadcast)
+          want = Value(0, i, o.redop);
+        else
+          want = Value(static_cast<int>(i / std::max<size_t>(block, 1)), i, o.redop);
         char w[8];
         Store(o.dtype, want, w, 0);
         if (std::memcmp(w, out.data() + i * elem, elem) != 0) {
@@ -379,10 +432,11 @@ int main(int argc, char** argv) {
     const double busbw = algbw * factor;
     if (rank == 0) {
       if (o.json) {
-        std::printf("{\"op\":\"%s\",\"np\":%d,\"bytes\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\","
-                    "\"time_us\":%.2f,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"wrong\":%.0f}\n",
-                    o.op.c_str(), n, bytes, DtypeName(o.dtype), reduces ? OpName(o.redop) : "none",
-                    us, algbw, busbw, o.check ? wrong : -1.0);
+        std::printf(
+            "{\"op\":\"%s\",\"np\":%d,\"bytes\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\","
+            "\"time_us\":%.2f,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"wrong\":%.0f}\n",
+            o.op.c_str(), n, bytes, DtypeName(o.dtype), reduces ? OpName(o.redop) : "none", us,
+            algbw, busbw, o.check ? wrong : -1.0);
       } else {
         std::printf(" %12zu %12zu %8s %6s %10.2f %8.3f %8.3f %7s\n", bytes, count,
                     DtypeName(o.dtype), reduces ? OpName(o.redop) : "none", us, algbw, busbw,

@@ -15,10 +15,10 @@ namespace ringrun::launcher {
 // What every agent of a job needs to be told when it starts.
 struct AgentLaunch {
   int host_index = 0;
-  int service_port = 0;            // the job service's port on the launcher
-  std::string service_address;     // override (--launcher-address); empty: the starter decides
-  std::string secret;              // written to the agent's stdin, then a newline
-  std::string agent_path;          // absolute path of ringrun-agent on the host
+  int service_port = 0;         // the job service's port on the launcher
+  std::string service_address;  // override (--launcher-address); empty: the starter decides
+  std::string secret;           // written to the agent's stdin, then a newline
+  std::string agent_path;       // absolute path of ringrun-agent on the host
   std::string log_level;
 };
 

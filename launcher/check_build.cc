@@ -1,10 +1,9 @@
 #include "launcher/check_build.h"
 
+#include <dlfcn.h>
 #include <google/protobuf/stubs/common.h>
 #include <grpcpp/grpcpp.h>
 #include <libssh/libssh.h>
-
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>

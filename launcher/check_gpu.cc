@@ -148,10 +148,12 @@ std::string FormatGpuTable(const std::vector<GpuHostReport>& hosts, const std::s
   header.push_back("DETAIL");
   rows.push_back(header);
   for (const GpuHostReport& h : hosts) {
-    std::vector<std::string> row = {
-        h.host, h.ok ? "OK" : "FAIL", h.reported ? h.driver_version : "-",
-        h.reported ? h.runtime_version : "-", h.reported ? h.nccl_version : "-",
-        std::to_string(h.devices.size())};
+    std::vector<std::string> row = {h.host,
+                                    h.ok ? "OK" : "FAIL",
+                                    h.reported ? h.driver_version : "-",
+                                    h.reported ? h.runtime_version : "-",
+                                    h.reported ? h.nccl_version : "-",
+                                    std::to_string(h.devices.size())};
     if (!allreduce.empty()) row.push_back(allreduce);
     row.push_back(h.ok ? DescribeDevices(h.devices) : h.error);
     rows.push_back(std::move(row));
@@ -207,8 +209,21 @@ int RunCheckGpu(const Options& options, const Starters& starters) {
       allreduce_ok = false;
     } else {
       Options bench = options;
-      bench.command = {bin + "/ringrun-bench", "allreduce", "--device", "cuda", "-b", "1M",
-                       "-e", "1M", "-n", "5", "-w", "2", "-c", "1", "--json"};
+      bench.command = {bin + "/ringrun-bench",
+                       "allreduce",
+                       "--device",
+                       "cuda",
+                       "-b",
+                       "1M",
+                       "-e",
+                       "1M",
+                       "-n",
+                       "5",
+                       "-w",
+                       "2",
+                       "-c",
+                       "1",
+                       "--json"};
       bench.np = 0;
       for (size_t r = 0; r < reports.size(); ++r) {
         bench.hosts[r].slots = static_cast<int>(reports[r].devices.size());
@@ -220,15 +235,16 @@ int RunCheckGpu(const Options& options, const Starters& starters) {
       bool have = false;
       for (const std::string& line : bench_out.Stdout(0)) {
         pb::Struct s;
-        if (ParseJsonObject(line, &s) && s.fields().count("busbw_GBps") != 0) result = s, have = true;
+        if (ParseJsonObject(line, &s) && s.fields().count("busbw_GBps") != 0)
+          result = s, have = true;
       }
       const double wrong = have ? NumberField(result, "wrong", -1) : -1;
       allreduce_ok = bench_rc == 0 && have && wrong == 0;
       char buf[160];
       if (have) {
         std::snprintf(buf, sizeof(buf), "%s %.2f GB/s (np=%d, %d wrong)",
-                      allreduce_ok ? "OK" : "FAIL", NumberField(result, "busbw_GBps", 0),
-                      bench.np, static_cast<int>(wrong));
+                      allreduce_ok ? "OK" : "FAIL", NumberField(result, "busbw_GBps", 0), bench.np,
+                      static_cast<int>(wrong));
       } else {
         std::string tail = bench_out.StderrTail(0);
         std::snprintf(buf, sizeof(buf), "FAIL (exit %d%s%.100s)", bench_rc,
@@ -241,8 +257,8 @@ int RunCheckGpu(const Options& options, const Starters& starters) {
   const std::string table = FormatGpuTable(reports, allreduce);
   std::fwrite(table.data(), 1, table.size(), stdout);
   const bool pass = all_ok && allreduce_ok;
-  std::printf("%s\n", pass ? "check-gpu: every host passed"
-                           : "check-gpu: FAILED (see the rows above)");
+  std::printf("%s\n",
+              pass ? "check-gpu: every host passed" : "check-gpu: FAILED (see the rows above)");
   std::fflush(stdout);
   return pass ? 0 : 1;
 }

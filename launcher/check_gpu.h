@@ -23,11 +23,11 @@ namespace ringrun::launcher {
 
 // One host's answer, parsed from the probe's JSON line.
 struct GpuHostReport {
-  std::string host;           // as in the host list
-  bool reported = false;      // a probe line arrived
-  bool ok = false;            // at least one device
+  std::string host;       // as in the host list
+  bool reported = false;  // a probe line arrived
+  bool ok = false;        // at least one device
   std::string driver_version, runtime_version, nccl_version;
-  std::string error;          // the probe's reason, or why no report arrived
+  std::string error;  // the probe's reason, or why no report arrived
   struct Device {
     std::string name;
     double memory_bytes = 0;

@@ -50,28 +50,73 @@ namespace {
 // CUDA_VISIBLE_DEVICES, PATH, HOME, TERM, LANG, ...).
 const std::unordered_set<std::string_view>& DeniedNames() {
   static const std::unordered_set<std::string_view> kNames = {
-      "SHLVL", "PWD", "OLDPWD", "_", "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "COLUMNS",
-      "LINES", "HISTFILE", "BASH_ENV", "ENV",
-      "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
-      "SSH_ORIGINAL_COMMAND", "SSH_ASKPASS", "XDG_SESSION_ID", "XDG_SESSION_TYPE",
-      "XDG_SESSION_CLASS", "XDG_SESSION_DESKTOP", "XDG_RUNTIME_DIR", "XDG_SEAT", "XDG_VTNR",
+      "SHLVL",
+      "PWD",
+      "OLDPWD",
+      "_",
+      "PS1",
+      "PS2",
+      "PS3",
+      "PS4",
+      "PROMPT_COMMAND",
+      "COLUMNS",
+      "LINES",
+      "HISTFILE",
+      "BASH_ENV",
+      "ENV",
+      "SSH_CLIENT",
+      "SSH_CONNECTION",
+      "SSH_TTY",
+      "SSH_AUTH_SOCK",
+      "SSH_AGENT_PID",
+      "SSH_ORIGINAL_COMMAND",
+      "SSH_ASKPASS",
+      "XDG_SESSION_ID",
+      "XDG_SESSION_TYPE",
+      "XDG_SESSION_CLASS",
+      "XDG_SESSION_DESKTOP",
+      "XDG_RUNTIME_DIR",
+      "XDG_SEAT",
+      "XDG_VTNR",
       "DBUS_SESSION_BUS_ADDRESS",
-      "TERM_SESSION_ID", "WINDOWID", "DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "TMUX",
-      "TMUX_PANE", "STY", "WINDOW", "ITERM_SESSION_ID", "KONSOLE_DBUS_SESSION", "VTE_VERSION",
+      "TERM_SESSION_ID",
+      "WINDOWID",
+      "DISPLAY",
+      "XAUTHORITY",
+      "WAYLAND_DISPLAY",
+      "TMUX",
+      "TMUX_PANE",
+      "STY",
+      "WINDOW",
+      "ITERM_SESSION_ID",
+      "KONSOLE_DBUS_SESSION",
+      "VTE_VERSION",
       "GPG_TTY",
-      "HOSTNAME", "ROLE_NAME",
-      "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-      "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_IFACE",
-      "OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX",
-      "OMPI_COMMAND", "OMPI_ARGV", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-      "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+      "HOSTNAME",
+      "ROLE_NAME",
+      "HOROVOD_CONTROLLER",
+      "HOROVOD_CPU_OPERATIONS",
+      "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+      "HOROVOD_GLOO_RENDEZVOUS_PORT",
+      "HOROVOD_GLOO_IFACE",
+      "OMPI_UNIVERSE_SIZE",
+      "OMPI_FIRST_RANKS",
+      "OMPI_APP_CTX_NUM_PROCS",
+      "OMPI_NUM_APP_CTX",
+      "OMPI_COMMAND",
+      "OMPI_ARGV",
+      "MPI_LOCALRANKID",
+      "MPI_LOCALNRANKS",
+      "SLURM_PROCID",
+      "SLURM_LOCALID",
+      "SLURM_NODEID",
   };
   return kNames;
 }
 
 constexpr std::string_view kDeniedPrefixes[] = {
-    "TORCHELASTIC_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_",
-    "OMPI_MCA_pmix", "PMI_",          "PMIX_",            "MV2_COMM_WORLD_",
+    "TORCHELASTIC_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "OMPI_MCA_pmix", "PMI_",
+    "PMIX_",         "MV2_COMM_WORLD_",
 };
 
 bool IsValidName(const std::string& name) {
@@ -108,13 +153,14 @@ class EnvBuilder {
 
 const std::vector<std::string>& ContractVariableNames() {
   static const std::vector<std::string> kNames = {
-      env::kRank, env::kSize, env::kLocalRank, env::kLocalSize, env::kCrossRank, env::kCrossSize,
-      env::kHostname, env::kJobId, env::kJobService, env::kSecret, env::kHostAddr,
-      env::kHostIndex,
-      "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-      "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+      env::kRank,           env::kSize,           env::kLocalRank,      env::kLocalSize,
+      env::kCrossRank,      env::kCrossSize,      env::kHostname,       env::kJobId,
+      env::kJobService,     env::kSecret,         env::kHostAddr,       env::kHostIndex,
+      "HOROVOD_RANK",       "HOROVOD_SIZE",       "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+      "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",   "RANK",
+      "WORLD_SIZE",         "LOCAL_RANK",         "LOCAL_WORLD_SIZE",   "GROUP_RANK",
+      "GROUP_WORLD_SIZE",   "ROLE_RANK",          "ROLE_WORLD_SIZE",    "MASTER_ADDR",
+      "MASTER_PORT",
   };
   return kNames;
 }
@@ -138,7 +184,8 @@ Result<std::pair<std::string, std::string>> ParseExportFlag(
   size_t eq = flag.find('=');
   std::string name = flag.substr(0, eq);
   if (name.empty()) {
-    return InvalidArgument("-x " + flag + ": missing variable name (write -x NAME or -x NAME=VALUE)");
+    return InvalidArgument("-x " + flag +
+                           ": missing variable name (write -x NAME or -x NAME=VALUE)");
   }
   if (!IsValidName(name)) {
     return InvalidArgument("-x " + flag + ": '" + name +
@@ -163,8 +210,8 @@ Result<std::pair<std::string, std::string>> ParseExportFlag(
 
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
-    const std::vector<std::pair<std::string, std::string>>& exports,
-    const RankPlacement& placement, const JobContext& job) {
+    const std::vector<std::pair<std::string, std::string>>& exports, const RankPlacement& placement,
+    const JobContext& job) {
   EnvBuilder env;
   for (const std::string& entry : launcher_env) {
     size_t eq = entry.find('=');

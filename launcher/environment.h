@@ -35,12 +35,12 @@ Result<std::pair<std::string, std::string>> ParseExportFlag(
 // Everything the contract needs beyond the placement.
 struct JobContext {
   std::string job_id;
-  std::string job_service;   // host:port of the job service as seen from the rank's host
+  std::string job_service;  // host:port of the job service as seen from the rank's host
   std::string secret;
-  std::string hostname;      // the rank's host, as in the host list
-  std::string host_addr;     // the rank's host address as the launcher sees it
-  std::string master_addr;   // rank 0's host address
-  int master_port = 0;       // a port found free on rank 0's host
+  std::string hostname;     // the rank's host, as in the host list
+  std::string host_addr;    // the rank's host address as the launcher sees it
+  std::string master_addr;  // rank 0's host address
+  int master_port = 0;      // a port found free on rank 0's host
   int size = 0;
 };
 
@@ -56,7 +56,7 @@ struct JobContext {
 // MASTER_ADDR and MASTER_PORT.
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
-    const std::vector<std::pair<std::string, std::string>>& exports,
-    const RankPlacement& placement, const JobContext& job);
+    const std::vector<std::pair<std::string, std::string>>& exports, const RankPlacement& placement,
+    const JobContext& job);
 
 }  // namespace ringrun::launcher

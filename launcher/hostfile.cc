@@ -1,4 +1,3 @@
-#include "ringrun/common/strings.h"
 #include "launcher/hostfile.h"
 
 #include <arpa/inet.h>
@@ -12,6 +11,7 @@
 #include <map>
 
 #include "ringrun/common/fd.h"
+#include "ringrun/common/strings.h"
 
 namespace ringrun::launcher {
 namespace {
@@ -47,8 +47,8 @@ Result<int> ParseSlots(const std::string& text) {
   for (char c : text) {
     v = v * 10 + (c - '0');
     if (v > kMaxSlotsPerHost) {
-      return InvalidArgument("slots=" + text + " is more than " +
-                             std::to_string(kMaxSlotsPerHost) + " per host");
+      return InvalidArgument("slots=" + text + " is more than " + std::to_string(kMaxSlotsPerHost) +
+                             " per host");
     }
   }
   if (v == 0) return InvalidArgument("slots must be a positive integer, got 0");
@@ -169,8 +169,8 @@ Result<std::vector<HostSpec>> ParseHostList(const std::string& list) {
   size_t index = 0;
   while (true) {
     size_t comma = list.find(',', begin);
-    std::string element = Trim(list.substr(begin, comma == std::string::npos ? std::string::npos
-                                                                            : comma - begin));
+    std::string element =
+        Trim(list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
     ++index;
     if (element.empty()) {
       return InvalidArgument("-H " + list + ": element " + std::to_string(index) +
@@ -181,8 +181,9 @@ Result<std::vector<HostSpec>> ParseHostList(const std::string& list) {
     if (!spec.ok()) return spec.status().Annotate("-H " + element);
     auto [it, inserted] = seen.emplace(Lower(spec->name), index);
     if (!inserted) {
-      return InvalidArgument("-H " + list + ": host '" + spec->name + "' is listed twice (elements " +
-                             std::to_string(it->second) + " and " + std::to_string(index) + ")");
+      return InvalidArgument("-H " + list + ": host '" + spec->name +
+                             "' is listed twice (elements " + std::to_string(it->second) + " and " +
+                             std::to_string(index) + ")");
     }
     hosts.push_back(std::move(spec.value()));
     if (comma == std::string::npos) break;
@@ -191,7 +192,8 @@ Result<std::vector<HostSpec>> ParseHostList(const std::string& list) {
   return hosts;
 }
 
-Result<std::vector<HostSpec>> ParseHostfileText(const std::string& text, const std::string& origin) {
+Result<std::vector<HostSpec>> ParseHostfileText(const std::string& text,
+                                                const std::string& origin) {
   std::vector<HostSpec> hosts;
   std::map<std::string, int> seen;  // lower-cased name -> line
   int line_no = 0;

@@ -18,7 +18,8 @@ struct HostSpec {
 };
 
 // Parses "-H" values: comma-separated "host[:slots]" (a bare host has 1 slot).
-// Errors name the flag and the offending element, e.g. "-H host:x: slots must be a positive integer".
+// Errors name the flag and the offending element, e.g. "-H host:x: slots must be a positive
+// integer".
 Result<std::vector<HostSpec>> ParseHostList(const std::string& list);
 
 // Parses a hostfile. Lines: "host slots=N", "host:N" or "host"; '#' comments, blank lines,

@@ -95,10 +95,10 @@ class Job final : public JobEvents {
   struct HostState {
     std::vector<int> ranks;
     std::unique_ptr<AgentHandle> handle;
-    bool start_done = false;     // Start() returned (handle set, or failed)
-    bool registered = false;     // guarded by reg_mu_ (set from gRPC threads)
+    bool start_done = false;  // Start() returned (handle set, or failed)
+    bool registered = false;  // guarded by reg_mu_ (set from gRPC threads)
     bool session_ended = false;
-    bool finished = false;       // nothing more will come from this host
+    bool finished = false;  // nothing more will come from this host
     std::string hostname, peer_address, service_target;
     int free_port = 0;
   };
@@ -162,9 +162,9 @@ class Job final : public JobEvents {
   std::vector<RankState> ranks_;
   std::optional<int> exit_code_;
   bool tearing_down_ = false;
-  int interrupted_ = 0;                 // the signal that interrupted the job
-  std::optional<Clock::time_point> kill_at_;       // escalate to SIGKILL at this time
-  std::optional<Clock::time_point> abandon_at_;    // stop waiting for agents at this time
+  int interrupted_ = 0;                          // the signal that interrupted the job
+  std::optional<Clock::time_point> kill_at_;     // escalate to SIGKILL at this time
+  std::optional<Clock::time_point> abandon_at_;  // stop waiting for agents at this time
   bool start_timeout_checked_ = false;
   std::vector<std::thread> start_threads_;  // remote Start() calls; joined before Run returns
 };
@@ -186,8 +186,8 @@ grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& 
   it->second.peer_address = peer_address;
   it->second.service_target = req.service_target();
   it->second.free_port = req.free_port();
-  spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name,
-                req.hostname(), peer_address);
+  spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name, req.hostname(),
+                peer_address);
   if (++registered_count_ == static_cast<int>(active_hosts_.size())) {
     BuildSpecsLocked();
     specs_ready_ = true;
@@ -269,8 +269,10 @@ void Job::StartAgents() {
         e.why = "no local agent starter";
       } else {
         auto r = starters_.local->Start(options_.hosts[h], launch);
-        if (r.ok()) e.handle = std::move(r.value());
-        else e.why = r.status().message();
+        if (r.ok())
+          e.handle = std::move(r.value());
+        else
+          e.why = r.status().message();
       }
       Push(std::move(e));
     } else {
@@ -294,8 +296,10 @@ void Job::StartAgents() {
           e.why = options_.hosts[h].name + ": remote hosts are not supported by this build";
         } else {
           auto r = starters_.remote->Start(options_.hosts[h], launch);
-          if (r.ok()) e.handle = std::move(r.value());
-          else e.why = r.status().message();
+          if (r.ok())
+            e.handle = std::move(r.value());
+          else
+            e.why = r.status().message();
         }
         Push(std::move(e));
       }
@@ -370,9 +374,9 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
       int code = ev.exited().exit_code();
       int sig = ev.exited().signal();
       if ((code != 0 || sig != 0) && !tearing_down_ && !interrupted_) {
-        std::string what = sig ? "was killed by " + SignalName(sig) + " (signal " +
-                                     std::to_string(sig) + ")"
-                               : "exited with code " + std::to_string(code);
+        std::string what =
+            sig ? "was killed by " + SignalName(sig) + " (signal " + std::to_string(sig) + ")"
+                : "exited with code " + std::to_string(code);
         std::string msg = "rank " + std::to_string(r) + " on host " + hostname + " " + what;
         std::string tail = output_->StderrTail(r);
         if (!tail.empty()) {
@@ -396,8 +400,8 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
       }
       if (!tearing_down_ && !interrupted_) {
         int code = ev.spawn_failed().exit_code() ? ev.spawn_failed().exit_code() : 127;
-        Fail(code, "rank " + std::to_string(r) + " on host " + hostname + " could not start: " +
-                       ev.spawn_failed().message());
+        Fail(code, "rank " + std::to_string(r) + " on host " + hostname +
+                       " could not start: " + ev.spawn_failed().message());
       }
       break;
     }
@@ -439,8 +443,8 @@ void Job::Handle(Event& e) {
         std::string ranks;
         for (int r : missing) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
         std::string why = e.why.empty() ? "the agent closed its session early" : e.why;
-        Fail(1, "lost the agent on host " + options_.hosts[e.host].name + ": " + why +
-                    " (ranks " + ranks + " were still running)");
+        Fail(1, "lost the agent on host " + options_.hosts[e.host].name + ": " + why + " (ranks " +
+                    ranks + " were still running)");
       }
       break;
     }
@@ -461,8 +465,10 @@ void Job::Handle(Event& e) {
       }
       interrupted_ = s;
       output_->Flush();
-      std::fprintf(stderr, "ringrun: %s received: forwarding it to every rank (SIGKILL in %d ms; "
-                   "send it again to kill at once)\n", SignalName(s).c_str(), options_.grace_ms);
+      std::fprintf(stderr,
+                   "ringrun: %s received: forwarding it to every rank (SIGKILL in %d ms; "
+                   "send it again to kill at once)\n",
+                   SignalName(s).c_str(), options_.grace_ms);
       v1::AgentCommand cmd;
       cmd.mutable_signal()->set_signo(s == SIGHUP ? SIGTERM : s);
       SendAll(cmd);
@@ -502,7 +508,8 @@ void Job::Tick() {
                   (tail.empty() ? "" : ": " + tail));
     } else {
       Fail(1, "the agent on host " + name + " exited with code " + std::to_string(*code) +
-                  (IsRegistered(h) ? "" : " before registering") + (tail.empty() ? "" : ": " + tail));
+                  (IsRegistered(h) ? "" : " before registering") +
+                  (tail.empty() ? "" : ": " + tail));
     }
   }
   if (!start_timeout_checked_ && now >= start_deadline_) {
@@ -595,7 +602,8 @@ int Job::Run() {
   sigemptyset(&sigs);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, &old_mask);
-  struct sigaction ign {}, old_pipe {};
+  struct sigaction ign {
+  }, old_pipe{};
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, &old_pipe);
   std::atomic<bool> stop_signals{false};
@@ -662,8 +670,10 @@ int Job::Run() {
     }
     output_->Flush();
     spdlog::debug("every host finished");
-    if (interrupted_) rc = interrupted_ == SIGINT ? 130 : 128 + interrupted_;
-    else rc = exit_code_.value_or(0);
+    if (interrupted_)
+      rc = interrupted_ == SIGINT ? 130 : 128 + interrupted_;
+    else
+      rc = exit_code_.value_or(0);
   }
   // Close everything: sessions, the server, then the agents themselves.
   {
@@ -677,7 +687,8 @@ int Job::Run() {
   auto give_up = Clock::now() + milliseconds(1000);
   for (auto& [h, hs] : hosts_) {
     if (!hs.handle) continue;
-    while (!hs.handle->Poll() && Clock::now() < give_up) std::this_thread::sleep_for(milliseconds(1));
+    while (!hs.handle->Poll() && Clock::now() < give_up)
+      std::this_thread::sleep_for(milliseconds(1));
     hs.handle->Kill();
   }
   for (auto& t : start_threads_) t.join();

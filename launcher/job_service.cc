@@ -107,7 +107,8 @@ grpc::Status JobService::Session(
       break;
     }
     if (now_ms() - last_heard_ms > heartbeat_timeout_ms_) {
-      why = "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) + " s";
+      why =
+          "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) + " s";
       break;
     }
     if (Clock::now() >= next_ping) {
@@ -138,7 +139,8 @@ grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
   grpc::Status auth = CheckSecret(*ctx, secret_);
   if (!auth.ok() || rendezvous_ == nullptr) {
     auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(auth.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "no rendezvous") : auth);
+    reactor->Finish(auth.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "no rendezvous")
+                              : auth);
     return reactor;
   }
   return rendezvous_->Join(ctx, req, reply);

@@ -52,12 +52,16 @@ class LocalAgentStarter final : public AgentStarter {
                                              const AgentLaunch& launch) override {
     auto pipe = MakePipe();
     if (!pipe.ok()) return pipe.status().Annotate(host.name);
-    std::string target = (launch.service_address.empty() ? std::string("127.0.0.1")
-                                                         : launch.service_address) +
-                         ":" + std::to_string(launch.service_port);
-    std::vector<std::string> args = {launch.agent_path,      "--launcher",  target,
-                                     "--host-index",         std::to_string(launch.host_index),
-                                     "--log-level",          launch.log_level};
+    std::string target =
+        (launch.service_address.empty() ? std::string("127.0.0.1") : launch.service_address) + ":" +
+        std::to_string(launch.service_port);
+    std::vector<std::string> args = {launch.agent_path,
+                                     "--launcher",
+                                     target,
+                                     "--host-index",
+                                     std::to_string(launch.host_index),
+                                     "--log-level",
+                                     launch.log_level};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

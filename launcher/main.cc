@@ -9,7 +9,6 @@
 #include "launcher/options.h"
 #include "launcher/placement.h"
 #include "launcher/ssh_agent_starter.h"
-#include "launcher/ssh_agent_starter.h"
 #include "ringrun/common/log.h"
 
 extern char** environ;

@@ -1,8 +1,8 @@
-#include "ringrun/common/strings.h"
 #include "launcher/options.h"
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -12,10 +12,9 @@
 #include <cstring>
 #include <map>
 
-#include <CLI/CLI.hpp>
-
 #include "launcher/environment.h"
 #include "launcher/placement.h"
+#include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
 
 namespace ringrun::launcher {
@@ -30,19 +29,41 @@ namespace {
 // option part, rewritten to canonical "--long=value" words, and renders --help.
 
 enum class FlagId {
-  kNumProc, kHosts, kHostfile, kExport, kStartTimeout, kGracePeriod, kOutputFilename,
-  kPrefixTimestamp, kDryRun, kLogLevel, kVerbose, kVersion, kHelp, kSshIdentityFile, kSshPort,
-  kSshKnownHosts, kSshAcceptNewHostKeys, kSshFanout, kSshConnectTimeout, kAgentPath,
-  kLauncherAddress, kNetworkInterface, kWdir, kCheckGpu, kAllreduce, kCheckBuild,
+  kNumProc,
+  kHosts,
+  kHostfile,
+  kExport,
+  kStartTimeout,
+  kGracePeriod,
+  kOutputFilename,
+  kPrefixTimestamp,
+  kDryRun,
+  kLogLevel,
+  kVerbose,
+  kVersion,
+  kHelp,
+  kSshIdentityFile,
+  kSshPort,
+  kSshKnownHosts,
+  kSshAcceptNewHostKeys,
+  kSshFanout,
+  kSshConnectTimeout,
+  kAgentPath,
+  kLauncherAddress,
+  kNetworkInterface,
+  kWdir,
+  kCheckGpu,
+  kAllreduce,
+  kCheckBuild,
 };
 
 struct FlagDef {
   FlagId id;
-  const char* cli_names;         // as given to CLI11 (one long name, maybe one short)
-  const char* long_name;         // canonical "--name" fed to CLI11
-  const char* extra_spellings;   // accepted too, space-separated (horovodrun's "-np", ...)
+  const char* cli_names;        // as given to CLI11 (one long name, maybe one short)
+  const char* long_name;        // canonical "--name" fed to CLI11
+  const char* extra_spellings;  // accepted too, space-separated (horovodrun's "-np", ...)
   bool takes_value;
-  bool repeatable;               // -x: every occurrence counts; others: the last one wins
+  bool repeatable;  // -x: every occurrence counts; others: the last one wins
   const char* group;
   const char* value_name;
   const char* help;
@@ -59,14 +80,14 @@ constexpr FlagDef kFlags[] = {
      "Set NAME in every rank, to VALUE or to the launcher's value (repeatable)."},
     {FlagId::kWdir, "--wdir", "--wdir", "", true, false, "Job", "DIR",
      "Working directory of the ranks. Default: the launcher's."},
-    {FlagId::kStartTimeout, "--start-timeout", "--start-timeout", "", true, false, "Job",
-     "SECONDS", "Time for every agent and rank to come up (default 30)."},
+    {FlagId::kStartTimeout, "--start-timeout", "--start-timeout", "", true, false, "Job", "SECONDS",
+     "Time for every agent and rank to come up (default 30)."},
     {FlagId::kGracePeriod, "--grace-period", "--grace-period", "", true, false, "Job", "SECONDS",
      "Time between SIGTERM and SIGKILL at teardown (default 5; fractions allowed)."},
     {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
      "Print the placement table and start nothing."},
-    {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false,
-     "Output", "DIR", "Also write DIR/rank.N/stdout and DIR/rank.N/stderr."},
+    {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false, "Output",
+     "DIR", "Also write DIR/rank.N/stdout and DIR/rank.N/stderr."},
     {FlagId::kPrefixTimestamp, "--prefix-timestamp", "--prefix-timestamp", "", false, false,
      "Output", "", "Add a timestamp to every output line."},
     {FlagId::kLogLevel, "--log-level", "--log-level", "", true, false, "Output", "LEVEL",
@@ -79,29 +100,28 @@ constexpr FlagDef kFlags[] = {
      "SSH port. Default: ~/.ssh/config, or 22."},
     {FlagId::kSshKnownHosts, "--ssh-known-hosts", "--ssh-known-hosts", "", true, false, "SSH",
      "FILE", "known_hosts file. Default: ~/.ssh/known_hosts."},
-    {FlagId::kSshAcceptNewHostKeys, "--ssh-accept-new-host-keys", "--ssh-accept-new-host-keys",
-     "", false, false, "SSH", "",
+    {FlagId::kSshAcceptNewHostKeys, "--ssh-accept-new-host-keys", "--ssh-accept-new-host-keys", "",
+     false, false, "SSH", "",
      "Accept and record unknown host keys (changed keys are still refused)."},
     {FlagId::kSshFanout, "--ssh-fanout", "--ssh-fanout", "", true, false, "SSH", "N",
      "SSH connections made at once (default 32)."},
-    {FlagId::kSshConnectTimeout, "--ssh-connect-timeout", "--ssh-connect-timeout", "", true,
-     false, "SSH", "SECONDS", "Timeout of one SSH connection attempt (default 10)."},
+    {FlagId::kSshConnectTimeout, "--ssh-connect-timeout", "--ssh-connect-timeout", "", true, false,
+     "SSH", "SECONDS", "Timeout of one SSH connection attempt (default 10)."},
     {FlagId::kAgentPath, "--agent-path", "--agent-path", "", true, false, "SSH", "PATH",
      "ringrun-agent on remote hosts. Default: the same absolute path as here."},
-    {FlagId::kLauncherAddress, "--launcher-address", "--launcher-address", "", true, false,
-     "SSH", "ADDR", "Address agents use to reach the launcher."},
+    {FlagId::kLauncherAddress, "--launcher-address", "--launcher-address", "", true, false, "SSH",
+     "ADDR", "Address agents use to reach the launcher."},
     {FlagId::kNetworkInterface, "--network-interface", "--network-interface", "", true, false,
      "SSH", "IFACE", "Take the launcher's address from this interface."},
     {FlagId::kCheckGpu, "--check-gpu", "--check-gpu", "", false, false, "Diagnostics", "",
      "Report the CUDA driver, devices and NCCL of every host; run no command."},
     {FlagId::kAllreduce, "--allreduce", "--allreduce", "", false, false, "Diagnostics", "",
      "With --check-gpu: also run an NCCL allreduce across every GPU."},
-    {FlagId::kCheckBuild, "--check-build", "--check-build", "-cb", false, false, "Diagnostics",
-     "", "Print what this build has (backends and library versions)."},
+    {FlagId::kCheckBuild, "--check-build", "--check-build", "-cb", false, false, "Diagnostics", "",
+     "Print what this build has (backends and library versions)."},
     {FlagId::kVersion, "--version", "--version", "", false, false, "Diagnostics", "",
      "Print the version."},
-    {FlagId::kHelp, "-h,--help", "--help", "", false, false, "Diagnostics", "",
-     "Print this help."},
+    {FlagId::kHelp, "-h,--help", "--help", "", false, false, "Diagnostics", "", "Print this help."},
 };
 
 // Far beyond any real job; it keeps a typo like "-np 40000000" from starting a fork storm.
@@ -213,8 +233,8 @@ Result<FirstPass> SplitArgv(int argc, const char* const* argv) {
       }
       std::string next = argv[i + 1] ? argv[i + 1] : "";
       if (next == "--" || LooksLikeKnownFlag(next)) {
-        return InvalidArgument(spelling + " needs a value (" + def->value_name + "), but " +
-                               next + " follows it");
+        return InvalidArgument(spelling + " needs a value (" + def->value_name + "), but " + next +
+                               " follows it");
       }
       inline_value = next;
       ++i;
@@ -236,14 +256,16 @@ Result<int> ParseIntFlag(const std::string& spelling, const std::string& text, l
   errno = 0;
   long v = std::strtol(s, &end, 10);
   // strtol would also take leading blanks and '+'; a flag value is digits with an optional '-'.
-  bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-');
+  bool plain =
+      !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-');
   if (!plain || *end != '\0' || end == s) {
     return InvalidArgument(spelling + " " + text + ": not a whole number" + unit);
   }
   if (errno == ERANGE || v > hi) {
     return InvalidArgument(spelling + " " + text + ": must be at most " + std::to_string(hi));
   }
-  if (v < lo) return InvalidArgument(spelling + " " + text + ": must be at least " + std::to_string(lo));
+  if (v < lo)
+    return InvalidArgument(spelling + " " + text + ": must be at least " + std::to_string(lo));
   return static_cast<int>(v);
 }
 
@@ -257,8 +279,12 @@ Result<double> ParseSecondsFlag(const std::string& spelling, const std::string& 
   if (!plain || end == s || *end != '\0' || !std::isfinite(v)) {
     return InvalidArgument(spelling + " " + text + ": not a number of seconds");
   }
-  if (v < lo) return InvalidArgument(spelling + " " + text + ": must be at least " + CLI::detail::to_string(lo));
-  if (v > hi) return InvalidArgument(spelling + " " + text + ": must be at most " + CLI::detail::to_string(hi));
+  if (v < lo)
+    return InvalidArgument(spelling + " " + text + ": must be at least " +
+                           CLI::detail::to_string(lo));
+  if (v > hi)
+    return InvalidArgument(spelling + " " + text + ": must be at most " +
+                           CLI::detail::to_string(hi));
   return v;
 }
 
@@ -410,7 +436,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
   o.check_build = flag(FlagId::kCheckBuild);
 
   if (given(FlagId::kNumProc)) {
-    Result<int> np = ParseIntFlag(name_of(FlagId::kNumProc), value(FlagId::kNumProc), 1, kMaxNumProc);
+    Result<int> np =
+        ParseIntFlag(name_of(FlagId::kNumProc), value(FlagId::kNumProc), 1, kMaxNumProc);
     if (!np.ok()) return UsageError(np.status().message());
     o.np = *np;
   }

@@ -21,35 +21,35 @@ struct Options {
 
   // Timing and output.
   int start_timeout_s = kDefaultStartTimeoutS;
-  int grace_ms = kDefaultGraceMs;     // --grace-period SECONDS (float accepted)
-  std::string output_dir;             // --output-filename DIR
+  int grace_ms = kDefaultGraceMs;  // --grace-period SECONDS (float accepted)
+  std::string output_dir;          // --output-filename DIR
   bool prefix_timestamp = false;
   bool dry_run = false;
-  std::string log_level = "warn";     // --log-level; --verbose means "debug"
+  std::string log_level = "warn";  // --log-level; --verbose means "debug"
 
   // Remote hosts (SSH).
-  std::string ssh_identity_file;      // -i/--ssh-identity-file
-  int ssh_port = 0;                   // -p/--ssh-port; 0: ssh config or 22
-  std::string ssh_known_hosts;        // --ssh-known-hosts; empty: ~/.ssh/known_hosts
+  std::string ssh_identity_file;  // -i/--ssh-identity-file
+  int ssh_port = 0;               // -p/--ssh-port; 0: ssh config or 22
+  std::string ssh_known_hosts;    // --ssh-known-hosts; empty: ~/.ssh/known_hosts
   bool ssh_accept_new_host_keys = false;
   int ssh_fanout = kSshFanout;
   int ssh_connect_timeout_s = kSshConnectTimeoutS;
-  std::string agent_path;             // --agent-path; empty: same absolute path as ours
-  std::string launcher_address;       // --launcher-address
-  std::string network_interface;      // --network-interface
-  std::string wdir;                   // --wdir; empty: launcher's cwd
+  std::string agent_path;         // --agent-path; empty: same absolute path as ours
+  std::string launcher_address;   // --launcher-address
+  std::string network_interface;  // --network-interface
+  std::string wdir;               // --wdir; empty: launcher's cwd
 
   // Diagnostics.
-  bool check_gpu = false;             // --check-gpu
-  bool check_gpu_allreduce = false;   // --allreduce (with --check-gpu)
-  bool check_build = false;           // --check-build
+  bool check_gpu = false;            // --check-gpu
+  bool check_gpu_allreduce = false;  // --allreduce (with --check-gpu)
+  bool check_build = false;          // --check-build
 };
 
 // What the parser decided.
 struct ParseOutcome {
   enum Kind { kRun, kExitNow } kind = kRun;
-  int exit_code = 0;           // for kExitNow: 0 after --help/--version, 2 after a usage error
-  std::string message;         // printed by main: to stdout for 0, stderr for 2
+  int exit_code = 0;    // for kExitNow: 0 after --help/--version, 2 after a usage error
+  std::string message;  // printed by main: to stdout for 0, stderr for 2
   Options options;
 };
 

@@ -20,10 +20,10 @@ class OutputRouter {
   struct Config {
     bool echo_to_console = true;
     bool prefix_timestamp = false;
-    std::string output_dir;      // empty: no files
+    std::string output_dir;  // empty: no files
     size_t tail_lines = 10;
-    FILE* out = stdout;          // where rank stdout goes
-    FILE* err = stderr;          // where rank stderr goes
+    FILE* out = stdout;  // where rank stdout goes
+    FILE* err = stderr;  // where rank stderr goes
     std::function<void(int, bool, std::string_view)> on_line;
   };
   explicit OutputRouter(Config config);

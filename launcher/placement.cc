@@ -20,7 +20,8 @@ int TotalSlots(const std::vector<HostSpec>& hosts) {
 
 Status CheckNumProc(const std::vector<HostSpec>& hosts, int np) {
   if (np < 1) return InvalidArgument("-np " + std::to_string(np) + ": must be at least 1");
-  if (hosts.empty()) return InvalidArgument("no hosts to place " + std::to_string(np) + " ranks on");
+  if (hosts.empty())
+    return InvalidArgument("no hosts to place " + std::to_string(np) + " ranks on");
   for (const HostSpec& h : hosts) {
     if (h.slots < 1) {
       return InvalidArgument("host " + h.Display() + " has " + std::to_string(h.slots) +

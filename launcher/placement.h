@@ -10,13 +10,13 @@ namespace ringrun::launcher {
 
 struct RankPlacement {
   int rank = 0;
-  int host_index = 0;   // index into the host list
-  int local_rank = 0;   // index among the ranks on this host
-  int local_size = 0;   // ranks on this host
-  int cross_rank = 0;   // among ranks with this local_rank, this host's index (Horovod)
-  int cross_size = 0;   // number of hosts that have a rank with this local_rank
-  int node_rank = 0;    // this host's index among the hosts that have ranks (torchrun's GROUP_RANK)
-  int node_count = 0;   // hosts that have ranks (GROUP_WORLD_SIZE); 0 when not computed
+  int host_index = 0;  // index into the host list
+  int local_rank = 0;  // index among the ranks on this host
+  int local_size = 0;  // ranks on this host
+  int cross_rank = 0;  // among ranks with this local_rank, this host's index (Horovod)
+  int cross_size = 0;  // number of hosts that have a rank with this local_rank
+  int node_rank = 0;   // this host's index among the hosts that have ranks (torchrun's GROUP_RANK)
+  int node_count = 0;  // hosts that have ranks (GROUP_WORLD_SIZE); 0 when not computed
 };
 
 // Places np ranks. np must be in [1, total slots]; the error for too large an np names the

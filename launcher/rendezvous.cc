@@ -13,9 +13,9 @@ struct Rendezvous::State {
   const int size;
   const std::string job_id;
 
-  std::mutex mu;  // guards everything below
+  std::mutex mu;                   // guards everything below
   std::vector<JoinReactor*> held;  // by rank: the call waiting for the barrier, or nullptr
-  uint32_t round = 0;  // the JoinRequest.generation being collected (or last released)
+  uint32_t round = 0;              // the JoinRequest.generation being collected (or last released)
   int joined = 0;
   bool released = false;
   bool aborted = false;
@@ -66,18 +66,18 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
   State& s = *state_;
   v1::JoinRequest parsed;
   grpc::Slice raw;
-  const bool parsed_ok = request->TrySingleSlice(&raw).ok()
-                             ? parsed.ParseFromArray(raw.begin(), static_cast<int>(raw.size()))
-                             : [&] {
-                                 std::vector<grpc::Slice> slices;
-                                 std::string bytes;
-                                 if (!request->Dump(&slices).ok()) return false;
-                                 for (const auto& sl : slices) {
-                                   bytes.append(reinterpret_cast<const char*>(sl.begin()),
-                                                sl.size());
-                                 }
-                                 return parsed.ParseFromString(bytes);
-                               }();
+  const bool parsed_ok =
+      request->TrySingleSlice(&raw).ok()
+          ? parsed.ParseFromArray(raw.begin(), static_cast<int>(raw.size()))
+          : [&] {
+              std::vector<grpc::Slice> slices;
+              std::string bytes;
+              if (!request->Dump(&slices).ok()) return false;
+              for (const auto& sl : slices) {
+                bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+              }
+              return parsed.ParseFromString(bytes);
+            }();
   const v1::JoinRequest* req = &parsed;
   auto* reactor = new JoinReactor(state_, req->rank(), response);
   auto reject = [&](grpc::StatusCode code, const std::string& msg) {
@@ -95,9 +95,9 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
                       std::to_string(req->size()) + " ranks; it has " + std::to_string(s.size));
   }
   if (req->rank() < 0 || req->rank() >= s.size) {
-    return reject(grpc::StatusCode::INVALID_ARGUMENT,
-                  "rank " + std::to_string(req->rank()) + " outside a job of size " +
-                      std::to_string(s.size));
+    return reject(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "rank " + std::to_string(req->rank()) + " outside a job of size " + std::to_string(s.size));
   }
   if (req->address().empty() || req->port() == 0 || req->port() > 65535) {
     return reject(grpc::StatusCode::INVALID_ARGUMENT,

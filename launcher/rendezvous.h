@@ -7,9 +7,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
-#include <memory>
 #include <vector>
 
 #include "ringrun/job.grpc.pb.h"

@@ -117,9 +117,11 @@ class SshAgentHandle final : public AgentHandle {
       }
       if (ev.closed) {
         int status = received_exit.value_or(kConnectionLostStatus);
-        std::string why = received_exit ? "" : (ev.error.ok() ? display_ + ": SSH channel closed "
-                                                                  "without an exit status"
-                                                              : ev.error.message());
+        std::string why = received_exit ? ""
+                                        : (ev.error.ok() ? display_ +
+                                                               ": SSH channel closed "
+                                                               "without an exit status"
+                                                         : ev.error.message());
         Finish(status, &out_partial, &err_partial, why);
         return;
       }
@@ -174,8 +176,8 @@ class SshAgentHandle final : public AgentHandle {
   std::atomic<bool> kill_requested_{false};
 
   std::mutex mu_;
-  std::optional<int> exit_;        // guarded by mu_
-  std::deque<std::string> tail_;   // guarded by mu_
+  std::optional<int> exit_;       // guarded by mu_
+  std::deque<std::string> tail_;  // guarded by mu_
 
   std::thread thread_;  // last: started once every field above exists
 };
@@ -217,8 +219,9 @@ class SshAgentStarter final : public AgentStarter {
     }
     if (address.empty()) address = session->LocalAddress();
     if (address.empty()) {
-      return Internal(display + ": cannot tell the local address of the SSH connection; "
-                                "pass --launcher-address or --network-interface");
+      return Internal(display +
+                      ": cannot tell the local address of the SSH connection; "
+                      "pass --launcher-address or --network-interface");
     }
 
     RINGRUN_RETURN_IF_ERROR(session->Exec(BuildAgentCommand(launch, address)));

@@ -1,5 +1,6 @@
 // The AgentStarter for remote hosts: one libssh session per host, running
-//   test -e 'AGENT' || exit 127; exec 'AGENT' --launcher 'ADDR:PORT' --host-index 'N' --log-level 'L'
+//   test -e 'AGENT' || exit 127; exec 'AGENT' --launcher 'ADDR:PORT' --host-index 'N' --log-level
+//   'L'
 // through the remote login shell (every piece single-quoted), then writing the job secret as the
 // first line of the agent's stdin, which stays open for the agent's life: when the launcher dies
 // or the session is closed, sshd closes it and the agent ends its ranks.

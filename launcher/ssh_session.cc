@@ -2,13 +2,12 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <libssh/callbacks.h>
+#include <libssh/libssh.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-
-#include <libssh/callbacks.h>
-#include <libssh/libssh.h>
 
 #include <algorithm>
 #include <cctype>
@@ -127,8 +126,8 @@ class LibsshSession final : public SshSession {
     }
     ssh_set_channel_callbacks(channel_, &callbacks_);
     if (ssh_channel_request_exec(channel_, command.c_str()) != SSH_OK) {
-      return Unavailable(display_ + ": the SSH server refused to run the agent command: " +
-                         ssh_get_error(s));
+      return Unavailable(display_ +
+                         ": the SSH server refused to run the agent command: " + ssh_get_error(s));
     }
     return Status::Ok();
   }
@@ -138,8 +137,8 @@ class LibsshSession final : public SshSession {
     while (!data.empty()) {
       int n = ssh_channel_write(channel_, data.data(), static_cast<uint32_t>(data.size()));
       if (n == SSH_ERROR) {
-        return Unavailable(display_ + ": writing to the agent's stdin: " +
-                           ssh_get_error(session_.get()));
+        return Unavailable(display_ +
+                           ": writing to the agent's stdin: " + ssh_get_error(session_.get()));
       }
       data.remove_prefix(static_cast<size_t>(n));
     }
@@ -158,8 +157,8 @@ class LibsshSession final : public SshSession {
         wake_fd_added_ = wake_fd;
       }
       bool have_pending = !out_.empty() || !err_.empty() || exit_status_.has_value();
-      int rc = event_ != nullptr ? ssh_event_dopoll(event_, have_pending ? 0 : timeout_ms)
-                                 : SSH_ERROR;
+      int rc =
+          event_ != nullptr ? ssh_event_dopoll(event_, have_pending ? 0 : timeout_ms) : SSH_ERROR;
       if (rc == SSH_ERROR && !closed_) {
         error_ = Unavailable(display_ + ": SSH connection lost: " + ssh_get_error(s));
         closed_ = true;
@@ -219,9 +218,9 @@ class LibsshSession final : public SshSession {
 
   static int SignalNumber(const char* name) {
     static const std::pair<const char*, int> kSignals[] = {
-        {"HUP", 1},  {"INT", 2},   {"QUIT", 3},  {"ILL", 4},   {"ABRT", 6},  {"FPE", 8},
-        {"KILL", 9}, {"USR1", 10}, {"SEGV", 11}, {"USR2", 12}, {"PIPE", 13}, {"ALRM", 14},
-        {"TERM", 15}};
+        {"HUP", 1},   {"INT", 2},   {"QUIT", 3},  {"ILL", 4},   {"ABRT", 6},
+        {"FPE", 8},   {"KILL", 9},  {"USR1", 10}, {"SEGV", 11}, {"USR2", 12},
+        {"PIPE", 13}, {"ALRM", 14}, {"TERM", 15}};
     for (const auto& [n, v] : kSignals) {
       if (name != nullptr && std::string_view(name) == n) return v;
     }
@@ -387,32 +386,48 @@ class LibsshConnector final : public SshConnector {
 
 const char* SshFailureName(SshFailure failure) {
   switch (failure) {
-    case SshFailure::kNone: return "ok";
-    case SshFailure::kResolution: return "name resolution failed";
-    case SshFailure::kRefused: return "connection refused";
-    case SshFailure::kTimeout: return "connection timed out";
-    case SshFailure::kUnreachable: return "host unreachable";
-    case SshFailure::kTransient: return "connection dropped";
-    case SshFailure::kAuthDenied: return "authentication denied";
-    case SshFailure::kHostKeyUnknown: return "host key unknown";
-    case SshFailure::kHostKeyChanged: return "host key changed";
-    case SshFailure::kOther: return "SSH error";
+    case SshFailure::kNone:
+      return "ok";
+    case SshFailure::kResolution:
+      return "name resolution failed";
+    case SshFailure::kRefused:
+      return "connection refused";
+    case SshFailure::kTimeout:
+      return "connection timed out";
+    case SshFailure::kUnreachable:
+      return "host unreachable";
+    case SshFailure::kTransient:
+      return "connection dropped";
+    case SshFailure::kAuthDenied:
+      return "authentication denied";
+    case SshFailure::kHostKeyUnknown:
+      return "host key unknown";
+    case SshFailure::kHostKeyChanged:
+      return "host key changed";
+    case SshFailure::kOther:
+      return "SSH error";
   }
   return "SSH error";
 }
 
 Code SshFailureCode(SshFailure failure) {
   switch (failure) {
-    case SshFailure::kNone: return Code::kOk;
-    case SshFailure::kResolution: return Code::kNotFound;
-    case SshFailure::kTimeout: return Code::kTimeout;
+    case SshFailure::kNone:
+      return Code::kOk;
+    case SshFailure::kResolution:
+      return Code::kNotFound;
+    case SshFailure::kTimeout:
+      return Code::kTimeout;
     case SshFailure::kRefused:
     case SshFailure::kUnreachable:
-    case SshFailure::kTransient: return Code::kUnavailable;
+    case SshFailure::kTransient:
+      return Code::kUnavailable;
     case SshFailure::kAuthDenied:
     case SshFailure::kHostKeyUnknown:
-    case SshFailure::kHostKeyChanged: return Code::kPermissionDenied;
-    case SshFailure::kOther: return Code::kInternal;
+    case SshFailure::kHostKeyChanged:
+      return Code::kPermissionDenied;
+    case SshFailure::kOther:
+      return Code::kInternal;
   }
   return Code::kInternal;
 }

@@ -20,16 +20,17 @@ namespace ringrun::launcher {
 
 // How the launcher reaches remote hosts; constant for a job. See SshConfigFromOptions().
 struct SshConfig {
-  std::string identity_file;       // -i: use only this key; empty: ssh-agent, then default keys
-  int port = 0;                    // -p; 0: ~/.ssh/config's Port, else 22
-  std::string known_hosts;         // empty: ~/.ssh/known_hosts of the passwd entry (libssh default)
-  bool accept_new_host_keys = false;  // append unknown keys (OpenSSH's accept-new); never changed ones
+  std::string identity_file;  // -i: use only this key; empty: ssh-agent, then default keys
+  int port = 0;               // -p; 0: ~/.ssh/config's Port, else 22
+  std::string known_hosts;    // empty: ~/.ssh/known_hosts of the passwd entry (libssh default)
+  bool accept_new_host_keys =
+      false;  // append unknown keys (OpenSSH's accept-new); never changed ones
   int connect_timeout_s = kSshConnectTimeoutS;  // TCP connect and every blocking SSH step
-  int connect_attempts = 3;        // total tries, counted only for transient failures
-  int retry_backoff_ms = 200;      // doubled after each transient failure
-  int fanout = kSshFanout;         // connections in progress at once, per starter
-  std::string launcher_address;    // --launcher-address: the address agents dial back
-  std::string network_interface;   // --network-interface: take that interface's address instead
+  int connect_attempts = 3;                     // total tries, counted only for transient failures
+  int retry_backoff_ms = 200;                   // doubled after each transient failure
+  int fanout = kSshFanout;                      // connections in progress at once, per starter
+  std::string launcher_address;                 // --launcher-address: the address agents dial back
+  std::string network_interface;  // --network-interface: take that interface's address instead
 };
 
 // What went wrong while connecting; each kind has its own wording in messages.

@@ -4,7 +4,7 @@
 # present and are optional.
 set -euo pipefail
 pkgs=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssh-dev libcli11-dev libspdlog-dev catch2 zlib1g-dev
   openssh-server openssh-client iproute2 procps util-linux

@@ -18,13 +18,22 @@
 #
 # Only 198.18.0.0/24 is used, only on links created here; a blackhole route for 198.18.0.0/15
 # keeps any other test-net address from leaving the machine.
+#
+# Several clusters can live side by side (two checkouts testing at once): RINGRUN_CLUSTER_ID=K
+# (1..99) names everything rr<K>-... instead of rr-..., uses 198.18.K.0/24 and its own state
+# directory, lock and /etc/hosts marker. The blackhole route goes with the last bridge.
 set -euo pipefail
 
-STATE=${RINGRUN_CLUSTER_DIR:-/tmp/ringrun-cluster}
-LOCK=/tmp/ringrun-cluster.lock
-BRIDGE=rr-br0
-NET=198.18.0
-MARK="# ringrun-test-cluster"
+CID=${RINGRUN_CLUSTER_ID:-}
+if [[ -n $CID ]]; then
+  [[ $CID =~ ^[1-9][0-9]?$ ]] || { echo "test-cluster: RINGRUN_CLUSTER_ID must be 1..99, not '$CID'" >&2; exit 2; }
+fi
+P="rr$CID"  # name prefix: rr (default cluster) or rr<K>
+STATE=${RINGRUN_CLUSTER_DIR:-/tmp/ringrun-cluster$CID}
+LOCK=/tmp/ringrun-cluster$CID.lock
+BRIDGE=$P-br0
+NET=198.18.${CID:-0}
+MARK="# ringrun-test-cluster$CID"
 MAX_HOSTS=200
 ROOT_HOME=$(getent passwd root | cut -d: -f6)
 
@@ -34,7 +43,7 @@ log() { [[ -n ${QUIET:-} ]] || echo "test-cluster: $*" >&2; }
 host_addr() { echo "$NET.$(( $1 + 1 ))"; }
 
 existing_hosts() {  # indices of rr-h<i> namespaces, sorted
-  ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/^rr-h\([0-9][0-9]*\)$/\1/p' | sort -n
+  ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$P-h\([0-9][0-9]*\)\$/\1/p" | sort -n
 }
 
 sshd_alive() {  # i
@@ -42,7 +51,7 @@ sshd_alive() {  # i
   [[ -s $pidfile ]] || return 1
   pid=$(cat "$pidfile")
   kill -0 "$pid" 2>/dev/null || return 1
-  # A zombie (killed, not yet reaped) has no namespace links; a live sshd is in rr-h<i>'s.
+  # A zombie (killed, not yet reaped) has no namespace links; a live sshd is in its host's.
   local ns
   ns=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || return 1
   [[ -n $ns && $ns != "$(readlink /proc/self/ns/net)" ]]
@@ -53,7 +62,7 @@ port_open() {  # addr, within a second
 }
 
 remove_host() {  # i: kill everything in the namespace, then remove it and its link
-  local i=$1 ns="rr-h$1" pids
+  local i=$1 ns="$P-h$1" pids
   if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$ns"; then
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     if [[ -n $pids ]]; then
@@ -66,7 +75,7 @@ remove_host() {  # i: kill everything in the namespace, then remove it and its l
     fi
     ip netns del "$ns" 2>/dev/null || true
   fi
-  ip link del "rr-v$i" 2>/dev/null || true
+  ip link del "$P-v$i" 2>/dev/null || true
   rm -rf "${STATE:?}/h$i"
 }
 
@@ -88,12 +97,12 @@ ensure_base() {
 }
 
 make_host() {  # i
-  local i=$1 ns="rr-h$1" addr dir
+  local i=$1 ns="$P-h$1" addr dir
   addr=$(host_addr "$i")
   dir="$STATE/h$i"
   remove_host "$i"
   mkdir -p "$dir"
-  ssh-keygen -q -t ed25519 -N '' -C "rr-h$i" -f "$dir/ssh_host_ed25519_key"
+  ssh-keygen -q -t ed25519 -N '' -C "$P-h$i" -f "$dir/ssh_host_ed25519_key"
   cat >"$dir/sshd_config" <<EOF
 Port 22
 ListenAddress $addr
@@ -118,10 +127,10 @@ PrintLastLog no
 LogLevel INFO
 EOF
   ip netns add "$ns"
-  ip link add "rr-v$i" type veth peer name "rr-p$i"
-  ip link set "rr-p$i" netns "$ns"
-  ip link set "rr-v$i" master "$BRIDGE" up
-  ip -n "$ns" link set "rr-p$i" name eth0
+  ip link add "$P-v$i" type veth peer name "$P-p$i"
+  ip link set "$P-p$i" netns "$ns"
+  ip link set "$P-v$i" master "$BRIDGE" up
+  ip -n "$ns" link set "$P-p$i" name eth0
   ip -n "$ns" addr add "$addr/24" dev eth0
   ip -n "$ns" link set lo up
   ip -n "$ns" link set eth0 up
@@ -134,7 +143,7 @@ EOF
     rc_mount="mount --bind '$STATE/empty_rc' '$ROOT_HOME/.bashrc' && "
   fi
   ip netns exec "$ns" unshare --uts --mount /bin/sh -c \
-    "${rc_mount}hostname rr-h$i && exec /usr/sbin/sshd -f '$dir/sshd_config' -E '$dir/sshd.log'"
+    "${rc_mount}hostname $P-h$i && exec /usr/sbin/sshd -f '$dir/sshd_config' -E '$dir/sshd.log'"
 }
 
 update_names() {  # n: known_hosts, hosts file and /etc/hosts for hosts 1..n
@@ -143,15 +152,15 @@ update_names() {  # n: known_hosts, hosts file and /etc/hosts for hosts 1..n
   : >"$STATE/hosts.new"
   for i in $(seq "$n"); do
     addr=$(host_addr "$i")
-    echo "rr-h$i,$addr $(cut -d' ' -f1,2 "$STATE/h$i/ssh_host_ed25519_key.pub")" >>"$STATE/known_hosts.new"
-    echo "rr-h$i $addr" >>"$STATE/hosts.new"
+    echo "$P-h$i,$addr $(cut -d' ' -f1,2 "$STATE/h$i/ssh_host_ed25519_key.pub")" >>"$STATE/known_hosts.new"
+    echo "$P-h$i $addr" >>"$STATE/hosts.new"
   done
   mv "$STATE/known_hosts.new" "$STATE/known_hosts"
   mv "$STATE/hosts.new" "$STATE/hosts"
   # /etc/hosts may be a bind mount: rewrite it in place, never replace it.
   tmp=$(mktemp)
-  grep -v -- "$MARK" /etc/hosts >"$tmp" || true
-  for i in $(seq "$n"); do echo "$(host_addr "$i") rr-h$i $MARK" >>"$tmp"; done
+  grep -v -- "$MARK\$" /etc/hosts >"$tmp" || true
+  for i in $(seq "$n"); do echo "$(host_addr "$i") $P-h$i $MARK" >>"$tmp"; done
   cat "$tmp" >/etc/hosts
   rm -f "$tmp"
 }
@@ -163,11 +172,11 @@ cmd_up() {
   local i
   for i in $(existing_hosts); do ((i > n)) && remove_host "$i"; done
   for i in $(seq "$n"); do
-    if ip netns list | awk '{print $1}' | grep -qx "rr-h$i" && sshd_alive "$i" &&
-       ip link show "rr-v$i" >/dev/null 2>&1; then
+    if ip netns list | awk '{print $1}' | grep -qx "$P-h$i" && sshd_alive "$i" &&
+       ip link show "$P-v$i" >/dev/null 2>&1; then
       continue
     fi
-    log "starting rr-h$i ($(host_addr "$i"))"
+    log "starting $P-h$i ($(host_addr "$i"))"
     make_host "$i"
   done
   update_names "$n"
@@ -177,7 +186,7 @@ cmd_up() {
       if port_open "$(host_addr "$i")"; then ok=1; break; fi
       sleep 0.05
     done
-    [[ -n $ok ]] || die "rr-h$i: sshd does not answer on $(host_addr "$i"):22 (see $STATE/h$i/sshd.log)"
+    [[ -n $ok ]] || die "$P-h$i: sshd does not answer on $(host_addr "$i"):22 (see $STATE/h$i/sshd.log)"
   done
   log "up: $n hosts, state in $STATE"
 }
@@ -186,15 +195,18 @@ cmd_down() {
   local i
   for i in $(existing_hosts); do remove_host "$i"; done
   # Links left by a crash between "ip link add" and "ip netns add".
-  for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^rr-[vp][0-9]+$' || true); do
+  for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^$P-[vp][0-9]+\$" || true); do
     ip link del "$l" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
-  ip route del blackhole 198.18.0.0/15 2>/dev/null || true
-  if grep -q -- "$MARK" /etc/hosts 2>/dev/null; then
+  # The blackhole route protects every cluster: it goes with the last bridge.
+  if ! ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' | grep -qE '^rr[0-9]*-br0'; then
+    ip route del blackhole 198.18.0.0/15 2>/dev/null || true
+  fi
+  if grep -q -- "$MARK\$" /etc/hosts 2>/dev/null; then
     local tmp
     tmp=$(mktemp)
-    grep -v -- "$MARK" /etc/hosts >"$tmp" || true
+    grep -v -- "$MARK\$" /etc/hosts >"$tmp" || true
     cat "$tmp" >/etc/hosts
     rm -f "$tmp"
   fi
@@ -210,7 +222,7 @@ cmd_status() {
     local addr state
     addr=$(host_addr "$i")
     if sshd_alive "$i" && port_open "$addr"; then state=up; else state=DOWN; bad=1; fi
-    echo "rr-h$i $addr sshd=$state procs=$(ip netns pids "rr-h$i" 2>/dev/null | wc -l)"
+    echo "$P-h$i $addr sshd=$state procs=$(ip netns pids "$P-h$i" 2>/dev/null | wc -l)"
   done
   return $bad
 }
@@ -220,7 +232,10 @@ cmd_env() {
   echo "RR_KEY=$STATE/id_ed25519"
   echo "RR_KNOWN_HOSTS=$STATE/known_hosts"
   echo "RR_LAUNCHER_ADDR=$NET.1"
-  echo "RR_HOSTS=\"$(existing_hosts | sed 's/^/rr-h/' | tr '\n' ' ' | sed 's/ $//')\""
+  echo "RR_NET=$NET"
+  echo "RR_HOST_PREFIX=$P-h"
+  echo "RR_LINK_PREFIX=$P-v"  # the bridge side of host i's link is $P-v<i>
+  echo "RR_HOSTS=\"$(existing_hosts | sed "s/^/$P-h/" | tr '\n' ' ' | sed 's/ $//')\""
 }
 
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, sshd)"

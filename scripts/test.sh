@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${RINGRUN_BUILD_JOBS:-2}
 scripts/install-deps.sh
+scripts/check-format.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs"
 # The configuration without CUDA/NCCL must build too; its GPU seam has its own unit tests.

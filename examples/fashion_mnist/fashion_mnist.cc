@@ -93,16 +93,15 @@ struct Layout {
 };
 
 // acc[j] += a * x[j]: the kernel of both layers; cloned for AVX2 machines.
-__attribute__((target_clones("arch=haswell", "default"))) void Axpy(float* __restrict acc,
-                                                                     float a,
-                                                                     const float* __restrict x,
-                                                                     int n) {
+__attribute__((target_clones("arch=haswell", "default"))) void Axpy(float* __restrict acc, float a,
+                                                                    const float* __restrict x,
+                                                                    int n) {
   for (int j = 0; j < n; ++j) acc[j] += a * x[j];
 }
 
 __attribute__((target_clones("arch=haswell", "default"))) float Dot(const float* __restrict a,
-                                                                   const float* __restrict b,
-                                                                   int n) {
+                                                                    const float* __restrict b,
+                                                                    int n) {
   float s = 0;
   for (int j = 0; j < n; ++j) s += a[j] * b[j];
   return s;
@@ -150,11 +149,11 @@ class Mlp {
 
   // Adds scale * d(loss)/d(params) of one sample to g.
   // One step's forward and backward over a mini-batch of `n` samples, the same arithmetic as
-  // Forward plus backpropagation per sample, but layer 1 is swept input by input for the whole batch, so
-  // W1 and its gradient (hidden x 784 floats each) cross the memory bus once per step rather
-  // than once per sample. Accumulates into `g`; returns the summed loss.
-  double TrainBatch(const float* p, const float* const* xs, const int* labels, int n,
-                    float scale, float* g) const {
+  // Forward plus backpropagation per sample, but layer 1 is swept input by input for the whole
+  // batch, so W1 and its gradient (hidden x 784 floats each) cross the memory bus once per step
+  // rather than once per sample. Accumulates into `g`; returns the summed loss.
+  double TrainBatch(const float* p, const float* const* xs, const int* labels, int n, float scale,
+                    float* g) const {
     const int H = l_.hidden;
     hb_.resize(size_t(n) * H);
     db_.resize(size_t(n) * H);
@@ -216,14 +215,22 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     std::string k = argv[i];
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
-    if (k == "--epochs") a->epochs = std::atoi(v);
-    else if (k == "--batch") a->batch = std::atoi(v);
-    else if (k == "--hidden") a->hidden = std::atoi(v);
-    else if (k == "--lr") a->lr = std::strtof(v, nullptr);
-    else if (k == "--momentum") a->momentum = std::strtof(v, nullptr);
-    else if (k == "--seed") a->seed = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
-    else if (k == "--data") a->data = v;
-    else return false;
+    if (k == "--epochs")
+      a->epochs = std::atoi(v);
+    else if (k == "--batch")
+      a->batch = std::atoi(v);
+    else if (k == "--hidden")
+      a->hidden = std::atoi(v);
+    else if (k == "--lr")
+      a->lr = std::strtof(v, nullptr);
+    else if (k == "--momentum")
+      a->momentum = std::strtof(v, nullptr);
+    else if (k == "--seed")
+      a->seed = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
+    else if (k == "--data")
+      a->data = v;
+    else
+      return false;
   }
   return a->epochs > 0 && a->batch > 0 && a->hidden > 0;
 }
@@ -292,8 +299,8 @@ int main(int argc, char** argv) {
         xs[i] = &train.images[size_t(mine[i]) * kInputs];
         ys[i] = train.labels[mine[i]];
       }
-      loss_sum += model.TrainBatch(params.data(), xs.data(), ys.data(), local, 1.0f / local,
-                                   grad.data());
+      loss_sum +=
+          model.TrainBatch(params.data(), xs.data(), ys.data(), local, 1.0f / local, grad.data());
       // The mean gradient over the global batch, of this rank's shard (in place: the shard's
       // slot of grad). Then SGD with momentum on the shard, and the whole model to every rank.
       float* g = grad.data() + mine_at;
@@ -325,9 +332,9 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n",
-                  epoch, stats[0] / (double(steps) * args.batch), stats[1] / stats[3],
-                  test_accuracy, secs);
+      std::printf("epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n", epoch,
+                  stats[0] / (double(steps) * args.batch), stats[1] / stats[3], test_accuracy,
+                  secs);
       std::fflush(stdout);
     }
   }

@@ -1,9 +1,9 @@
 // The C API: a thin shell over one Runtime. The only process-wide state is the pointer to that
 // runtime (what ringrun_init builds and ringrun_shutdown drops), and each thread's last error.
 #include <cstdlib>
-#include <new>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "job_client.h"
@@ -42,16 +42,17 @@ template <typename F>
 int Call(F&& f) {
   t_error.clear();
   std::shared_ptr<Runtime> rt = Current();
-  if (!rt) return Fail(ringrun::Status(ringrun::Code::kInvalidArgument,
-                                       "ringrun is not initialized (call ringrun_init first)"));
+  if (!rt)
+    return Fail(ringrun::Status(ringrun::Code::kInvalidArgument,
+                                "ringrun is not initialized (call ringrun_init first)"));
   try {
     Status st = f(*rt);
     return st.ok() ? 0 : Fail(st);
   } catch (const std::bad_alloc&) {
     // Nothing may unwind through the C API. Peers may be mid-collective with this rank, so
     // the runtime is broken from here on (they fail at their timeout at the latest).
-    return Fail(rt->Break(ringrun::Status(ringrun::Code::kInternal,
-                                          "out of memory (a scratch buffer could not be allocated)")));
+    return Fail(rt->Break(ringrun::Status(
+        ringrun::Code::kInternal, "out of memory (a scratch buffer could not be allocated)")));
   }
 }
 
@@ -84,8 +85,10 @@ int ringrun_init(void) {
   Status st;
   try {
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
-    if (rt.ok()) p.runtime = std::move(rt.value());
-    else st = rt.status();
+    if (rt.ok())
+      p.runtime = std::move(rt.value());
+    else
+      st = rt.status();
   } catch (const std::bad_alloc&) {
     st = ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory");
   }
@@ -102,12 +105,24 @@ void ringrun_shutdown(void) {
   // The last in-flight call (if any) destroys it.
 }
 
-int ringrun_rank(void) { return Shape([](const auto& s) { return s.rank; }); }
-int ringrun_size(void) { return Shape([](const auto& s) { return s.size; }); }
-int ringrun_local_rank(void) { return Shape([](const auto& s) { return s.local_rank; }); }
-int ringrun_local_size(void) { return Shape([](const auto& s) { return s.local_size; }); }
-int ringrun_cross_rank(void) { return Shape([](const auto& s) { return s.cross_rank; }); }
-int ringrun_cross_size(void) { return Shape([](const auto& s) { return s.cross_size; }); }
+int ringrun_rank(void) {
+  return Shape([](const auto& s) { return s.rank; });
+}
+int ringrun_size(void) {
+  return Shape([](const auto& s) { return s.size; });
+}
+int ringrun_local_rank(void) {
+  return Shape([](const auto& s) { return s.local_rank; });
+}
+int ringrun_local_size(void) {
+  return Shape([](const auto& s) { return s.local_size; });
+}
+int ringrun_cross_rank(void) {
+  return Shape([](const auto& s) { return s.cross_rank; });
+}
+int ringrun_cross_size(void) {
+  return Shape([](const auto& s) { return s.cross_size; });
+}
 
 int ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
                       ringrun_op op) {
@@ -140,9 +155,10 @@ int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count, ri
                        : ringrun::InvalidArgument("ringrun_allgather_async: cuda_stream is NULL");
   });
 }
-int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                          ringrun_dtype dtype, ringrun_op op) {
-  return Call([&](Runtime& rt) { return rt.ReduceScatter(sendbuf, recvbuf, recvcount, dtype, op); });
+int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount, ringrun_dtype dtype,
+                          ringrun_op op) {
+  return Call(
+      [&](Runtime& rt) { return rt.ReduceScatter(sendbuf, recvbuf, recvcount, dtype, op); });
 }
 int ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
                      ringrun_dtype dtype) {
@@ -152,8 +168,6 @@ int ringrun_barrier(void) {
   return Call([](Runtime& rt) { return rt.Barrier(); });
 }
 const char* ringrun_error_message(void) { return t_error.c_str(); }
-size_t ringrun_dtype_size(ringrun_dtype dtype) {
-  return ringrun::runtime::DtypeSize(dtype);
-}
+size_t ringrun_dtype_size(ringrun_dtype dtype) { return ringrun::runtime::DtypeSize(dtype); }
 
 }  // extern "C"

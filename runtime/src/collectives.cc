@@ -28,9 +28,8 @@ Status RunOps(const CollectiveContext& c, std::vector<Op>& ops) {
   return c.transport->Run(ops, c.deadline);
 }
 
-Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const void* send,
-                           void* work, void* final_out, size_t count, size_t elem,
-                           ReduceFn fn) {
+Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const void* send, void* work,
+                           void* final_out, size_t count, size_t elem, ReduceFn fn) {
   const int n = g.size(), me = g.me;
   std::vector<Op> ops;
   for (int k = 0; k + 1 < n; ++k) {
@@ -41,16 +40,16 @@ Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const voi
     AddSend(ops, g.peer(me + 1), At(k == 0 ? send : work, sb.begin * elem), sb.count * elem);
     if (rb.count > 0) {
       void* dst = (r == me && final_out) ? final_out : At(work, rb.begin * elem);
-      ops.push_back(Op::RecvReduce(g.peer(me - 1), dst, At(send, rb.begin * elem),
-                                   rb.count * elem, fn, elem));
+      ops.push_back(Op::RecvReduce(g.peer(me - 1), dst, At(send, rb.begin * elem), rb.count * elem,
+                                   fn, elem));
     }
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
   }
   return Status::Ok();
 }
 
-Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void* send,
-                         void* recv, size_t count, size_t elem, ReduceFn fn) {
+Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                         size_t count, size_t elem, ReduceFn fn) {
   const int n = g.size(), me = g.me;
   const size_t bytes = count * elem;
   int p = 1;
@@ -133,8 +132,8 @@ BlockRange Block(size_t count, int blocks, int index) {
   return BlockRange{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
-Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void* send,
-                         void* recv, size_t count, size_t elem, ReduceFn fn) {
+Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                         size_t count, size_t elem, ReduceFn fn) {
   return RingReduceScatterTo(c, g, send, recv, nullptr, count, elem, fn);
 }
 

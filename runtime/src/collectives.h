@@ -68,8 +68,8 @@ struct BlockRange {
   size_t begin, count;
 };
 BlockRange Block(size_t count, int blocks, int index);
-Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void* send,
-                         void* recv, size_t count, size_t elem, ReduceFn fn);
+Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                         size_t count, size_t elem, ReduceFn fn);
 Status RingAllgather(const CollectiveContext& c, const Group& g, void* buf, size_t count,
                      size_t elem);
 

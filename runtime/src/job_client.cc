@@ -1,8 +1,8 @@
 #include "job_client.h"
 
 #include "ringrun/common/auth.h"
-#include "ringrun/common/peer_table.h"
 #include "ringrun/common/defaults.h"
+#include "ringrun/common/peer_table.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace ringrun::runtime {
@@ -11,23 +11,30 @@ namespace {
 Status FromGrpc(const grpc::Status& s, const std::string& target) {
   const std::string m = "job service " + target + ": Join: " + s.error_message();
   switch (s.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return Timeout(m);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return Timeout(m);
     case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED: return PermissionDenied(m);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return PermissionDenied(m);
     case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::CANCELLED: return Aborted(m);
+    case grpc::StatusCode::CANCELLED:
+      return Aborted(m);
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::ALREADY_EXISTS:
-    case grpc::StatusCode::FAILED_PRECONDITION: return InvalidArgument(m);
-    case grpc::StatusCode::UNAVAILABLE: return Unavailable(m);
-    default: return Internal(m);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return InvalidArgument(m);
+    case grpc::StatusCode::UNAVAILABLE:
+      return Unavailable(m);
+    default:
+      return Internal(m);
   }
 }
 
 class GrpcJobClient final : public JobClient {
  public:
   GrpcJobClient(std::string target, std::string secret)
-      : target_(std::move(target)), secret_(std::move(secret)),
+      : target_(std::move(target)),
+        secret_(std::move(secret)),
         stub_(v1::JobService::NewStub(MakeChannel(target_, kKeepaliveMs, kKeepaliveTimeoutMs))) {}
 
   Result<PeerTable> Join(const JoinInfo& info, int timeout_ms) override {
@@ -45,7 +52,8 @@ class GrpcJobClient final : public JobClient {
     v1::JoinReply reply;
     grpc::Status s = stub_->Join(&ctx, req, &reply);
     if (!s.ok()) return FromGrpc(s, target_);
-    if (Status st = UnpackPeerColumns(&reply); !st.ok()) return st.Annotate("job service " + target_);
+    if (Status st = UnpackPeerColumns(&reply); !st.ok())
+      return st.Annotate("job service " + target_);
     PeerTable t;
     t.addresses.assign(reply.addresses().begin(), reply.addresses().end());
     t.address_of_rank.assign(reply.address_of_rank().begin(), reply.address_of_rank().end());
@@ -71,8 +79,7 @@ class GrpcJobClient final : public JobClient {
 
 }  // namespace
 
-std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target,
-                                             const std::string& secret) {
+std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target, const std::string& secret) {
   return std::make_unique<GrpcJobClient>(target, secret);
 }
 

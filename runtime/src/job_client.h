@@ -15,7 +15,7 @@ struct JoinInfo {
   int size = 1;
   std::string address;  // where peers reach this rank's listener
   uint16_t port = 0;
-  std::string nccl_id;  // rank 0 only, may be empty
+  std::string nccl_id;      // rank 0 only, may be empty
   uint32_t generation = 0;  // this process's earlier successful joins (JoinRequest.generation)
 };
 

@@ -54,7 +54,9 @@ template <typename T>
 constexpr BitsOf<T> kQuietNanBits = sizeof(T) == 4 ? BitsOf<T>(0x7fc00000u)
                                                    : BitsOf<T>(0x7ff8000000000000ull);
 template <typename T>
-bool IsNanBits(BitsOf<T> u) { return (u & kMagnitude<T>) > kInfBits<T>; }
+bool IsNanBits(BitsOf<T> u) {
+  return (u & kMagnitude<T>) > kInfBits<T>;
+}
 // A signed integer in the order of the value (for non-NaNs): negatives have their magnitude
 // bits flipped, so -0 sorts just below +0 and denormals by value.
 template <typename T>
@@ -63,8 +65,18 @@ std::make_signed_t<BitsOf<T>> OrderKey(BitsOf<T> u) {
   const BitsOf<T> negative = static_cast<BitsOf<T>>(static_cast<S>(u) >> (8 * sizeof(T) - 1));
   return static_cast<S>(u ^ (negative & kMagnitude<T>));
 }
-struct Sum { template <typename T> static T Apply(T a, T b) { return a + b; } };
-struct Prod { template <typename T> static T Apply(T a, T b) { return a * b; } };
+struct Sum {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return a + b;
+  }
+};
+struct Prod {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return a * b;
+  }
+};
 template <bool kMin>
 struct MinMax {
   template <typename T>
@@ -162,8 +174,8 @@ RINGRUN_AVX2 RINGRUN_INLINE __m256 Apply8(__m256 a, __m256 b) {
     const __m256i mag = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
     const __m256i ka = _mm256_xor_si256(ia, _mm256_and_si256(_mm256_srai_epi32(ia, 31), mag));
     const __m256i kb = _mm256_xor_si256(ib, _mm256_and_si256(_mm256_srai_epi32(ib, 31), mag));
-    const __m256i take_b = std::is_same_v<Op, Min> ? _mm256_cmpgt_epi32(ka, kb)
-                                                   : _mm256_cmpgt_epi32(kb, ka);
+    const __m256i take_b =
+        std::is_same_v<Op, Min> ? _mm256_cmpgt_epi32(ka, kb) : _mm256_cmpgt_epi32(kb, ka);
     const __m256i nan = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_and_si256(ia, mag), inf),
                                         _mm256_cmpgt_epi32(_mm256_and_si256(ib, mag), inf));
     const __m256i r = _mm256_blendv_epi8(_mm256_blendv_epi8(ia, ib, take_b), nan_bits, nan);
@@ -193,8 +205,8 @@ RINGRUN_AVX2 void ReduceHalfF16c(void* dst, const void* a, const void* b, size_t
 RINGRUN_AVX2 RINGRUN_INLINE __m256i Bf16Round(__m256 f) {  // the bf16 in each lane's low half
   const __m256i u = _mm256_castps_si256(f);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                          _mm256_set1_epi32(0x7f800000));
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
@@ -225,14 +237,22 @@ RINGRUN_AVX2 void ReduceBf16Avx2(void* dst, const void* a, const void* b, size_t
 template <typename Op>
 ReduceFn PortableForOp(ringrun_dtype dtype) {
   switch (dtype) {
-    case RINGRUN_INT8: return &ReduceNative<int8_t, Op>;
-    case RINGRUN_UINT8: return &ReduceNative<uint8_t, Op>;
-    case RINGRUN_INT32: return &ReduceNative<int32_t, Op>;
-    case RINGRUN_INT64: return &ReduceNative<int64_t, Op>;
-    case RINGRUN_FLOAT16: return &Reduce16<HalfToFloat, FloatToHalf, Op>;
-    case RINGRUN_BFLOAT16: return &Reduce16<Bf16ToFloat, FloatToBf16, Op>;
-    case RINGRUN_FLOAT32: return &ReduceNative<float, Op>;
-    case RINGRUN_FLOAT64: return &ReduceNative<double, Op>;
+    case RINGRUN_INT8:
+      return &ReduceNative<int8_t, Op>;
+    case RINGRUN_UINT8:
+      return &ReduceNative<uint8_t, Op>;
+    case RINGRUN_INT32:
+      return &ReduceNative<int32_t, Op>;
+    case RINGRUN_INT64:
+      return &ReduceNative<int64_t, Op>;
+    case RINGRUN_FLOAT16:
+      return &Reduce16<HalfToFloat, FloatToHalf, Op>;
+    case RINGRUN_BFLOAT16:
+      return &Reduce16<Bf16ToFloat, FloatToBf16, Op>;
+    case RINGRUN_FLOAT32:
+      return &ReduceNative<float, Op>;
+    case RINGRUN_FLOAT64:
+      return &ReduceNative<double, Op>;
   }
   return nullptr;
 }
@@ -241,14 +261,22 @@ ReduceFn PortableForOp(ringrun_dtype dtype) {
 template <typename Op>
 ReduceFn Avx2ForOp(ringrun_dtype dtype) {
   switch (dtype) {
-    case RINGRUN_INT8: return &ReduceNativeAvx2<int8_t, Op>;
-    case RINGRUN_UINT8: return &ReduceNativeAvx2<uint8_t, Op>;
-    case RINGRUN_INT32: return &ReduceNativeAvx2<int32_t, Op>;
-    case RINGRUN_INT64: return &ReduceNativeAvx2<int64_t, Op>;
-    case RINGRUN_FLOAT16: return &ReduceHalfF16c<Op>;
-    case RINGRUN_BFLOAT16: return &ReduceBf16Avx2<Op>;
-    case RINGRUN_FLOAT32: return &ReduceNativeAvx2<float, Op>;
-    case RINGRUN_FLOAT64: return &ReduceNativeAvx2<double, Op>;
+    case RINGRUN_INT8:
+      return &ReduceNativeAvx2<int8_t, Op>;
+    case RINGRUN_UINT8:
+      return &ReduceNativeAvx2<uint8_t, Op>;
+    case RINGRUN_INT32:
+      return &ReduceNativeAvx2<int32_t, Op>;
+    case RINGRUN_INT64:
+      return &ReduceNativeAvx2<int64_t, Op>;
+    case RINGRUN_FLOAT16:
+      return &ReduceHalfF16c<Op>;
+    case RINGRUN_BFLOAT16:
+      return &ReduceBf16Avx2<Op>;
+    case RINGRUN_FLOAT32:
+      return &ReduceNativeAvx2<float, Op>;
+    case RINGRUN_FLOAT64:
+      return &ReduceNativeAvx2<double, Op>;
   }
   return nullptr;
 }
@@ -278,8 +306,7 @@ float HalfToFloat(uint16_t h) {
   // so that it stays exact when the thread flushes denormals (DAZ/FTZ, as -ffast-math sets).
   const float two_m14 = BitsFloat(113u << 23);
   const uint32_t subnormal = FloatBits(BitsFloat(shifted + (113u << 23)) - two_m14);
-  const uint32_t bits =
-      exponent == 0x7c00u ? special : (exponent == 0 ? subnormal : normal);
+  const uint32_t bits = exponent == 0x7c00u ? special : (exponent == 0 ? subnormal : normal);
   return BitsFloat(bits | sign);
 }
 
@@ -322,10 +349,14 @@ ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa) {
   if (!IsValidDtype(dtype)) return nullptr;
   switch (op) {
     case RINGRUN_SUM:
-    case RINGRUN_AVERAGE: return ForOp<Sum>(dtype, isa);
-    case RINGRUN_MIN: return ForOp<Min>(dtype, isa);
-    case RINGRUN_MAX: return ForOp<Max>(dtype, isa);
-    case RINGRUN_PRODUCT: return ForOp<Prod>(dtype, isa);
+    case RINGRUN_AVERAGE:
+      return ForOp<Sum>(dtype, isa);
+    case RINGRUN_MIN:
+      return ForOp<Min>(dtype, isa);
+    case RINGRUN_MAX:
+      return ForOp<Max>(dtype, isa);
+    case RINGRUN_PRODUCT:
+      return ForOp<Prod>(dtype, isa);
   }
   return nullptr;
 }
@@ -374,19 +405,23 @@ bool IsFloating(ringrun_dtype d) {
 size_t DtypeSize(ringrun_dtype d) {
   switch (d) {
     case RINGRUN_INT8:
-    case RINGRUN_UINT8: return 1;
+    case RINGRUN_UINT8:
+      return 1;
     case RINGRUN_FLOAT16:
-    case RINGRUN_BFLOAT16: return 2;
+    case RINGRUN_BFLOAT16:
+      return 2;
     case RINGRUN_INT32:
-    case RINGRUN_FLOAT32: return 4;
+    case RINGRUN_FLOAT32:
+      return 4;
     case RINGRUN_INT64:
-    case RINGRUN_FLOAT64: return 8;
+    case RINGRUN_FLOAT64:
+      return 8;
   }
   return 0;
 }
 
 const char* NameOfDtype(ringrun_dtype d) {
-  static constexpr const char* kNames[] = {"int8", "uint8", "int32", "int64",
+  static constexpr const char* kNames[] = {"int8",    "uint8",    "int32",   "int64",
                                            "float16", "bfloat16", "float32", "float64"};
   return IsValidDtype(d) ? kNames[d] : "invalid";
 }

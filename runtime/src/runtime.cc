@@ -4,9 +4,9 @@
 #include <cstring>
 #include <thread>
 
+#include "reduce.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
-#include "reduce.h"
 
 #if RINGRUN_WITH_GPU_SEAM
 #include "gpu/device_backend.h"
@@ -46,7 +46,8 @@ Status CheckOp(ringrun_dtype dtype, ringrun_op op) {
   RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
   if (!IsValidOp(op)) return InvalidArgument("invalid op " + std::to_string(op));
   if (op == RINGRUN_AVERAGE && !IsFloating(dtype)) {
-    return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") + NameOfDtype(dtype));
+    return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") +
+                           NameOfDtype(dtype));
   }
   return Status::Ok();
 }
@@ -132,8 +133,7 @@ Shape DeriveShape(const PeerTable& peers, int rank) {
   return s;
 }
 
-Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client,
-                                               bool* joined) {
+Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client, bool* joined) {
   if (joined) *joined = false;
   Shape shape;
   if (!env.in_job || env.size == 1) {
@@ -196,9 +196,7 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
 
 Runtime::~Runtime() = default;
 
-Status Runtime::HostStatus() const {
-  return transport_ ? transport_->status() : Status::Ok();
-}
+Status Runtime::HostStatus() const { return transport_ ? transport_->status() : Status::Ok(); }
 
 Status Runtime::Break(Status st) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -251,7 +249,8 @@ Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend*
 
 namespace {
 Status HostBufferOnStream() {
-  return InvalidArgument("the _async variants take CUDA device memory; these buffers are host memory");
+  return InvalidArgument(
+      "the _async variants take CUDA device memory; these buffers are host memory");
 }
 }  // namespace
 
@@ -274,8 +273,8 @@ Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dt
     return runtime::Allreduce(Context(), world_, recv, recv, count, dtype,
                               GetReduceFn(dtype, RINGRUN_SUM));
   }
-  RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype,
-                                             GetReduceFn(dtype, op)));
+  RINGRUN_RETURN_IF_ERROR(
+      runtime::Allreduce(Context(), world_, send, recv, count, dtype, GetReduceFn(dtype, op)));
   if (average) DivideInPlace(recv, count, dtype, shape_.size);
   return Status::Ok();
 }

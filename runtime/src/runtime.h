@@ -28,7 +28,7 @@ struct JobEnv {
   bool in_job = false;  // false: no RINGRUN_RANK/RINGRUN_SIZE, a job of size 1
   int rank = 0, size = 1;
   int local_rank = -1, local_size = -1, cross_rank = -1, cross_size = -1;  // -1: derive
-  std::string job_service;  // host:port
+  std::string job_service;                                                 // host:port
   std::string secret;
   std::string host_addr = "127.0.0.1";  // where this rank listens and what it advertises
   std::string job_id;

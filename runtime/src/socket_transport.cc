@@ -49,7 +49,7 @@ constexpr size_t kMaxShmRingBytes = size_t{1} << 30;
 // kStagingBytes before reducing them, small enough to stay in L2 (64 KiB beat 16-256 KiB).
 constexpr size_t kTcpChunk = 128 << 10;
 constexpr size_t kStagingBytes = 64 << 10;
-constexpr size_t kShmChunk = 512 << 10;    // most bytes one shm progress step moves
+constexpr size_t kShmChunk = 512 << 10;  // most bytes one shm progress step moves
 constexpr int kHelloTimeoutMs = 10000;
 // Busy-wait this long on a shared-memory pair before sleeping on its futex (only when this
 // host's ranks do not outnumber its CPUs). Waking a sleeping rank costs tens of microseconds
@@ -115,8 +115,12 @@ void TuneSocket(int fd) {
 
 // ---- shared memory ----------------------------------------------------------------------
 
-struct alignas(64) PaddedU32 { std::atomic<uint32_t> v{0}; };
-struct alignas(64) PaddedU64 { std::atomic<uint64_t> v{0}; };
+struct alignas(64) PaddedU32 {
+  std::atomic<uint32_t> v{0};
+};
+struct alignas(64) PaddedU64 {
+  std::atomic<uint64_t> v{0};
+};
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shm needs lock-free atomics");
 
 // A segment holds four rings ("lanes"). Lane d (0, 1) carries large messages from side d to
@@ -174,8 +178,8 @@ Result<std::unique_ptr<ShmSegment>> MapShm(int fd, size_t ring_bytes, bool creat
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus("fstat shared memory", errno);
   if (static_cast<size_t>(st.st_size) != len) {
-    return Internal("shared-memory segment of " + std::to_string(st.st_size) +
-                    " bytes, expected " + std::to_string(len));
+    return Internal("shared-memory segment of " + std::to_string(st.st_size) + " bytes, expected " +
+                    std::to_string(len));
   }
   // MAP_POPULATE: fault the rings in now, on both sides. Left to the first messages, each new
   // ring page cost a page fault (and, under a hypervisor, the host's first touch): a 4 KiB
@@ -308,8 +312,8 @@ class TcpPair final : public Pair {
         }
         st.done += static_cast<size_t>(n), moved = true;
       } else if (op.kind == Op::kRecv) {
-        ssize_t n = ::recv(fd(), static_cast<char*>(op.buf) + st.done, limit - st.done,
-                           MSG_DONTWAIT);
+        ssize_t n =
+            ::recv(fd(), static_cast<char*>(op.buf) + st.done, limit - st.done, MSG_DONTWAIT);
         if (n == 0) return Unavailable("connection closed by peer");
         if (n < 0) {
           if (errno == EINTR) continue;
@@ -353,7 +357,9 @@ class TcpPair final : public Pair {
 class ShmPair final : public Pair {
  public:
   ShmPair(UniqueFd lifeline, std::unique_ptr<ShmSegment> seg, int side)
-      : Pair(std::move(lifeline)), seg_(std::move(seg)), side_(side),
+      : Pair(std::move(lifeline)),
+        seg_(std::move(seg)),
+        side_(side),
         ring_bytes_(seg_->header()->ring_bytes) {}
   bool is_shm() const override { return true; }
 
@@ -496,12 +502,15 @@ void WaitForBells(const std::vector<std::atomic<uint32_t>*>& bells,
   Futex(bells[0], FUTEX_WAIT, seen[0], &ts);
 }
 
-
 class SocketTransport final : public Transport {
  public:
   SocketTransport(int rank, PeerTable peers, Listener listener, const TransportOptions& options)
-      : rank_(rank), peers_(std::move(peers)), listener_(std::move(listener)),
-        options_(options), job_tag_(JobTag(peers_.job_id)), pairs_(peers_.size()) {}
+      : rank_(rank),
+        peers_(std::move(peers)),
+        listener_(std::move(listener)),
+        options_(options),
+        job_tag_(JobTag(peers_.job_id)),
+        pairs_(peers_.size()) {}
 
   int rank() const override { return rank_; }
   int size() const override { return peers_.size(); }
@@ -768,8 +777,7 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
       }
       for (const OpState& s : states) {
         if (!s.complete && s.op->peer == fd_peer[i]) {
-          return PeerError(fd_peer[i],
-                           Unavailable("connection closed: the peer process is gone"));
+          return PeerError(fd_peer[i], Unavailable("connection closed: the peer process is gone"));
         }
       }
       *progressed = true;
@@ -827,8 +835,7 @@ Result<Listener> Listen(const std::string& address) {
   return l;
 }
 
-Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers,
-                                                       Listener listener,
+Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers, Listener listener,
                                                        const TransportOptions& options) {
   if (rank < 0 || rank >= peers.size()) return InvalidArgument("rank outside the peer table");
   if (peers.address_of_rank.size() != peers.port_of_rank.size()) {

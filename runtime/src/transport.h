@@ -30,8 +30,8 @@ inline Deadline DeadlineAfter(int timeout_ms) {
 struct Op {
   enum Kind { kSend, kRecv, kRecvReduce };
   Kind kind = kSend;
-  int peer = -1;          // global rank
-  void* buf = nullptr;    // kSend: the source; kRecv/kRecvReduce: the destination
+  int peer = -1;        // global rank
+  void* buf = nullptr;  // kSend: the source; kRecv/kRecvReduce: the destination
   size_t bytes = 0;
   // kRecvReduce only: buf[i] = reduce(src[i], incoming[i]) over elements of elem_size bytes,
   // applied as data arrives (so reduction overlaps the transfer). src may equal buf.
@@ -101,11 +101,11 @@ class Transport {
 };
 
 struct TransportOptions {
-  bool use_shm = true;              // shared memory for same-host peers
+  bool use_shm = true;  // shared memory for same-host peers
   // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
   // pair also has a 32 KiB ring per direction for small messages.)
   size_t shm_ring_bytes = 1 << 20;
-  bool spin = true;                 // busy-wait briefly before sleeping (off when oversubscribed)
+  bool spin = true;  // busy-wait briefly before sleeping (off when oversubscribed)
 };
 
 // A bound, listening TCP socket (port 0 picks one), and this rank's local listener for
@@ -120,8 +120,7 @@ Result<Listener> Listen(const std::string& address);
 
 // TCP between hosts, shared memory between ranks on one host. `listener` must be the socket
 // this rank advertised in `peers`.
-Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers,
-                                                       Listener listener,
+Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers, Listener listener,
                                                        const TransportOptions& options);
 
 }  // namespace ringrun::runtime

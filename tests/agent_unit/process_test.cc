@@ -1,3 +1,5 @@
+#include "agent/process.h"
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -6,8 +8,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include "agent/process.h"
 
 namespace ringrun::agent {
 namespace {
@@ -40,10 +40,8 @@ TEST_CASE("a relative command path is resolved from the rank's working directory
 
 TEST_CASE("relative PATH entries are searched from the rank's working directory") {
   Tree t;
-  CHECK(ResolveExecutable("tool", {"PATH=/nonexistent:bin"}, t.dir).value() ==
-        t.dir + "/bin/tool");
-  CHECK(ResolveExecutable("tool", {"PATH=" + t.dir + "/bin"}, "/").value() ==
-        t.dir + "/bin/tool");
+  CHECK(ResolveExecutable("tool", {"PATH=/nonexistent:bin"}, t.dir).value() == t.dir + "/bin/tool");
+  CHECK(ResolveExecutable("tool", {"PATH=" + t.dir + "/bin"}, "/").value() == t.dir + "/bin/tool");
   Result<std::string> missing = ResolveExecutable("tool", {"PATH=/nonexistent"}, t.dir);
   REQUIRE(!missing.ok());
   CHECK_THAT(missing.status().message(), Catch::Contains("not found in PATH (/nonexistent)"));

@@ -13,14 +13,15 @@ source "$(dirname "$0")/lib.sh"
 CASE=${1:?usage: job_test.sh CASE}
 TAG="rr-cluster-$CASE-$$-$RANDOM"
 RINGRUN=("$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$RR_KNOWN_HOSTS")
-H4="rr-h1:1,rr-h2:1,rr-h3:1,rr-h4:1"
+HP=$RR_HOST_PREFIX  # rr-h, or rr<K>-h for RINGRUN_CLUSTER_ID=K
+H4="${HP}1:1,${HP}2:1,${HP}3:1,${HP}4:1"
 
 tagged() { pids_with_env "RR_TEST_TAG=$TAG"; }
 # ringrun-agent processes inside the cluster's namespaces (optionally one host: agents_on 2).
 agents_on() {
   local i p
   for i in ${1:-1 2 3 4}; do
-    for p in $(ip netns pids "rr-h$i" 2>/dev/null); do
+    for p in $(ip netns pids "${HP}$i" 2>/dev/null); do
       tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q "ringrun-agent" && echo "$p"
     done
   done
@@ -28,8 +29,8 @@ agents_on() {
 job_left() { tagged; agents_on "$@"; }
 tagged_on() {  # host index: tagged processes in that namespace
   local p ns
-  ns=$(readlink "/var/run/netns/rr-h$1" 2>/dev/null || true)
-  for p in $(ip netns pids "rr-h$1" 2>/dev/null); do
+  ns=$(readlink "/var/run/netns/${HP}$1" 2>/dev/null || true)
+  for p in $(ip netns pids "${HP}$1" 2>/dev/null); do
     tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "RR_TEST_TAG=$TAG" && echo "$p"
   done
 }
@@ -57,29 +58,29 @@ wait_job() {
 case $CASE in
 placement)
   cd "$TMP" || exit 1
-  out=$(timeout 60 "${RINGRUN[@]}" -np 8 -H rr-h1:2,rr-h2:2,rr-h3:2,rr-h4:2 -x "RR_TEST_TAG=$TAG" \
+  out=$(timeout 60 "${RINGRUN[@]}" -np 8 -H ${HP}1:2,${HP}2:2,${HP}3:2,${HP}4:2 -x "RR_TEST_TAG=$TAG" \
     /bin/sh -c 'echo "host=$(hostname) rank=$RINGRUN_RANK local=$RINGRUN_LOCAL_RANK/$RINGRUN_LOCAL_SIZE cross=$RINGRUN_CROSS_RANK/$RINGRUN_CROSS_SIZE size=$RINGRUN_SIZE hvd=$HOROVOD_HOSTNAME/$HOROVOD_RANK torch=$RANK/$WORLD_SIZE/$LOCAL_RANK/$GROUP_RANK master=$MASTER_ADDR tag=$RR_TEST_TAG pwd=$(pwd)"' 2>&1)
   rc=$?
   [[ $rc == 0 ]] && pass "8 ranks on 4 hosts exit 0" || fail "rc=$rc: $out"
   for r in $(seq 0 7); do
     h=$((r / 2 + 1)); l=$((r % 2)); c=$((r / 2))
-    expect_in "$out" "[$r]<stdout>:host=rr-h$h rank=$r local=$l/2 cross=$c/4 size=8 hvd=rr-h$h/$r torch=$r/8/$l/$c master=198.18.0.2 tag=$TAG pwd=$TMP" "rank $r: placement, environment, tag, cwd"
+    expect_in "$out" "[$r]<stdout>:host=${HP}$h rank=$r local=$l/2 cross=$c/4 size=8 hvd=${HP}$h/$r torch=$r/8/$l/$c master=${RR_NET}.2 tag=$TAG pwd=$TMP" "rank $r: placement, environment, tag, cwd"
   done
   mkdir -p "$TMP/bin"
   printf '#!/bin/sh\necho "relative ok on $(hostname)"\n' >"$TMP/bin/hello"
   chmod +x "$TMP/bin/hello"
-  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 bin/hello 2>&1)
-  expect_in "$out" "[1]<stdout>:relative ok on rr-h3" "a command path relative to the launcher's directory, remotely"
-  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 --wdir /tmp /bin/pwd 2>&1)
+  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H ${HP}2:1,${HP}3:1 bin/hello 2>&1)
+  expect_in "$out" "[1]<stdout>:relative ok on ${HP}3" "a command path relative to the launcher's directory, remotely"
+  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H ${HP}2:1,${HP}3:1 --wdir /tmp /bin/pwd 2>&1)
   expect_in "$out" "[1]<stdout>:/tmp" "--wdir on a remote host"
-  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 --wdir /nonexistent-rr-dir /bin/pwd 2>&1)
+  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H ${HP}2:1,${HP}3:1 --wdir /nonexistent-rr-dir /bin/pwd 2>&1)
   rc=$?
   [[ $rc != 0 ]] && pass "a missing --wdir fails the job" || fail "missing wdir: rc=0"
   expect_in "$out" "/nonexistent-rr-dir" "  naming the path"
-  if grep -q "rr-h[23]" <<<"$out"; then pass "  naming the host"; else fail "  no host in: $out"; fi
+  if grep -q "${HP}[23]" <<<"$out"; then pass "  naming the host"; else fail "  no host in: $out"; fi
   n=$(grep -c "/nonexistent-rr-dir" <<<"$out")
   ((n == 1)) && pass "  reported once" || fail "  reported $n times: $out"
-  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H rr-h2:1,rr-h3:1 /nonexistent-rr-cmd 2>&1)
+  out=$(timeout 60 "${RINGRUN[@]}" -np 2 -H ${HP}2:1,${HP}3:1 /nonexistent-rr-cmd 2>&1)
   [[ $? != 0 ]] && pass "a missing command fails the job" || fail "missing command: rc=0"
   expect_in "$out" "/nonexistent-rr-cmd" "  naming the command"
   ;;
@@ -89,8 +90,8 @@ exitcode)
     'if [ "$RINGRUN_RANK" = 2 ]; then echo "boom on $(hostname)" >&2; exit 3; fi; exec sleep 60' 2>&1)
   rc=$?
   [[ $rc == 3 ]] && pass "the failing rank's code (3) is ringrun's" || fail "rc=$rc: $out"
-  expect_in "$out" "boom on rr-h3" "its stderr is shown"
-  if grep -q "rank 2.*rr-h3\|rr-h3.*rank 2" <<<"$out"; then pass "the message names rank 2 and rr-h3"
+  expect_in "$out" "boom on ${HP}3" "its stderr is shown"
+  if grep -q "rank 2.*${HP}3\|${HP}3.*rank 2" <<<"$out"; then pass "the message names rank 2 and ${HP}3"
   else fail "no rank/host in: $out"; fi
   ((SECONDS - start < 20)) && pass "the others are ended promptly" || fail "took $((SECONDS - start))s"
   wait_gone 5 job_left && pass "nothing left on any host" || fail "left: $(job_left)"
@@ -98,13 +99,13 @@ exitcode)
 agentkill)
   start_sleeping_job 4 "$H4" 120
   victim=$(agents_on 2 | head -1)
-  [[ -n $victim ]] || { fail "no agent on rr-h2"; finish; }
+  [[ -n $victim ]] || { fail "no agent on ${HP}2"; finish; }
   kill -9 "$victim"
   wait_job 25
   [[ $JOB_RC != 0 && $JOB_RC != timeout ]] && pass "the job ends non-zero (rc=$JOB_RC, ${JOB_SECS}s)" ||
     fail "rc=$JOB_RC after ${JOB_SECS}s"
-  expect_in "$(cat "$JOB_LOG")" "rr-h2" "the message names the host"
-  wait_gone 5 tagged_on 2 && pass "rr-h2's ranks died" || fail "left on rr-h2: $(tagged_on 2)"
+  expect_in "$(cat "$JOB_LOG")" "${HP}2" "the message names the host"
+  wait_gone 5 tagged_on 2 && pass "${HP}2's ranks died" || fail "left on ${HP}2: $(tagged_on 2)"
   wait_gone 10 job_left && pass "nothing left on any host" || fail "left: $(job_left)"
   ;;
 launcherkill)
@@ -116,54 +117,54 @@ launcherkill)
   ;;
 linkcut)
   start_sleeping_job 4 "$H4" 120
-  cleanup_hooks+=("ip link set rr-v2 up")
-  ip link set rr-v2 down
+  cleanup_hooks+=("ip link set ${RR_LINK_PREFIX}2 up")
+  ip link set ${RR_LINK_PREFIX}2 down
   cut_at=$SECONDS
   wait_job 35
   [[ $JOB_RC != 0 && $JOB_RC != timeout ]] && ((JOB_SECS <= 30)) &&
     pass "the job ends non-zero within 30 s (rc=$JOB_RC, ${JOB_SECS}s)" || fail "rc=$JOB_RC after ${JOB_SECS}s"
-  expect_in "$(cat "$JOB_LOG")" "rr-h2" "the message names the cut host"
+  expect_in "$(cat "$JOB_LOG")" "${HP}2" "the message names the cut host"
   left=$((20 - (SECONDS - cut_at)))
   wait_gone $((left > 1 ? left : 1)) job_left 2 && pass "the cut host ends the job's processes by itself" ||
-    fail "left on rr-h2 20 s after the cut: $(job_left 2)"
-  ip link set rr-v2 up
+    fail "left on ${HP}2 20 s after the cut: $(job_left 2)"
+  ip link set ${RR_LINK_PREFIX}2 up
   sleep 1
   [[ -z $(job_left) ]] && pass "nothing left once the link is back" || fail "left: $(job_left)"
   ;;
 sshfail)
   : >"$TMP/empty_kh"
-  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/empty_kh" -np 2 -H rr-h1:1,rr-h2:1 /bin/true 2>&1)
+  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/empty_kh" -np 2 -H ${HP}1:1,${HP}2:1 /bin/true 2>&1)
   rc=$?
   [[ $rc == 1 ]] && pass "unknown host key: ringrun exits 1" || fail "rc=$rc"
   expect_in "$out" "host key unknown" "  classified"
   expect_in "$out" "--ssh-accept-new-host-keys" "  with the hint"
   [[ ! -s $TMP/empty_kh ]] && pass "  known_hosts untouched" || fail "known_hosts written"
-  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/empty_kh" --ssh-accept-new-host-keys -np 2 -H rr-h1:1,rr-h2:1 /bin/true 2>&1)
+  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/empty_kh" --ssh-accept-new-host-keys -np 2 -H ${HP}1:1,${HP}2:1 /bin/true 2>&1)
   [[ $? == 0 ]] && pass "--ssh-accept-new-host-keys runs the job" || fail "accept-new: $out"
   [[ $(wc -l <"$TMP/empty_kh") == 2 ]] && pass "  and appends both keys" || fail "known_hosts: $(cat "$TMP/empty_kh")"
-  echo "rr-h1 $(cut -d' ' -f1,2 "$RR_CLUSTER_DIR/h3/ssh_host_ed25519_key.pub")" >"$TMP/changed_kh"
+  echo "${HP}1 $(cut -d' ' -f1,2 "$RR_CLUSTER_DIR/h3/ssh_host_ed25519_key.pub")" >"$TMP/changed_kh"
   before=$(sha256sum <"$TMP/changed_kh")
   fp=$(ssh-keygen -lf "$RR_CLUSTER_DIR/h1/ssh_host_ed25519_key.pub" | awk '{print $2}')
-  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/changed_kh" --ssh-accept-new-host-keys -np 1 -H rr-h1:1 /bin/true 2>&1)
+  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$RR_KEY" --ssh-known-hosts "$TMP/changed_kh" --ssh-accept-new-host-keys -np 1 -H ${HP}1:1 /bin/true 2>&1)
   [[ $? == 1 ]] && pass "changed host key: exits 1" || fail "changed key accepted"
   expect_in "$out" "host key changed" "  classified"
   expect_in "$out" "$fp" "  with the SHA-256 fingerprint"
   [[ $(sha256sum <"$TMP/changed_kh") == "$before" ]] && pass "  known_hosts untouched" || fail "known_hosts changed"
   ssh-keygen -q -t ed25519 -N '' -f "$TMP/wrong_key"
-  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$TMP/wrong_key" --ssh-known-hosts "$RR_KNOWN_HOSTS" -np 1 -H rr-h1:1 /bin/true 2>&1)
+  out=$(timeout 60 "$BIN_DIR/ringrun" -i "$TMP/wrong_key" --ssh-known-hosts "$RR_KNOWN_HOSTS" -np 1 -H ${HP}1:1 /bin/true 2>&1)
   [[ $? == 1 ]] && pass "wrong key: exits 1" || fail "wrong key accepted"
-  expect_in "$out" "rr-h1: authentication denied" "  classified with the host"
+  expect_in "$out" "${HP}1: authentication denied" "  classified with the host"
   start=$(date +%s.%N)
-  out=$(timeout 60 "${RINGRUN[@]}" --ssh-connect-timeout 2 -np 2 -H rr-h1:1,198.18.0.250:1 /bin/true 2>&1)
+  out=$(timeout 60 "${RINGRUN[@]}" --ssh-connect-timeout 2 -np 2 -H ${HP}1:1,${RR_NET}.250:1 /bin/true 2>&1)
   rc=$?
   took=$(echo "$(date +%s.%N) - $start" | bc -l)
   [[ $rc == 1 ]] && pass "unreachable host: exits 1" || fail "rc=$rc"
-  expect_in "$out" "198.18.0.250" "  naming the address"
+  expect_in "$out" "${RR_NET}.250" "  naming the address"
   if grep -qE "timed out|unreachable" <<<"$out"; then pass "  as a timeout"; else fail "  classification: $out"; fi
   (( $(echo "$took < 4" | bc) )) && pass "  within the connect timeout (${took}s for 2 s)" || fail "took ${took}s"
-  out=$(timeout 60 "${RINGRUN[@]}" --agent-path /nonexistent/ringrun-agent -np 1 -H rr-h2:1 /bin/true 2>&1)
+  out=$(timeout 60 "${RINGRUN[@]}" --agent-path /nonexistent/ringrun-agent -np 1 -H ${HP}2:1 /bin/true 2>&1)
   [[ $? == 1 ]] && pass "missing agent: exits 1" || fail "missing agent"
-  expect_in "$out" "ringrun-agent not found at /nonexistent/ringrun-agent on host rr-h2" "  named with path and host"
+  expect_in "$out" "ringrun-agent not found at /nonexistent/ringrun-agent on host ${HP}2" "  named with path and host"
   wait_gone 5 job_left && pass "nothing left" || fail "left: $(job_left)"
   ;;
 secret)
@@ -192,7 +193,7 @@ args)
   rc=$?
   [[ $rc == 0 ]] && pass "the job runs" || fail "rc=$rc: $out"
   for r in 0 1 2 3; do
-    expect_in "$out" "[$r]<stdout>:$expected" "rank $r (rr-h$((r + 1))): every argument and the -x value byte for byte"
+    expect_in "$out" "[$r]<stdout>:$expected" "rank $r (${HP}$((r + 1))): every argument and the -x value byte for byte"
   done
   if ls /tmp/rr-pwned-* >/dev/null 2>&1; then fail "something was executed: $(ls /tmp/rr-pwned-*)"; else pass "nothing in them was executed"; fi
   ;;

@@ -5,15 +5,15 @@
 source "$(dirname "$0")/lib.sh"
 SMOKE="$BIN_DIR/ssh_smoke"
 FAKE="$SRC_DIR/tests/cluster/fake_agent.sh"
-H1=198.18.0.2
+H1=${RR_NET}.2
 smoke() { timeout 30 "$SMOKE" "$@" 2>&1; }
 
 # 1. A normal start: the command line, the secret on stdin, output relayed, Kill() ends it.
 out=$(smoke --host "root@$H1" -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" --agent-path "$FAKE" \
       --kill-after-ms 1500 --wait-s 5)
-expect_in "$out" "hostname=rr-h1" "the agent runs on rr-h1"
+expect_in "$out" "hostname=${RR_HOST_PREFIX}1" "the agent runs on ${RR_HOST_PREFIX}1"
 expect_in "$out" "arg0=--launcher" "--launcher is the first argument"
-expect_in "$out" "arg1=198.18.0.1:1" "the launcher address is the SSH socket's local address"
+expect_in "$out" "arg1=${RR_NET}.1:1" "the launcher address is the SSH socket's local address"
 expect_in "$out" "arg3=0" "--host-index"
 expect_in "$out" "secret_len=64" "the secret arrives as the first stdin line"
 expect_in "$out" "secret_in_cmdline=no" "the secret is on no command line"
@@ -23,10 +23,10 @@ if wait_gone 5 pids_with_cmdline "$FAKE"; then pass "Kill() leaves nothing on th
 else fail "fake agent still running after Kill(): $(pids_with_cmdline "$FAKE")"; fi
 
 # 2. By name (from /etc/hosts), and --launcher-address.
-out=$(smoke --host rr-h2 -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" --agent-path "$FAKE" \
-      --launcher-address 198.18.0.99 --kill-after-ms 1000 --wait-s 5)
-expect_in "$out" "hostname=rr-h2" "a host name from /etc/hosts"
-expect_in "$out" "arg1=198.18.0.99:1" "--launcher-address overrides the socket address"
+out=$(smoke --host ${RR_HOST_PREFIX}2 -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" --agent-path "$FAKE" \
+      --launcher-address ${RR_NET}.99 --kill-after-ms 1000 --wait-s 5)
+expect_in "$out" "hostname=${RR_HOST_PREFIX}2" "a host name from /etc/hosts"
+expect_in "$out" "arg1=${RR_NET}.99:1" "--launcher-address overrides the socket address"
 
 # 3. A missing agent, and a failing one.
 out=$(smoke --host "$H1" -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" \
@@ -71,7 +71,7 @@ out=$(smoke --host "$H1" --port 2222 -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS
 expect_in "$out" "connection refused" "a closed port is refused"
 expect_in "$out" "$H1" "  naming the host"
 start=$SECONDS
-out=$(smoke --host 198.18.0.250 --timeout 2 -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" --agent-path /bin/true)
+out=$(smoke --host ${RR_NET}.250 --timeout 2 -i "$RR_KEY" --known-hosts "$RR_KNOWN_HOSTS" --agent-path /bin/true)
 took=$((SECONDS - start))
 expect_in "$out" "start failed" "an unreachable address fails"
 if grep -qE "timed out|unreachable" <<<"$out"; then pass "  classified as timeout/unreachable"; else fail "  classification: $out"; fi

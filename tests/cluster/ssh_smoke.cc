@@ -50,16 +50,26 @@ int main(int argc, char** argv) {
         h = h.substr(at + 1);
       }
       host.name = h;
-    } else if (a == "-i") cfg.identity_file = next();
-    else if (a == "--known-hosts") cfg.known_hosts = next();
-    else if (a == "--accept-new") cfg.accept_new_host_keys = true;
-    else if (a == "--port") cfg.port = std::atoi(next().c_str());
-    else if (a == "--timeout") cfg.connect_timeout_s = std::atoi(next().c_str());
-    else if (a == "--agent-path") launch.agent_path = next();
-    else if (a == "--wait-s") wait_s = std::atof(next().c_str());
-    else if (a == "--kill-after-ms") kill_after_ms = std::atoi(next().c_str());
-    else if (a == "--launcher-address") cfg.launcher_address = next();
-    else if (a == "--network-interface") cfg.network_interface = next();
+    } else if (a == "-i")
+      cfg.identity_file = next();
+    else if (a == "--known-hosts")
+      cfg.known_hosts = next();
+    else if (a == "--accept-new")
+      cfg.accept_new_host_keys = true;
+    else if (a == "--port")
+      cfg.port = std::atoi(next().c_str());
+    else if (a == "--timeout")
+      cfg.connect_timeout_s = std::atoi(next().c_str());
+    else if (a == "--agent-path")
+      launch.agent_path = next();
+    else if (a == "--wait-s")
+      wait_s = std::atof(next().c_str());
+    else if (a == "--kill-after-ms")
+      kill_after_ms = std::atoi(next().c_str());
+    else if (a == "--launcher-address")
+      cfg.launcher_address = next();
+    else if (a == "--network-interface")
+      cfg.network_interface = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -90,8 +100,9 @@ int main(int argc, char** argv) {
     return 4;
   }
   std::printf("exit=%d\n", *code);
-  if (*code != 0) std::printf("describe=%s\n",
-                              DescribeRemoteAgentExit(host.Display(), launch.agent_path, *code).c_str());
+  if (*code != 0)
+    std::printf("describe=%s\n",
+                DescribeRemoteAgentExit(host.Display(), launch.agent_path, *code).c_str());
   std::printf("tail:\n%s\n", (*handle)->StderrTail().c_str());
   return 0;
 }

@@ -14,12 +14,18 @@ namespace {
 
 const char* CodeText(grpc::StatusCode c) {
   switch (c) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    default: return "OTHER";
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    default:
+      return "OTHER";
   }
 }
 
@@ -47,5 +53,6 @@ int main() {
   grpc::StatusCode wrong = Call(*stub, std::string(64, '0').c_str());
   std::printf("no_secret=%s wrong_secret=%s\n", CodeText(none), CodeText(wrong));
   return none == grpc::StatusCode::UNAUTHENTICATED && wrong == grpc::StatusCode::UNAUTHENTICATED
-             ? 0 : 1;
+             ? 0
+             : 1;
 }

@@ -1,11 +1,11 @@
 // --check-build's text and --check-gpu's parsing and table, in both build configurations.
-#include <catch2/catch.hpp>
+#include "launcher/check_gpu.h"
 
+#include <catch2/catch.hpp>
 #include <chrono>
 
 #include "gpu/gpu_info.h"
 #include "launcher/check_build.h"
-#include "launcher/check_gpu.h"
 #include "ringrun/gpu/config.h"
 
 using namespace ringrun::launcher;
@@ -56,7 +56,8 @@ TEST_CASE("a probe line with devices is a passing row listing them", "[check_gpu
   CHECK(rep.devices[1].pci_bus_id == "0000:3B:00.0");
   const std::string table = FormatGpuTable({rep}, "OK 12.34 GB/s (np=2, 0 wrong)");
   CHECK_THAT(table, Catch::Contains("ALLREDUCE") && Catch::Contains("12.34 GB/s"));
-  CHECK_THAT(table, Catch::Contains("2x NVIDIA H200 (140.4 GiB, cc 9.0) at 0000:19:00.0, 0000:3B:00.0"));
+  CHECK_THAT(table,
+             Catch::Contains("2x NVIDIA H200 (140.4 GiB, cc 9.0) at 0000:19:00.0, 0000:3B:00.0"));
 }
 
 TEST_CASE("anything else is not a probe report", "[check_gpu]") {

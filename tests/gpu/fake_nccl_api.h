@@ -21,12 +21,12 @@ class FakeNcclApi : public NcclApi {
     bool thread_has_context = false;
     int current_device = 0;
     int nccl_version = 22809;
-    unsigned char id_seed = 0;        // GetUniqueId fills byte i with (seed + 37 * i)
-    int init_polls = 2;               // GetAsyncError answers InProgress this often after init
-    bool init_hangs = false;          // ... or forever
-    int enqueue_polls = 1;            // InProgress polls after each collective's enqueue
-    int stream_polls = 2;             // NotReady answers of StreamQuery after each collective
-    bool collective_hangs = false;    // the stream never drains
+    unsigned char id_seed = 0;      // GetUniqueId fills byte i with (seed + 37 * i)
+    int init_polls = 2;             // GetAsyncError answers InProgress this often after init
+    bool init_hangs = false;        // ... or forever
+    int enqueue_polls = 1;          // InProgress polls after each collective's enqueue
+    int stream_polls = 2;           // NotReady answers of StreamQuery after each collective
+    bool collective_hangs = false;  // the stream never drains
     ncclResult_t async_error = ncclSuccess;  // reported on the first poll after an enqueue
     ncclResult_t enqueue_result = ncclSuccess;
   };
@@ -34,14 +34,14 @@ class FakeNcclApi : public NcclApi {
   // What happened.
   struct Record {
     std::vector<int> set_devices;
-    std::string init_id;              // the unique id's bytes given to CommInitRankConfig
+    std::string init_id;  // the unique id's bytes given to CommInitRankConfig
     int init_rank = -1;
     int init_nranks = -1;
-    int init_blocking = -1;           // config->blocking
+    int init_blocking = -1;  // config->blocking
     int aborts = 0;
     int destroys = 0;
     int finalizes = 0;
-    int calls_after_end = 0;          // any call on the communicator after abort/destroy
+    int calls_after_end = 0;               // any call on the communicator after abort/destroy
     std::vector<std::string> collectives;  // "allreduce dtype=7 op=4 count=3"
   };
 
@@ -91,9 +91,12 @@ class FakeNcclApi : public NcclApi {
   }
   const char* CudaErrorString(cudaError_t e) override {
     switch (e) {
-      case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
-      case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-      default: return "fake CUDA error";
+      case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version";
+      case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+      default:
+        return "fake CUDA error";
     }
   }
 
@@ -163,20 +166,24 @@ class FakeNcclApi : public NcclApi {
   }
   ncclResult_t Broadcast(const void*, void*, size_t count, ncclDataType_t dtype, int root,
                          ncclComm_t comm, cudaStream_t) override {
-    return Enqueue(comm, "broadcast dtype=" + std::to_string(dtype) + " root=" +
-                             std::to_string(root) + " count=" + std::to_string(count));
+    return Enqueue(comm, "broadcast dtype=" + std::to_string(dtype) +
+                             " root=" + std::to_string(root) + " count=" + std::to_string(count));
   }
   ncclResult_t AllGather(const void*, void*, size_t count, ncclDataType_t dtype, ncclComm_t comm,
                          cudaStream_t) override {
-    return Enqueue(comm, "allgather dtype=" + std::to_string(dtype) + " count=" +
-                             std::to_string(count));
+    return Enqueue(comm,
+                   "allgather dtype=" + std::to_string(dtype) + " count=" + std::to_string(count));
   }
   const char* GetErrorString(ncclResult_t r) override {
     switch (r) {
-      case ncclRemoteError: return "remote process exited or there was a network error";
-      case ncclSystemError: return "unhandled system error";
-      case ncclInvalidArgument: return "invalid argument";
-      default: return "fake NCCL error";
+      case ncclRemoteError:
+        return "remote process exited or there was a network error";
+      case ncclSystemError:
+        return "unhandled system error";
+      case ncclInvalidArgument:
+        return "invalid argument";
+      default:
+        return "fake NCCL error";
     }
   }
   const char* GetLastError(ncclComm_t) override { return "fake last error"; }
@@ -203,11 +210,11 @@ class FakeNcclApi : public NcclApi {
   }
 
   std::mutex mu_;
-  Script script_;          // guarded by mu_ (mutable fields: current_device)
-  Record record_;          // guarded by mu_
-  bool comm_alive_ = false;             // guarded by mu_
-  int pending_ = 0;                     // guarded by mu_: InProgress polls left; -1 forever
-  int stream_pending_ = 0;              // guarded by mu_
+  Script script_;                             // guarded by mu_ (mutable fields: current_device)
+  Record record_;                             // guarded by mu_
+  bool comm_alive_ = false;                   // guarded by mu_
+  int pending_ = 0;                           // guarded by mu_: InProgress polls left; -1 forever
+  int stream_pending_ = 0;                    // guarded by mu_
   ncclResult_t async_pending_ = ncclSuccess;  // guarded by mu_
   int comm_storage_ = 0;
   int own_stream_ = 0;

@@ -16,8 +16,8 @@
 
 namespace {
 
-const ringrun_dtype kDtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,    RINGRUN_INT32,
-                                 RINGRUN_INT64,   RINGRUN_FLOAT16,  RINGRUN_BFLOAT16,
+const ringrun_dtype kDtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
+                                 RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
                                  RINGRUN_FLOAT32, RINGRUN_FLOAT64};
 const char* const kDtypeNames[] = {"int8",    "uint8",    "int32",   "int64",
                                    "float16", "bfloat16", "float32", "float64"};
@@ -64,11 +64,21 @@ float HalfToFloat(uint16_t h) {
 
 void Encode(ringrun_dtype t, double v, void* dst) {
   switch (t) {
-    case RINGRUN_INT8: *static_cast<int8_t*>(dst) = static_cast<int8_t>(v); break;
-    case RINGRUN_UINT8: *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(v); break;
-    case RINGRUN_INT32: *static_cast<int32_t*>(dst) = static_cast<int32_t>(v); break;
-    case RINGRUN_INT64: *static_cast<int64_t*>(dst) = static_cast<int64_t>(v); break;
-    case RINGRUN_FLOAT16: *static_cast<uint16_t*>(dst) = FloatToHalf(static_cast<float>(v)); break;
+    case RINGRUN_INT8:
+      *static_cast<int8_t*>(dst) = static_cast<int8_t>(v);
+      break;
+    case RINGRUN_UINT8:
+      *static_cast<uint8_t*>(dst) = static_cast<uint8_t>(v);
+      break;
+    case RINGRUN_INT32:
+      *static_cast<int32_t*>(dst) = static_cast<int32_t>(v);
+      break;
+    case RINGRUN_INT64:
+      *static_cast<int64_t*>(dst) = static_cast<int64_t>(v);
+      break;
+    case RINGRUN_FLOAT16:
+      *static_cast<uint16_t*>(dst) = FloatToHalf(static_cast<float>(v));
+      break;
     case RINGRUN_BFLOAT16: {
       float f = static_cast<float>(v);
       uint32_t x;
@@ -76,26 +86,37 @@ void Encode(ringrun_dtype t, double v, void* dst) {
       *static_cast<uint16_t*>(dst) = static_cast<uint16_t>(x >> 16);
       break;
     }
-    case RINGRUN_FLOAT32: *static_cast<float*>(dst) = static_cast<float>(v); break;
-    case RINGRUN_FLOAT64: *static_cast<double*>(dst) = v; break;
+    case RINGRUN_FLOAT32:
+      *static_cast<float*>(dst) = static_cast<float>(v);
+      break;
+    case RINGRUN_FLOAT64:
+      *static_cast<double*>(dst) = v;
+      break;
   }
 }
 
 double Decode(ringrun_dtype t, const void* src) {
   switch (t) {
-    case RINGRUN_INT8: return *static_cast<const int8_t*>(src);
-    case RINGRUN_UINT8: return *static_cast<const uint8_t*>(src);
-    case RINGRUN_INT32: return *static_cast<const int32_t*>(src);
-    case RINGRUN_INT64: return static_cast<double>(*static_cast<const int64_t*>(src));
-    case RINGRUN_FLOAT16: return HalfToFloat(*static_cast<const uint16_t*>(src));
+    case RINGRUN_INT8:
+      return *static_cast<const int8_t*>(src);
+    case RINGRUN_UINT8:
+      return *static_cast<const uint8_t*>(src);
+    case RINGRUN_INT32:
+      return *static_cast<const int32_t*>(src);
+    case RINGRUN_INT64:
+      return static_cast<double>(*static_cast<const int64_t*>(src));
+    case RINGRUN_FLOAT16:
+      return HalfToFloat(*static_cast<const uint16_t*>(src));
     case RINGRUN_BFLOAT16: {
       uint32_t x = static_cast<uint32_t>(*static_cast<const uint16_t*>(src)) << 16;
       float f;
       std::memcpy(&f, &x, 4);
       return f;
     }
-    case RINGRUN_FLOAT32: return *static_cast<const float*>(src);
-    case RINGRUN_FLOAT64: return *static_cast<const double*>(src);
+    case RINGRUN_FLOAT32:
+      return *static_cast<const float*>(src);
+    case RINGRUN_FLOAT64:
+      return *static_cast<const double*>(src);
   }
   return NAN;
 }
@@ -110,10 +131,18 @@ double Expected(ringrun_op op, int size, size_t i) {
     const double v = Value(r, i);
     switch (op) {
       case RINGRUN_SUM:
-      case RINGRUN_AVERAGE: acc += v; break;
-      case RINGRUN_MIN: acc = std::min(acc, v); break;
-      case RINGRUN_MAX: acc = std::max(acc, v); break;
-      case RINGRUN_PRODUCT: acc *= v; break;
+      case RINGRUN_AVERAGE:
+        acc += v;
+        break;
+      case RINGRUN_MIN:
+        acc = std::min(acc, v);
+        break;
+      case RINGRUN_MAX:
+        acc = std::max(acc, v);
+        break;
+      case RINGRUN_PRODUCT:
+        acc *= v;
+        break;
     }
   }
   return op == RINGRUN_AVERAGE ? acc / size : acc;
@@ -144,13 +173,15 @@ struct Checker {
   void Compare(const std::string& what, ringrun_dtype t, const void* dev, size_t n, Want want) {
     const size_t es = ringrun_dtype_size(t);
     std::vector<unsigned char> host(n * es);
-    if (!Cuda(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H")) return;
+    if (!Cuda(cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H"))
+      return;
     for (size_t i = 0; i < n; ++i) {
       const double got = Decode(t, host.data() + i * es);
       const double w = want(i);
       if (got != w) {
         char buf[160];
-        std::snprintf(buf, sizeof(buf), "%s: element %zu is %g, expected %g", what.c_str(), i, got, w);
+        std::snprintf(buf, sizeof(buf), "%s: element %zu is %g, expected %g", what.c_str(), i, got,
+                      w);
         Fail(buf);
         return;
       }
@@ -175,7 +206,8 @@ int main() {
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    std::printf("SKIP: no CUDA device (%s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 77;
   }
   // The program chooses its device, as a training program would; the backend must keep it.

@@ -1,12 +1,12 @@
 // The NCCL backend's logic driven by a fake NCCL: device choice, the non-blocking init and
 // collectives, deadlines, asynchronous errors and Abort() from another thread.
-#include <catch2/catch.hpp>
+#include "gpu/nccl_backend.h"
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
 #include "fake_nccl_api.h"
-#include "gpu/nccl_backend.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;
@@ -76,8 +76,9 @@ TEST_CASE("no driver or no device fails with a message naming the cause", "[back
   auto r = MakeNcclBackend(std::make_shared<FakeNcclApi>(s), Opts(0, 2, 0));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kUnavailable);
-  CHECK_THAT(r.status().message(), Catch::Contains("rank 0/2") &&
-                                       Catch::Contains("no CUDA driver: CUDA driver version is insufficient"));
+  CHECK_THAT(r.status().message(),
+             Catch::Contains("rank 0/2") &&
+                 Catch::Contains("no CUDA driver: CUDA driver version is insufficient"));
 
   FakeNcclApi::Script none;
   none.device_count = 0;
@@ -120,8 +121,7 @@ TEST_CASE("an init that never completes times out and is aborted", "[backend]") 
   CHECK(took < std::chrono::seconds(5));
 }
 
-TEST_CASE("collectives map their arguments and wait for the stream when synchronous",
-          "[backend]") {
+TEST_CASE("collectives map their arguments and wait for the stream when synchronous", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());

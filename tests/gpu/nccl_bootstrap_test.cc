@@ -1,10 +1,9 @@
 // The NCCL bootstrap through the job service, with a fake NCCL: rank 0's unique id goes up in
 // its JoinRequest (runtime's gRPC job client), through the launcher's real JobService and
 // Rendezvous, and must reach every rank's ncclCommInitRankConfig byte for byte.
-#include <catch2/catch.hpp>
-
 #include <grpcpp/grpcpp.h>
 
+#include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
 
@@ -56,7 +55,7 @@ struct Service {
 };
 
 struct RankOutcome {
-  std::string joined_id;   // what the job service handed back
+  std::string joined_id;  // what the job service handed back
   Status backend = Internal("not run");
   std::shared_ptr<FakeNcclApi> api;
 };
@@ -147,7 +146,8 @@ TEST_CASE("rank 0 without a GPU sends no id, and the others are told why", "[boo
       info.address = "127.0.0.1";
       info.port = static_cast<uint16_t>(21000 + r);
       if (r == 0) info.nccl_id = CreateNcclUniqueId(rank0_api);
-      Result<PeerTable> peers = MakeGrpcJobClient(svc.target(), Service::kSecret)->Join(info, 10000);
+      Result<PeerTable> peers =
+          MakeGrpcJobClient(svc.target(), Service::kSecret)->Join(info, 10000);
       if (!peers.ok()) {
         status[r] = peers.status();
         return;

@@ -1,13 +1,13 @@
 // The dtype and op mapping onto NCCL, and the no-CUDA messages. Pure: no GPU needed.
-#include <catch2/catch.hpp>
-
 #include "gpu/nccl_mapping.h"
+
+#include <catch2/catch.hpp>
 
 using namespace ringrun;
 using namespace ringrun::runtime;
 
 namespace {
-constexpr int kNccl = 22809;  // 2.28.9
+constexpr int kNccl = 22809;    // 2.28.9
 constexpr int kOldNccl = 2804;  // 2.8.4: before ncclAvg and ncclBfloat16
 }  // namespace
 
@@ -31,7 +31,8 @@ TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
                                                          {RINGRUN_MIN, ncclMin},
                                                          {RINGRUN_MAX, ncclMax},
                                                          {RINGRUN_PRODUCT, ncclProd}};
-  for (ringrun_dtype dtype : {RINGRUN_FLOAT16, RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64}) {
+  for (ringrun_dtype dtype :
+       {RINGRUN_FLOAT16, RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64}) {
     for (const auto& [op, nccl] : expected) {
       INFO(DtypeName(dtype) << " " << OpName(op));
       Result<ncclRedOp_t> r = ToNcclRedOp(op, dtype, kNccl);

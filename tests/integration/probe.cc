@@ -46,14 +46,31 @@ int main(int argc, char** argv) {
   if (argc < 2) return 2;
   std::string mode = argv[1];
   if (mode == "env") {
-    const char* names[] = {"RINGRUN_RANK", "RINGRUN_SIZE", "RINGRUN_LOCAL_RANK",
-                           "RINGRUN_LOCAL_SIZE", "RINGRUN_CROSS_RANK", "RINGRUN_CROSS_SIZE",
-                           "RINGRUN_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE",
-                           "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-                           "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "RANK", "WORLD_SIZE",
-                           "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                           "MASTER_PORT", "RINGRUN_JOB_SERVICE", "RINGRUN_TEST_X",
-                           "SHLVL", "OLDPWD"};
+    const char* names[] = {"RINGRUN_RANK",
+                           "RINGRUN_SIZE",
+                           "RINGRUN_LOCAL_RANK",
+                           "RINGRUN_LOCAL_SIZE",
+                           "RINGRUN_CROSS_RANK",
+                           "RINGRUN_CROSS_SIZE",
+                           "RINGRUN_HOSTNAME",
+                           "HOROVOD_RANK",
+                           "HOROVOD_SIZE",
+                           "HOROVOD_LOCAL_RANK",
+                           "HOROVOD_LOCAL_SIZE",
+                           "HOROVOD_CROSS_RANK",
+                           "HOROVOD_CROSS_SIZE",
+                           "HOROVOD_HOSTNAME",
+                           "RANK",
+                           "WORLD_SIZE",
+                           "LOCAL_RANK",
+                           "LOCAL_WORLD_SIZE",
+                           "GROUP_RANK",
+                           "MASTER_ADDR",
+                           "MASTER_PORT",
+                           "RINGRUN_JOB_SERVICE",
+                           "RINGRUN_TEST_X",
+                           "SHLVL",
+                           "OLDPWD"};
     for (const char* n : names) {
       const char* v = std::getenv(n);
       if (v) std::printf("%s=%s\n", n, v);

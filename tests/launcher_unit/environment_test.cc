@@ -1,9 +1,10 @@
 // The rank environment: the three name families, the denylist, -x, no duplicates.
+#include "launcher/environment.h"
+
 #include <catch2/catch.hpp>
 #include <map>
 #include <set>
 
-#include "launcher/environment.h"
 #include "ringrun/common/env_contract.h"
 
 using Catch::Matchers::Contains;
@@ -108,7 +109,8 @@ TEST_CASE("environment: all three name families", "[environment]") {
   }
 }
 
-TEST_CASE("environment: GROUP_WORLD_SIZE is left out when the placement lacks it", "[environment]") {
+TEST_CASE("environment: GROUP_WORLD_SIZE is left out when the placement lacks it",
+          "[environment]") {
   RankPlacement p = Placement();
   p.node_count = 0;
   auto env = AsMap(BuildRankEnvironment({}, {}, p, Job()));
@@ -118,34 +120,88 @@ TEST_CASE("environment: GROUP_WORLD_SIZE is left out when the placement lacks it
 
 TEST_CASE("environment: the denylist drops session and contract variables", "[environment]") {
   const std::vector<std::string> launcher = {
-      "PATH=/bin", "HOME=/root", "SHLVL=2", "PWD=/x", "OLDPWD=/y", "_=/usr/bin/ringrun",
-      "SSH_CLIENT=1.2.3.4 5 22", "SSH_CONNECTION=a b c d", "SSH_TTY=/dev/pts/0",
-      "SSH_AUTH_SOCK=/tmp/agent", "TERM_SESSION_ID=w0", "WINDOWID=1", "DISPLAY=:0",
-      "XDG_SESSION_ID=3", "XDG_RUNTIME_DIR=/run/user/0", "PS1=$ ", "PROMPT_COMMAND=x", "TMUX=t",
-      "TMUX_PANE=%1", "STY=s", "RINGRUN_JOB_ID=old", "RINGRUN_SECRET=old", "RINGRUN_TIMEOUT_MS=5000", "HOROVOD_RANK=9",
-      "HOROVOD_SIZE=9", "RANK=9", "WORLD_SIZE=9", "LOCAL_RANK=9", "LOCAL_WORLD_SIZE=9",
-      "GROUP_RANK=9", "MASTER_ADDR=old", "MASTER_PORT=1", "OMPI_COMM_WORLD_RANK=9",
-      "OMPI_COMM_WORLD_SIZE=9", "PMI_RANK=9", "PMIX_RANK=9", "TORCHELASTIC_RUN_ID=r",
-      "SLURM_PROCID=9", "HOROVOD_FUSION_THRESHOLD=64", "NCCL_DEBUG=INFO", "OMPI_MCA_btl=tcp",
-      "CUDA_VISIBLE_DEVICES=0,1", "TERM=xterm", "LANG=C.UTF-8", "SLURM_JOB_ID=77",
+      "PATH=/bin",
+      "HOME=/root",
+      "SHLVL=2",
+      "PWD=/x",
+      "OLDPWD=/y",
+      "_=/usr/bin/ringrun",
+      "SSH_CLIENT=1.2.3.4 5 22",
+      "SSH_CONNECTION=a b c d",
+      "SSH_TTY=/dev/pts/0",
+      "SSH_AUTH_SOCK=/tmp/agent",
+      "TERM_SESSION_ID=w0",
+      "WINDOWID=1",
+      "DISPLAY=:0",
+      "XDG_SESSION_ID=3",
+      "XDG_RUNTIME_DIR=/run/user/0",
+      "PS1=$ ",
+      "PROMPT_COMMAND=x",
+      "TMUX=t",
+      "TMUX_PANE=%1",
+      "STY=s",
+      "RINGRUN_JOB_ID=old",
+      "RINGRUN_SECRET=old",
+      "RINGRUN_TIMEOUT_MS=5000",
+      "HOROVOD_RANK=9",
+      "HOROVOD_SIZE=9",
+      "RANK=9",
+      "WORLD_SIZE=9",
+      "LOCAL_RANK=9",
+      "LOCAL_WORLD_SIZE=9",
+      "GROUP_RANK=9",
+      "MASTER_ADDR=old",
+      "MASTER_PORT=1",
+      "OMPI_COMM_WORLD_RANK=9",
+      "OMPI_COMM_WORLD_SIZE=9",
+      "PMI_RANK=9",
+      "PMIX_RANK=9",
+      "TORCHELASTIC_RUN_ID=r",
+      "SLURM_PROCID=9",
+      "HOROVOD_FUSION_THRESHOLD=64",
+      "NCCL_DEBUG=INFO",
+      "OMPI_MCA_btl=tcp",
+      "CUDA_VISIBLE_DEVICES=0,1",
+      "TERM=xterm",
+      "LANG=C.UTF-8",
+      "SLURM_JOB_ID=77",
       "HOSTNAME=launcher-host",
   };
   auto built = BuildRankEnvironment(launcher, {}, Placement(), Job());
   CheckNoDuplicates(built);
   auto env = AsMap(built);
-  for (const char* kept : {"PATH", "HOME", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "OMPI_MCA_btl",
-                           "CUDA_VISIBLE_DEVICES", "TERM", "LANG", "SLURM_JOB_ID",
-                           "RINGRUN_TIMEOUT_MS"}) {
+  for (const char* kept :
+       {"PATH", "HOME", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "OMPI_MCA_btl",
+        "CUDA_VISIBLE_DEVICES", "TERM", "LANG", "SLURM_JOB_ID", "RINGRUN_TIMEOUT_MS"}) {
     INFO(kept);
     CHECK(env.count(kept) == 1);
     CHECK_FALSE(IsDeniedVariable(kept));
   }
-  for (const char* gone : {"SHLVL", "PWD", "OLDPWD", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
-                           "SSH_AUTH_SOCK", "TERM_SESSION_ID", "WINDOWID", "DISPLAY",
-                           "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "PS1", "PROMPT_COMMAND", "TMUX",
-                           "TMUX_PANE", "STY", "OMPI_COMM_WORLD_RANK",
-                           "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK", "TORCHELASTIC_RUN_ID",
-                           "SLURM_PROCID", "HOSTNAME"}) {
+  for (const char* gone : {"SHLVL",
+                           "PWD",
+                           "OLDPWD",
+                           "_",
+                           "SSH_CLIENT",
+                           "SSH_CONNECTION",
+                           "SSH_TTY",
+                           "SSH_AUTH_SOCK",
+                           "TERM_SESSION_ID",
+                           "WINDOWID",
+                           "DISPLAY",
+                           "XDG_SESSION_ID",
+                           "XDG_RUNTIME_DIR",
+                           "PS1",
+                           "PROMPT_COMMAND",
+                           "TMUX",
+                           "TMUX_PANE",
+                           "STY",
+                           "OMPI_COMM_WORLD_RANK",
+                           "OMPI_COMM_WORLD_SIZE",
+                           "PMI_RANK",
+                           "PMIX_RANK",
+                           "TORCHELASTIC_RUN_ID",
+                           "SLURM_PROCID",
+                           "HOSTNAME"}) {
     INFO(gone);
     CHECK(env.count(gone) == 0);
     CHECK(IsDeniedVariable(gone));
@@ -170,8 +226,8 @@ TEST_CASE("environment: -x overrides the launcher's value in place", "[environme
 }
 
 TEST_CASE("environment: -x passes a denied variable when asked", "[environment]") {
-  auto env = AsMap(BuildRankEnvironment({"SHLVL=3"}, {{"SHLVL", "3"}, {"DISPLAY", ":1"}},
-                                        Placement(), Job()));
+  auto env = AsMap(
+      BuildRankEnvironment({"SHLVL=3"}, {{"SHLVL", "3"}, {"DISPLAY", ":1"}}, Placement(), Job()));
   CHECK(env["SHLVL"] == "3");
   CHECK(env["DISPLAY"] == ":1");
 }
@@ -224,9 +280,11 @@ TEST_CASE("export: -x errors name the flag", "[environment]") {
   CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("-x NOPE"));
   CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("not set"));
   CHECK_THAT(ParseExportFlag("1A=2", {}).status().message(), Contains("-x 1A=2"));
-  CHECK_THAT(ParseExportFlag("A-B=2", {}).status().message(), Contains("not a valid variable name"));
+  CHECK_THAT(ParseExportFlag("A-B=2", {}).status().message(),
+             Contains("not a valid variable name"));
   CHECK_THAT(ParseExportFlag("=2", {}).status().message(), Contains("missing variable name"));
   CHECK_THAT(ParseExportFlag("", {}).status().message(), Contains("-x"));
   CHECK_THAT(ParseExportFlag("RANK=3", {}).status().message(), Contains("set by ringrun"));
-  CHECK_THAT(ParseExportFlag("RINGRUN_SECRET=x", {}).status().message(), Contains("-x RINGRUN_SECRET"));
+  CHECK_THAT(ParseExportFlag("RINGRUN_SECRET=x", {}).status().message(),
+             Contains("-x RINGRUN_SECRET"));
 }

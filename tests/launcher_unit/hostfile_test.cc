@@ -1,12 +1,12 @@
 // Host lists (-H) and hostfiles: every accepted form and every rejected one, each rejection
 // naming the -H element or the file and line.
+#include "launcher/hostfile.h"
+
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <climits>
 #include <string>
-
-#include "launcher/hostfile.h"
 
 using Catch::Matchers::Contains;
 using ringrun::Code;
@@ -136,7 +136,10 @@ TEST_CASE("hostfile: every form, comments, blank lines", "[hostfile]") {
 }
 
 TEST_CASE("hostfile: no trailing newline, UTF-8 BOM", "[hostfile]") {
-  auto r = ParseHostfileText("\xEF\xBB\xBF" "a slots=2\nb", "h.txt");
+  auto r = ParseHostfileText(
+      "\xEF\xBB\xBF"
+      "a slots=2\nb",
+      "h.txt");
   REQUIRE(r.ok());
   CHECK(Shape(*r) == "a:2,b:1");
 }
@@ -193,7 +196,8 @@ TEST_CASE("hostfile: slot=2 is a typo and says so", "[hostfile]") {
   CHECK_THAT(ErrorOf(ParseHostfileText("a max_procs=2\n", "h")),
              Contains("h:1: unknown key 'max_procs' (only slots=N is understood)"));
   CHECK_THAT(ErrorOf(ParseHostfileText("a b\n", "h")), Contains("h:1: unexpected 'b'"));
-  CHECK_THAT(ErrorOf(ParseHostfileText("a:2 slots=2\n", "h")), Contains("h:1: slots=2: slots given twice"));
+  CHECK_THAT(ErrorOf(ParseHostfileText("a:2 slots=2\n", "h")),
+             Contains("h:1: slots=2: slots given twice"));
 }
 
 TEST_CASE("hostfile: the same host on two lines names both", "[hostfile]") {

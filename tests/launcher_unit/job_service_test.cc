@@ -1,13 +1,14 @@
 // The job service in-process, on a loopback port 0: the secret gates every call, events reach
 // the job, and output routing keeps lines whole.
-#include <catch2/catch.hpp>
+#include "launcher/job_service.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <thread>
 
-#include "launcher/job_service.h"
 #include "launcher/output.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
@@ -33,14 +34,14 @@ class FakeEvents final : public JobEvents {
 };
 
 struct Server {
-  explicit Server(const std::string& secret) : rendezvous(1, "job"),
-        service(secret, &events, &rendezvous, 100, 1000) {
+  explicit Server(const std::string& secret)
+      : rendezvous(1, "job"), service(secret, &events, &rendezvous, 100, 1000) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&service);
     server = b.BuildAndStart();
-    stub = v1::JobService::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    stub = v1::JobService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                       grpc::InsecureChannelCredentials()));
   }
   ~Server() {
     service.Close();
@@ -165,8 +166,9 @@ TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]
   std::fclose(out);
   std::string text(buf, len);
   free(buf);
-  CHECK(text == "[3]<stdout>:a\n[3]<stdout>:\n[3]<stdout>:b\n[3]<stderr>:e1\n[3]<stderr>:e2\n"
-                "[3]<stderr>:e3\n[3]<stderr>:partial\n");
+  CHECK(text ==
+        "[3]<stdout>:a\n[3]<stdout>:\n[3]<stdout>:b\n[3]<stderr>:e1\n[3]<stderr>:e2\n"
+        "[3]<stderr>:e3\n[3]<stderr>:partial\n");
   CHECK(router.StderrTail(3) == "e3\npartial\n");
   CHECK(seen.size() == 7);
 }

@@ -1,10 +1,11 @@
 // The command line: every flag, every usage error (exit 2, naming the flag or file:line), and
 // the command arriving byte for byte.
+#include "launcher/options.h"
+
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include "launcher/options.h"
 #include "ringrun/common/version.h"
 
 using Catch::Matchers::Contains;
@@ -91,8 +92,8 @@ TEST_CASE("cli: --hostfile", "[options]") {
 }
 
 TEST_CASE("cli: -x, repeatable, NAME and NAME=VALUE", "[options]") {
-  Options o = Ok({"-x", "FOO", "-x", "BAR=a b", "-xBAZ=", "-x", "FOO=2", "-np", "1", "prog"},
-                 {"FOO=1"});
+  Options o =
+      Ok({"-x", "FOO", "-x", "BAR=a b", "-xBAZ=", "-x", "FOO=2", "-np", "1", "prog"}, {"FOO=1"});
   REQUIRE(o.exports.size() == 3);
   CHECK(o.exports[0] == std::make_pair(std::string("FOO"), std::string("2")));
   CHECK(o.exports[1] == std::make_pair(std::string("BAR"), std::string("a b")));
@@ -140,11 +141,28 @@ TEST_CASE("cli: --log-level and --verbose", "[options]") {
 }
 
 TEST_CASE("cli: SSH flags", "[options]") {
-  const std::string key = std::string(RINGRUN_HOSTFILES_DIR) + "/localhost.txt";  // any readable file
-  Options o = Ok({"-H", "alice@h1:2,h2", "-i", key, "-p", "2222", "--ssh-known-hosts", "/tmp/kh",
-                  "--ssh-accept-new-host-keys", "--ssh-fanout", "8", "--ssh-connect-timeout", "3",
-                  "--agent-path", "/opt/ringrun-agent", "--launcher-address", "198.18.0.1",
-                  "--wdir", "/srv/job", "prog"});
+  const std::string key =
+      std::string(RINGRUN_HOSTFILES_DIR) + "/localhost.txt";  // any readable file
+  Options o = Ok({"-H",
+                  "alice@h1:2,h2",
+                  "-i",
+                  key,
+                  "-p",
+                  "2222",
+                  "--ssh-known-hosts",
+                  "/tmp/kh",
+                  "--ssh-accept-new-host-keys",
+                  "--ssh-fanout",
+                  "8",
+                  "--ssh-connect-timeout",
+                  "3",
+                  "--agent-path",
+                  "/opt/ringrun-agent",
+                  "--launcher-address",
+                  "198.18.0.1",
+                  "--wdir",
+                  "/srv/job",
+                  "prog"});
   CHECK(o.ssh_identity_file == key);
   CHECK(o.ssh_port == 2222);
   CHECK(o.ssh_known_hosts == "/tmp/kh");
@@ -179,13 +197,32 @@ TEST_CASE("cli: --help and --version exit 0", "[options]") {
   CHECK(out.kind == ParseOutcome::kExitNow);
   CHECK(out.exit_code == 0);
   CHECK_THAT(out.message, StartsWith("Usage: ringrun [OPTIONS] [--] COMMAND [ARGS...]"));
-  for (const char* flag : {"--num-proc", "-np", "--hosts", "--hostfile", "-x", "--start-timeout",
-                           "--grace-period", "--output-filename", "--prefix-timestamp",
-                           "--dry-run", "--log-level", "--verbose", "--version",
-                           "--ssh-identity-file", "--ssh-port", "--ssh-known-hosts",
-                           "--ssh-accept-new-host-keys", "--ssh-fanout", "--ssh-connect-timeout",
-                           "--agent-path", "--launcher-address", "--network-interface", "--wdir",
-                           "--check-gpu", "--allreduce", "--check-build"}) {
+  for (const char* flag : {"--num-proc",
+                           "-np",
+                           "--hosts",
+                           "--hostfile",
+                           "-x",
+                           "--start-timeout",
+                           "--grace-period",
+                           "--output-filename",
+                           "--prefix-timestamp",
+                           "--dry-run",
+                           "--log-level",
+                           "--verbose",
+                           "--version",
+                           "--ssh-identity-file",
+                           "--ssh-port",
+                           "--ssh-known-hosts",
+                           "--ssh-accept-new-host-keys",
+                           "--ssh-fanout",
+                           "--ssh-connect-timeout",
+                           "--agent-path",
+                           "--launcher-address",
+                           "--network-interface",
+                           "--wdir",
+                           "--check-gpu",
+                           "--allreduce",
+                           "--check-build"}) {
     INFO(flag);
     CHECK_THAT(out.message, Contains(flag));
   }
@@ -208,7 +245,8 @@ TEST_CASE("cli error: -np 0 and -np -1", "[options]") {
   CHECK_THAT(Usage({"--num-proc", "0", "prog"}), Contains("--num-proc 0"));
   CHECK_THAT(Usage({"-np", "abc", "prog"}), Contains("-np abc: not a whole number"));
   CHECK_THAT(Usage({"-np", "4x", "prog"}), Contains("-np 4x"));
-  CHECK_THAT(Usage({"-np", "99999999999999", "prog"}), Contains("-np 99999999999999: must be at most"));
+  CHECK_THAT(Usage({"-np", "99999999999999", "prog"}),
+             Contains("-np 99999999999999: must be at most"));
   CHECK_THAT(Usage({"-np", "40000000", "prog"}), Contains("-np 40000000: must be at most"));
   CHECK_THAT(Usage({"-np", " 4", "prog"}), Contains("-np  4: not a whole number"));
   CHECK_THAT(Usage({"-np", "+4", "prog"}), Contains("-np +4: not a whole number"));
@@ -233,7 +271,8 @@ TEST_CASE("cli error: a flag without its value", "[options]") {
   CHECK_THAT(Usage({"-np", "1", "--hostfile"}), Contains("--hostfile needs a value"));
   CHECK_THAT(Usage({"-H"}), Contains("-H needs a value"));
   CHECK_THAT(Usage({"-x"}), Contains("-x needs a value"));
-  CHECK_THAT(Usage({"-np", "--dry-run", "prog"}), Contains("-np needs a value (N), but --dry-run follows it"));
+  CHECK_THAT(Usage({"-np", "--dry-run", "prog"}),
+             Contains("-np needs a value (N), but --dry-run follows it"));
   CHECK_THAT(Usage({"-np", "--", "prog"}), Contains("-np needs a value"));
   CHECK_THAT(Usage({"--hosts=", "prog"}), Contains("--hosts needs a value"));
   CHECK_THAT(Usage({"-np", "", "prog"}), Contains("-np needs a value"));
@@ -247,13 +286,18 @@ TEST_CASE("cli error: a flag without its value", "[options]") {
 }
 
 TEST_CASE("cli error: hostfile problems name file and line", "[options]") {
-  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slots-abc.txt"), "p"}), Contains("bad-slots-abc.txt:3: slots=abc"));
-  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slots-zero.txt"), "p"}), Contains("bad-slots-zero.txt:2: slots=0"));
+  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slots-abc.txt"), "p"}),
+             Contains("bad-slots-abc.txt:3: slots=abc"));
+  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slots-zero.txt"), "p"}),
+             Contains("bad-slots-zero.txt:2: slots=0"));
   CHECK_THAT(Usage({"--hostfile", Fixture("bad-slots-negative.txt"), "p"}),
              Contains("bad-slots-negative.txt:4: slots=-3"));
-  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slot-typo.txt"), "p"}), Contains("bad-slot-typo.txt:2"));
-  CHECK_THAT(Usage({"--hostfile", Fixture("bad-duplicate.txt"), "p"}), Contains("bad-duplicate.txt:4"));
-  CHECK_THAT(Usage({"--hostfile", Fixture("bad-empty.txt"), "p"}), Contains("bad-empty.txt: no hosts"));
+  CHECK_THAT(Usage({"--hostfile", Fixture("bad-slot-typo.txt"), "p"}),
+             Contains("bad-slot-typo.txt:2"));
+  CHECK_THAT(Usage({"--hostfile", Fixture("bad-duplicate.txt"), "p"}),
+             Contains("bad-duplicate.txt:4"));
+  CHECK_THAT(Usage({"--hostfile", Fixture("bad-empty.txt"), "p"}),
+             Contains("bad-empty.txt: no hosts"));
   CHECK_THAT(Usage({"--hostfile", Fixture("nonexistent.txt"), "p"}),
              Contains("nonexistent.txt: cannot open hostfile: No such file or directory"));
 }
@@ -278,19 +322,24 @@ TEST_CASE("cli error: no hosts and no -np, no command", "[options]") {
 }
 
 TEST_CASE("cli error: values out of range name the flag", "[options]") {
-  CHECK_THAT(Usage({"-np", "1", "--start-timeout", "0", "p"}), Contains("--start-timeout 0: must be at least 1"));
+  CHECK_THAT(Usage({"-np", "1", "--start-timeout", "0", "p"}),
+             Contains("--start-timeout 0: must be at least 1"));
   CHECK_THAT(Usage({"-np", "1", "--start-timeout", "1.5", "p"}), Contains("--start-timeout 1.5"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "-1", "p"}), Contains("--grace-period -1"));
-  CHECK_THAT(Usage({"-np", "1", "--grace-period", "soon", "p"}), Contains("--grace-period soon: not a number"));
+  CHECK_THAT(Usage({"-np", "1", "--grace-period", "soon", "p"}),
+             Contains("--grace-period soon: not a number"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "nan", "p"}), Contains("--grace-period nan"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "0x10", "p"}), Contains("--grace-period 0x10"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "1e3", "p"}), Contains("--grace-period 1e3"));
   CHECK_THAT(Usage({"-np", "1", "--grace-period", "3601", "p"}), Contains("must be at most"));
   CHECK_THAT(Usage({"-np", "1", "-p", "0", "p"}), Contains("-p 0: must be at least 1"));
-  CHECK_THAT(Usage({"-np", "1", "--ssh-port", "70000", "p"}), Contains("--ssh-port 70000: must be at most 65535"));
+  CHECK_THAT(Usage({"-np", "1", "--ssh-port", "70000", "p"}),
+             Contains("--ssh-port 70000: must be at most 65535"));
   CHECK_THAT(Usage({"-np", "1", "--ssh-fanout", "0", "p"}), Contains("--ssh-fanout 0"));
-  CHECK_THAT(Usage({"-np", "1", "--ssh-connect-timeout", "x", "p"}), Contains("--ssh-connect-timeout x"));
-  CHECK_THAT(Usage({"-np", "1", "--log-level", "loud", "p"}), Contains("--log-level loud: not one of"));
+  CHECK_THAT(Usage({"-np", "1", "--ssh-connect-timeout", "x", "p"}),
+             Contains("--ssh-connect-timeout x"));
+  CHECK_THAT(Usage({"-np", "1", "--log-level", "loud", "p"}),
+             Contains("--log-level loud: not one of"));
   CHECK_THAT(Usage({"-np", "1", "-i", "/nonexistent/key", "p"}),
              Contains("-i /nonexistent/key: No such file or directory"));
 }
@@ -314,9 +363,29 @@ TEST_CASE("cli error: diagnostics combinations", "[options]") {
 
 TEST_CASE("cli: the command arrives byte for byte", "[options][integrity]") {
   const std::vector<std::string> command = {
-      "prog", "a b", "'single'", "\"double\"", "$(touch /tmp/pwned)", "`id`", "a;b", "x && y",
-      "line1\nline2", "tab\there", "caf\xC3\xA9 \xE2\x9C\x93 \xF0\x9F\x9A\x80", "", "*", "~",
-      "back\\slash", "--hostfile", "-np", "0", "--", "-x", "--help", "--version", "",
+      "prog",
+      "a b",
+      "'single'",
+      "\"double\"",
+      "$(touch /tmp/pwned)",
+      "`id`",
+      "a;b",
+      "x && y",
+      "line1\nline2",
+      "tab\there",
+      "caf\xC3\xA9 \xE2\x9C\x93 \xF0\x9F\x9A\x80",
+      "",
+      "*",
+      "~",
+      "back\\slash",
+      "--hostfile",
+      "-np",
+      "0",
+      "--",
+      "-x",
+      "--help",
+      "--version",
+      "",
   };
   std::vector<std::string> args = {"-np", "2"};
   args.insert(args.end(), command.begin(), command.end());
@@ -336,8 +405,8 @@ TEST_CASE("cli: -- starts the command, even before a dash word", "[options][inte
 
 TEST_CASE("cli: flags after the command belong to the command", "[options][integrity]") {
   Options o = Ok({"-np", "2", "python", "-u", "train.py", "-np", "5", "-H", "x:9", "--dry-run"});
-  CHECK(o.command == std::vector<std::string>{"python", "-u", "train.py", "-np", "5", "-H", "x:9",
-                                              "--dry-run"});
+  CHECK(o.command ==
+        std::vector<std::string>{"python", "-u", "train.py", "-np", "5", "-H", "x:9", "--dry-run"});
   CHECK(o.np == 2);
   CHECK(Shape(o) == "localhost:2");
   CHECK_FALSE(o.dry_run);

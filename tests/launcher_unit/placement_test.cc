@@ -1,8 +1,8 @@
 // Placement: host by host, local ranks, Horovod's cross ranks, heterogeneous slots.
+#include "launcher/placement.h"
+
 #include <catch2/catch.hpp>
 #include <random>
-
-#include "launcher/placement.h"
 
 using Catch::Matchers::Contains;
 using ringrun::launcher::CheckNumProc;
@@ -127,8 +127,10 @@ TEST_CASE("placement: a long host list is summarised in the error", "[placement]
 }
 
 TEST_CASE("placement: np must be positive, hosts non-empty", "[placement]") {
-  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), 0).status().message(), Contains("-np 0: must be at least 1"));
-  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), -1).status().message(), Contains("-np -1: must be at least 1"));
+  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), 0).status().message(),
+             Contains("-np 0: must be at least 1"));
+  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), -1).status().message(),
+             Contains("-np -1: must be at least 1"));
   CHECK_FALSE(PlaceRanks({}, 1).ok());
   CHECK_FALSE(PlaceRanks(Hosts({{"a", 0}}), 1).ok());
 }

@@ -1,6 +1,5 @@
 // The collectives over real loopback sockets and real shared memory, ranks as threads.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -20,7 +19,7 @@ ThreadJobOptions Options(int np, Mode mode) {
   ThreadJobOptions o;
   o.np = np;
   o.transport.use_shm = mode != Mode::kTcp;
-  o.transport.spin = false;  // ranks are threads on a small machine
+  o.transport.spin = false;               // ranks are threads on a small machine
   o.transport.shm_ring_bytes = 64 << 10;  // small, so that messages wrap many times
   if (mode == Mode::kShmFallback) o.without_local_listener = {2};
   if (mode == Mode::kTwoHosts) {
@@ -84,8 +83,7 @@ TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allred
   }
 }
 
-TEST_CASE("min/max/sum: every rank gets the same bits, NaN propagates, -0 < +0",
-          "[allreduce]") {
+TEST_CASE("min/max/sum: every rank gets the same bits, NaN propagates, -0 < +0", "[allreduce]") {
   // Element i: NaN on rank i % 7 (when that rank exists; the payload names the rank, and
   // i % 14 < 7 puts a NaN on every rank), +0 / -0 (even / odd ranks) where i % 5 == 0, else a
   // small integer. Small counts take recursive doubling, where each pair combines its two
@@ -102,9 +100,11 @@ TEST_CASE("min/max/sum: every rank gets the same bits, NaN propagates, -0 < +0",
                   const uint32_t nan_bits = 0x7fc00000u | static_cast<uint32_t>(rank + 1);
                   for (size_t i = 0; i < count; ++i) {
                     const bool nan = static_cast<int>(i % 7) == rank || i % 14 < 7;
-                    if (nan) std::memcpy(&in[i], &nan_bits, 4);
-                    else in[i] = i % 5 == 0 ? (rank % 2 ? -0.0f : 0.0f)
-                                            : static_cast<float>((i * 3 + rank) % 11);
+                    if (nan)
+                      std::memcpy(&in[i], &nan_bits, 4);
+                    else
+                      in[i] = i % 5 == 0 ? (rank % 2 ? -0.0f : 0.0f)
+                                         : static_cast<float>((i * 3 + rank) % 11);
                   }
                   out[rank].resize(count);
                   Status st = rt.Allreduce(in.data(), out[rank].data(), count, RINGRUN_FLOAT32, op);
@@ -118,8 +118,10 @@ TEST_CASE("min/max/sum: every rank gets the same bits, NaN propagates, -0 < +0",
             size_t bad = 0;
             for (size_t i = 0; i < count; ++i) {
               const float v = out[0][i];
-              if (static_cast<int>(i % 7) < np || i % 14 < 7) bad += !std::isnan(v);
-              else if (i % 5 == 0 && op != RINGRUN_SUM) bad += v != 0 || std::signbit(v) != (op == RINGRUN_MIN);
+              if (static_cast<int>(i % 7) < np || i % 14 < 7)
+                bad += !std::isnan(v);
+              else if (i % 5 == 0 && op != RINGRUN_SUM)
+                bad += v != 0 || std::signbit(v) != (op == RINGRUN_MIN);
             }
             CHECK(bad == 0);
           }
@@ -133,26 +135,25 @@ TEST_CASE("broadcast from every root, small and large", "[broadcast]") {
   for (Mode mode : {Mode::kTcp, Mode::kShm}) {
     for (int np : {1, 2, 3, 5}) {
       DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
-        std::string failures =
-            RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
-              for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, size_t{300001}}) {
-                for (int root = 0; root < np; ++root) {
-                  std::vector<int32_t> buf(count);
-                  for (size_t i = 0; i < count; ++i) {
-                    buf[i] = rank == root ? static_cast<int32_t>(i * 31 + root) : -1;
-                  }
-                  Status st = rt.Broadcast(buf.data(), count, RINGRUN_INT32, root);
-                  if (!st.ok()) return f.Add(rank, st.ToString());
-                  for (size_t i = 0; i < count; ++i) {
-                    if (buf[i] != static_cast<int32_t>(i * 31 + root)) {
-                      return f.Add(rank, "broadcast root " + std::to_string(root) + " count " +
-                                             std::to_string(count) + " wrong at " +
-                                             std::to_string(i));
-                    }
-                  }
+        std::string failures = RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt,
+                                                                   Failures& f) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, size_t{300001}}) {
+            for (int root = 0; root < np; ++root) {
+              std::vector<int32_t> buf(count);
+              for (size_t i = 0; i < count; ++i) {
+                buf[i] = rank == root ? static_cast<int32_t>(i * 31 + root) : -1;
+              }
+              Status st = rt.Broadcast(buf.data(), count, RINGRUN_INT32, root);
+              if (!st.ok()) return f.Add(rank, st.ToString());
+              for (size_t i = 0; i < count; ++i) {
+                if (buf[i] != static_cast<int32_t>(i * 31 + root)) {
+                  return f.Add(rank, "broadcast root " + std::to_string(root) + " count " +
+                                         std::to_string(count) + " wrong at " + std::to_string(i));
                 }
               }
-            });
+            }
+          }
+        });
         INFO(failures);
         CHECK(failures.empty());
       }
@@ -164,70 +165,68 @@ TEST_CASE("allgather, reduce-scatter and all-to-all", "[allgather][reducescatter
   for (Mode mode : {Mode::kTcp, Mode::kShm}) {
     for (int np : {1, 2, 3, 5}) {
       DYNAMIC_SECTION("np=" << np << " shm=" << (mode == Mode::kShm)) {
-        std::string failures =
-            RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt, Failures& f) {
-              for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{70001}}) {
-                // Allgather, out of place and in place (sendbuf = recvbuf + rank * count).
-                std::vector<int64_t> mine(count), all(count * np, -7);
-                for (size_t i = 0; i < count; ++i) mine[i] = rank * 1000000 + i;
-                Status st = rt.Allgather(mine.data(), all.data(), count, RINGRUN_INT64);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                for (int r = 0; r < np; ++r) {
-                  for (size_t i = 0; i < count; ++i) {
-                    if (all[r * count + i] != static_cast<int64_t>(r * 1000000 + i)) {
-                      return f.Add(rank, "allgather wrong at rank block " + std::to_string(r));
-                    }
-                  }
+        std::string failures = RunThreadJob(Options(np, mode), [&](int rank, Runtime& rt,
+                                                                   Failures& f) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{70001}}) {
+            // Allgather, out of place and in place (sendbuf = recvbuf + rank * count).
+            std::vector<int64_t> mine(count), all(count * np, -7);
+            for (size_t i = 0; i < count; ++i) mine[i] = rank * 1000000 + i;
+            Status st = rt.Allgather(mine.data(), all.data(), count, RINGRUN_INT64);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            for (int r = 0; r < np; ++r) {
+              for (size_t i = 0; i < count; ++i) {
+                if (all[r * count + i] != static_cast<int64_t>(r * 1000000 + i)) {
+                  return f.Add(rank, "allgather wrong at rank block " + std::to_string(r));
                 }
-                std::vector<int64_t> inplace(count * np, -7);
-                std::copy(mine.begin(), mine.end(), inplace.begin() + rank * count);
-                st = rt.Allgather(inplace.data() + rank * count, inplace.data(), count,
-                                  RINGRUN_INT64);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                if (inplace != all) return f.Add(rank, "in-place allgather differs");
-
-                // Reduce-scatter (float sum, then average), out of place and sendbuf == recvbuf.
-                std::vector<float> send(count * np), recv(count, -1);
-                for (size_t i = 0; i < send.size(); ++i) send[i] = float((i + rank) % 13);
-                st = rt.ReduceScatter(send.data(), recv.data(), count, RINGRUN_FLOAT32,
-                                      RINGRUN_SUM);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                for (size_t i = 0; i < count; ++i) {
-                  float want = 0;
-                  for (int r = 0; r < np; ++r) want += float((rank * count + i + r) % 13);
-                  if (recv[i] != want) return f.Add(rank, "reducescatter wrong");
-                }
-                std::vector<float> same = send;
-                st = rt.ReduceScatter(same.data(), same.data(), count, RINGRUN_FLOAT32,
-                                      RINGRUN_AVERAGE);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                for (size_t i = 0; i < count; ++i) {
-                  if (same[i] != recv[i] / float(np)) return f.Add(rank, "in-place average wrong");
-                }
-
-                // All-to-all, out of place and in place.
-                std::vector<int32_t> a2a(count * np), got(count * np, -1);
-                for (int to = 0; to < np; ++to) {
-                  for (size_t i = 0; i < count; ++i) a2a[to * count + i] = rank * 100 + to + i;
-                }
-                st = rt.Alltoall(a2a.data(), got.data(), count, RINGRUN_INT32);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                for (int from = 0; from < np; ++from) {
-                  for (size_t i = 0; i < count; ++i) {
-                    if (got[from * count + i] != static_cast<int32_t>(from * 100 + rank + i)) {
-                      return f.Add(rank, "alltoall wrong");
-                    }
-                  }
-                }
-                st = rt.Alltoall(a2a.data(), a2a.data(), count, RINGRUN_INT32);
-                if (!st.ok()) return f.Add(rank, st.ToString());
-                if (a2a != got) return f.Add(rank, "in-place alltoall differs");
               }
-              for (int i = 0; i < 3; ++i) {
-                Status st = rt.Barrier();
-                if (!st.ok()) return f.Add(rank, st.ToString());
+            }
+            std::vector<int64_t> inplace(count * np, -7);
+            std::copy(mine.begin(), mine.end(), inplace.begin() + rank * count);
+            st = rt.Allgather(inplace.data() + rank * count, inplace.data(), count, RINGRUN_INT64);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            if (inplace != all) return f.Add(rank, "in-place allgather differs");
+
+            // Reduce-scatter (float sum, then average), out of place and sendbuf == recvbuf.
+            std::vector<float> send(count * np), recv(count, -1);
+            for (size_t i = 0; i < send.size(); ++i) send[i] = float((i + rank) % 13);
+            st = rt.ReduceScatter(send.data(), recv.data(), count, RINGRUN_FLOAT32, RINGRUN_SUM);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            for (size_t i = 0; i < count; ++i) {
+              float want = 0;
+              for (int r = 0; r < np; ++r) want += float((rank * count + i + r) % 13);
+              if (recv[i] != want) return f.Add(rank, "reducescatter wrong");
+            }
+            std::vector<float> same = send;
+            st =
+                rt.ReduceScatter(same.data(), same.data(), count, RINGRUN_FLOAT32, RINGRUN_AVERAGE);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            for (size_t i = 0; i < count; ++i) {
+              if (same[i] != recv[i] / float(np)) return f.Add(rank, "in-place average wrong");
+            }
+
+            // All-to-all, out of place and in place.
+            std::vector<int32_t> a2a(count * np), got(count * np, -1);
+            for (int to = 0; to < np; ++to) {
+              for (size_t i = 0; i < count; ++i) a2a[to * count + i] = rank * 100 + to + i;
+            }
+            st = rt.Alltoall(a2a.data(), got.data(), count, RINGRUN_INT32);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            for (int from = 0; from < np; ++from) {
+              for (size_t i = 0; i < count; ++i) {
+                if (got[from * count + i] != static_cast<int32_t>(from * 100 + rank + i)) {
+                  return f.Add(rank, "alltoall wrong");
+                }
               }
-            });
+            }
+            st = rt.Alltoall(a2a.data(), a2a.data(), count, RINGRUN_INT32);
+            if (!st.ok()) return f.Add(rank, st.ToString());
+            if (a2a != got) return f.Add(rank, "in-place alltoall differs");
+          }
+          for (int i = 0; i < 3; ++i) {
+            Status st = rt.Barrier();
+            if (!st.ok()) return f.Add(rank, st.ToString());
+          }
+        });
         INFO(failures);
         CHECK(failures.empty());
       }
@@ -237,28 +236,29 @@ TEST_CASE("allgather, reduce-scatter and all-to-all", "[allgather][reducescatter
 
 TEST_CASE("bad arguments are rejected before communicating and leave the runtime usable",
           "[args]") {
-  std::string failures = RunThreadJob(Options(3, Mode::kShm), [&](int rank, Runtime& rt,
-                                                                    Failures& f) {
-    float x[4] = {1, 2, 3, 4};
-    int32_t n[4] = {1, 2, 3, 4};
-    auto expect_invalid = [&](const Status& st, const char* what) {
-      if (st.code() != Code::kInvalidArgument) f.Add(rank, std::string(what) + ": " + st.ToString());
-    };
-    expect_invalid(rt.Allreduce(x, x, 4, static_cast<ringrun_dtype>(99), RINGRUN_SUM), "dtype");
-    expect_invalid(rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, static_cast<ringrun_op>(-1)), "op");
-    expect_invalid(rt.Allreduce(n, n, 4, RINGRUN_INT32, RINGRUN_AVERAGE), "average int");
-    expect_invalid(rt.Allreduce(nullptr, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM), "null");
-    expect_invalid(rt.Allreduce(x, x + 1, 3, RINGRUN_FLOAT32, RINGRUN_SUM), "overlap");
-    expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 2, RINGRUN_FLOAT32, RINGRUN_SUM), "overflow");
-    expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, 3), "root");
-    expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, -1), "negative root");
-    expect_invalid(rt.Allgather(x, nullptr, 1, RINGRUN_FLOAT32), "allgather null");
-    expect_invalid(rt.ReduceScatter(n, n, 1, RINGRUN_INT32, RINGRUN_AVERAGE), "rs average");
-    // Still usable, and nothing above was sent: the next collective matches up.
-    Status st = rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM);
-    if (!st.ok()) return f.Add(rank, st.ToString());
-    if (x[0] != 3 || x[3] != 12) f.Add(rank, "allreduce after rejected calls is wrong");
-  });
+  std::string failures =
+      RunThreadJob(Options(3, Mode::kShm), [&](int rank, Runtime& rt, Failures& f) {
+        float x[4] = {1, 2, 3, 4};
+        int32_t n[4] = {1, 2, 3, 4};
+        auto expect_invalid = [&](const Status& st, const char* what) {
+          if (st.code() != Code::kInvalidArgument)
+            f.Add(rank, std::string(what) + ": " + st.ToString());
+        };
+        expect_invalid(rt.Allreduce(x, x, 4, static_cast<ringrun_dtype>(99), RINGRUN_SUM), "dtype");
+        expect_invalid(rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, static_cast<ringrun_op>(-1)), "op");
+        expect_invalid(rt.Allreduce(n, n, 4, RINGRUN_INT32, RINGRUN_AVERAGE), "average int");
+        expect_invalid(rt.Allreduce(nullptr, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM), "null");
+        expect_invalid(rt.Allreduce(x, x + 1, 3, RINGRUN_FLOAT32, RINGRUN_SUM), "overlap");
+        expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 2, RINGRUN_FLOAT32, RINGRUN_SUM), "overflow");
+        expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, 3), "root");
+        expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, -1), "negative root");
+        expect_invalid(rt.Allgather(x, nullptr, 1, RINGRUN_FLOAT32), "allgather null");
+        expect_invalid(rt.ReduceScatter(n, n, 1, RINGRUN_INT32, RINGRUN_AVERAGE), "rs average");
+        // Still usable, and nothing above was sent: the next collective matches up.
+        Status st = rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM);
+        if (!st.ok()) return f.Add(rank, st.ToString());
+        if (x[0] != 3 || x[3] != 12) f.Add(rank, "allreduce after rejected calls is wrong");
+      });
   INFO(failures);
   CHECK(failures.empty());
 }
@@ -276,8 +276,8 @@ TEST_CASE("a missing peer times out with an error that names it", "[timeout]") {
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       std::vector<float> buf(1 << 18, 1.0f);
-      errors[r] = rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32,
-                                    RINGRUN_SUM);
+      errors[r] =
+          rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32, RINGRUN_SUM);
     });
   }
   for (auto& t : threads) t.join();
@@ -317,8 +317,8 @@ TEST_CASE("a peer that closes mid-collective fails the others at once", "[dead-p
       for (int r : {0, 2}) {
         threads.emplace_back([&, r] {
           std::vector<float> buf(1 << 20, 1.0f);
-          errors[r] = rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32,
-                                        RINGRUN_SUM);
+          errors[r] =
+              rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32, RINGRUN_SUM);
         });
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -381,24 +381,23 @@ TEST_CASE("fp16 average: an average that fits never overflows on the way", "[all
   for (int np : {2, 3}) {
     DYNAMIC_SECTION("np=" << np) {
       for (size_t count : {size_t{3}, size_t{50001}}) {
-        std::string failures =
-            RunThreadJob(Options(np, Mode::kShm), [&](int rank, Runtime& rt, Failures& f) {
-              const uint16_t big = FloatToHalf(40000.0f);
-              std::vector<uint16_t> buf(count * np, big), part(count);
-              Status st = rt.ReduceScatter(buf.data(), part.data(), count, RINGRUN_FLOAT16,
-                                           RINGRUN_AVERAGE);
-              if (!st.ok()) return f.Add(rank, st.ToString());
-              st = rt.Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT16,
-                                RINGRUN_AVERAGE);
-              if (!st.ok()) return f.Add(rank, st.ToString());
-              for (size_t i = 0; i < buf.size(); ++i) {
-                if (buf[i] != big || (i < count && part[i] != big)) {
-                  return f.Add(rank, "element " + std::to_string(i) + ": " +
-                                         std::to_string(HalfToFloat(buf[i])) + " / " +
-                                         std::to_string(HalfToFloat(part[i % count])));
-                }
-              }
-            });
+        std::string failures = RunThreadJob(Options(np, Mode::kShm), [&](int rank, Runtime& rt,
+                                                                         Failures& f) {
+          const uint16_t big = FloatToHalf(40000.0f);
+          std::vector<uint16_t> buf(count * np, big), part(count);
+          Status st =
+              rt.ReduceScatter(buf.data(), part.data(), count, RINGRUN_FLOAT16, RINGRUN_AVERAGE);
+          if (!st.ok()) return f.Add(rank, st.ToString());
+          st = rt.Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT16, RINGRUN_AVERAGE);
+          if (!st.ok()) return f.Add(rank, st.ToString());
+          for (size_t i = 0; i < buf.size(); ++i) {
+            if (buf[i] != big || (i < count && part[i] != big)) {
+              return f.Add(rank, "element " + std::to_string(i) + ": " +
+                                     std::to_string(HalfToFloat(buf[i])) + " / " +
+                                     std::to_string(HalfToFloat(part[i % count])));
+            }
+          }
+        });
         INFO(failures);
         CHECK(failures.empty());
       }

@@ -1,7 +1,5 @@
 // Real worker processes (runtime_test_worker, linked against libringrun.so) joined through a
 // real Rendezvous job server, with the environment contract set as the launcher sets it.
-#include <catch2/catch.hpp>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -9,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -195,8 +194,9 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
   for (const char* shm : {"0", "1"}) {
     DYNAMIC_SECTION("disable_shm=" << shm) {
       constexpr int kTimeoutMs = 3000;
-      Job job(3, {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
-                  std::string("RINGRUN_DISABLE_SHM=") + shm},
+      Job job(3,
+              {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
+               std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
       REQUIRE(job.WaitJoined(30000));
@@ -227,18 +227,13 @@ TEST_CASE("processes: ranks waiting for a late one sleep, on every pair they wai
   // both neighbours late, rank 1's send ring fills and its receive is empty, and it must sleep
   // on both bells at once (futex_waitv), not spin.
   for (int np : {2, 3}) {
-    DYNAMIC_SECTION("np=" << np) {
-      RunMode(np, {}, "late");
-    }
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {}, "late"); }
   }
 }
 
-TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again",
-          "[multiprocess]") {
+TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again", "[multiprocess]") {
   for (int np : {2, 3}) {
-    DYNAMIC_SECTION("np=" << np) {
-      RunMode(np, {}, "reinit");
-    }
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {}, "reinit"); }
   }
 }
 
@@ -254,8 +249,9 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
     DYNAMIC_SECTION("disable_shm=" << shm) {
       constexpr int kNp = 3;
       constexpr int kTimeoutMs = 8000;
-      Job job(kNp, {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
-                    std::string("RINGRUN_DISABLE_SHM=") + shm},
+      Job job(kNp,
+              {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
+               std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
       REQUIRE(job.WaitJoined(30000));

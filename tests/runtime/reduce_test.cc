@@ -1,6 +1,5 @@
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,11 +25,16 @@ bool IsNan(ringrun_dtype t, const unsigned char* p) {
   uint64_t v = 0;
   std::memcpy(&v, p, DtypeSize(t));
   switch (t) {
-    case RINGRUN_FLOAT16: return (v & 0x7fff) > 0x7c00;
-    case RINGRUN_BFLOAT16: return (v & 0x7fff) > 0x7f80;
-    case RINGRUN_FLOAT32: return (v & 0x7fffffffu) > 0x7f800000u;
-    case RINGRUN_FLOAT64: return (v & 0x7fffffffffffffffu) > 0x7ff0000000000000u;
-    default: return false;
+    case RINGRUN_FLOAT16:
+      return (v & 0x7fff) > 0x7c00;
+    case RINGRUN_BFLOAT16:
+      return (v & 0x7fff) > 0x7f80;
+    case RINGRUN_FLOAT32:
+      return (v & 0x7fffffffu) > 0x7f800000u;
+    case RINGRUN_FLOAT64:
+      return (v & 0x7fffffffffffffffu) > 0x7ff0000000000000u;
+    default:
+      return false;
   }
 }
 
@@ -43,8 +47,8 @@ TEST_CASE("the fast kernels give the portable kernels' results, bit for bit", "[
   // three b's; the lengths leave a tail for the scalar remainder.
   if (!HasAvx2()) WARN("no AVX2/F16C here: kBest is the portable build");
   std::mt19937_64 rng(7);
-  const ringrun_dtype dtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,    RINGRUN_INT32,
-                                  RINGRUN_INT64,   RINGRUN_FLOAT16,  RINGRUN_BFLOAT16,
+  const ringrun_dtype dtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
+                                  RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
                                   RINGRUN_FLOAT32, RINGRUN_FLOAT64};
   const ringrun_op ops[] = {RINGRUN_SUM, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT};
   for (ringrun_dtype t : dtypes) {
@@ -57,9 +61,9 @@ TEST_CASE("the fast kernels give the portable kernels' results, bit for bit", "[
     }
     for (int variant = 0; variant < 3; ++variant) {
       for (size_t i = 0; i < b.size(); ++i) {
-        b[i] = variant == 0 ? static_cast<unsigned char>(rng())
-             : variant == 1 ? a[b.size() - 1 - i]  // a reversed (bytes swapped too)
-                            : a[(i + 2 * elem * 977) % a.size()];
+        b[i] = variant == 0   ? static_cast<unsigned char>(rng())
+               : variant == 1 ? a[b.size() - 1 - i]  // a reversed (bytes swapped too)
+                              : a[(i + 2 * elem * 977) % a.size()];
       }
       for (ringrun_op op : ops) {
         std::vector<unsigned char> want(a.size()), got(a.size());
@@ -89,55 +93,55 @@ TEST_CASE("min and max are commutative bit for bit: NaN wins, -0 < +0", "[reduce
   // denormals (DAZ|FTZ: a float compare would see a denormal as zero); checked over every fp16
   // and bf16 pattern against shuffled ones.
   for (int daz = 0; daz < 2; ++daz)
-  for (ReduceIsa isa : {ReduceIsa::kPortable, ReduceIsa::kBest}) {
-    INFO("daz=" << daz);
+    for (ReduceIsa isa : {ReduceIsa::kPortable, ReduceIsa::kBest}) {
+      INFO("daz=" << daz);
 #if defined(__x86_64__)
-    const unsigned saved_csr = _mm_getcsr();
-    if (daz) _mm_setcsr(saved_csr | 0x8040);
+      const unsigned saved_csr = _mm_getcsr();
+      if (daz) _mm_setcsr(saved_csr | 0x8040);
 #endif
-    for (ringrun_dtype t : {RINGRUN_FLOAT16, RINGRUN_BFLOAT16}) {
-      std::vector<uint16_t> a(65536), b(65536), ab(65536), ba(65536);
-      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i);
-      std::mt19937 rng(3);
-      b = a;
-      std::shuffle(b.begin(), b.end(), rng);
-      for (size_t i = 0; i < 64; ++i) b[i] = a[i] ^ 0x8000;  // +-0 against -+0, and so on
-      for (ringrun_op op : {RINGRUN_MIN, RINGRUN_MAX}) {
-        GetReduceFn(t, op, isa)(ab.data(), a.data(), b.data(), a.size());
-        GetReduceFn(t, op, isa)(ba.data(), b.data(), a.data(), a.size());
-        size_t bad = 0;
-        for (size_t i = 0; i < a.size(); ++i) bad += ab[i] != ba[i];
-        INFO(NameOfDtype(t) << " " << NameOfOp(op) << (isa == ReduceIsa::kBest ? " best" : ""));
-        CHECK(bad == 0);
+      for (ringrun_dtype t : {RINGRUN_FLOAT16, RINGRUN_BFLOAT16}) {
+        std::vector<uint16_t> a(65536), b(65536), ab(65536), ba(65536);
+        for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i);
+        std::mt19937 rng(3);
+        b = a;
+        std::shuffle(b.begin(), b.end(), rng);
+        for (size_t i = 0; i < 64; ++i) b[i] = a[i] ^ 0x8000;  // +-0 against -+0, and so on
+        for (ringrun_op op : {RINGRUN_MIN, RINGRUN_MAX}) {
+          GetReduceFn(t, op, isa)(ab.data(), a.data(), b.data(), a.size());
+          GetReduceFn(t, op, isa)(ba.data(), b.data(), a.data(), a.size());
+          size_t bad = 0;
+          for (size_t i = 0; i < a.size(); ++i) bad += ab[i] != ba[i];
+          INFO(NameOfDtype(t) << " " << NameOfOp(op) << (isa == ReduceIsa::kBest ? " best" : ""));
+          CHECK(bad == 0);
+        }
       }
-    }
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    const float inf = std::numeric_limits<float>::infinity();
-    float x[6] = {0.0f, -0.0f, nan, 1.0f, -inf, Bits(0x7fa00001)};  // the last: a signalling NaN
-    float y[6] = {-0.0f, 0.0f, 1.0f, nan, nan, 2.0f};
-    float mn[6], mx[6];
-    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(mn, x, y, 6);
-    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MAX, isa)(mx, x, y, 6);
-    CHECK((std::signbit(mn[0]) && mn[0] == 0 && std::signbit(mn[1]) && mn[1] == 0));
-    CHECK((!std::signbit(mx[0]) && mx[0] == 0 && !std::signbit(mx[1]) && mx[1] == 0));
-    for (int i = 2; i < 6; ++i) {
-      INFO("element " << i);
-      CHECK(std::isnan(mn[i]));
-      CHECK(std::isnan(mx[i]));
-    }
-    double dx[2] = {0.0, std::nan("")}, dy[2] = {-0.0, -5.0}, dm[2];
-    GetReduceFn(RINGRUN_FLOAT64, RINGRUN_MIN, isa)(dm, dx, dy, 2);
-    // A denormal against a tiny normal, both orders: the same bits (the smaller, the denormal).
-    float den[2] = {Bits(0x00020000), Bits(0x2f8c0000)}, rev[2] = {den[1], den[0]}, m1[2], m2[2];
-    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m1, den, rev, 2);
-    GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m2, rev, den, 2);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const float inf = std::numeric_limits<float>::infinity();
+      float x[6] = {0.0f, -0.0f, nan, 1.0f, -inf, Bits(0x7fa00001)};  // the last: a signalling NaN
+      float y[6] = {-0.0f, 0.0f, 1.0f, nan, nan, 2.0f};
+      float mn[6], mx[6];
+      GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(mn, x, y, 6);
+      GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MAX, isa)(mx, x, y, 6);
+      CHECK((std::signbit(mn[0]) && mn[0] == 0 && std::signbit(mn[1]) && mn[1] == 0));
+      CHECK((!std::signbit(mx[0]) && mx[0] == 0 && !std::signbit(mx[1]) && mx[1] == 0));
+      for (int i = 2; i < 6; ++i) {
+        INFO("element " << i);
+        CHECK(std::isnan(mn[i]));
+        CHECK(std::isnan(mx[i]));
+      }
+      double dx[2] = {0.0, std::nan("")}, dy[2] = {-0.0, -5.0}, dm[2];
+      GetReduceFn(RINGRUN_FLOAT64, RINGRUN_MIN, isa)(dm, dx, dy, 2);
+      // A denormal against a tiny normal, both orders: the same bits (the smaller, the denormal).
+      float den[2] = {Bits(0x00020000), Bits(0x2f8c0000)}, rev[2] = {den[1], den[0]}, m1[2], m2[2];
+      GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m1, den, rev, 2);
+      GetReduceFn(RINGRUN_FLOAT32, RINGRUN_MIN, isa)(m2, rev, den, 2);
 #if defined(__x86_64__)
-    _mm_setcsr(saved_csr);
+      _mm_setcsr(saved_csr);
 #endif
-    CHECK((std::signbit(dm[0]) && std::isnan(dm[1])));
-    CHECK(std::memcmp(m1, m2, sizeof m1) == 0);
-    CHECK(std::memcmp(&m1[0], &den[0], 4) == 0);
-  }
+      CHECK((std::signbit(dm[0]) && std::isnan(dm[1])));
+      CHECK(std::memcmp(m1, m2, sizeof m1) == 0);
+      CHECK(std::memcmp(&m1[0], &den[0], 4) == 0);
+    }
 }
 
 #if defined(__x86_64__)
@@ -148,7 +152,8 @@ TEST_CASE("fp16 subnormals survive a thread that flushes denormals (DAZ/FTZ)", "
   _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
   const float widened = HalfToFloat(0x0001);
   std::vector<uint16_t> a(19, 0x0100), b(19, 0x0001), out(19), avg(19, 0x0100);
-  GetReduceFn(RINGRUN_FLOAT16, RINGRUN_SUM, ReduceIsa::kPortable)(out.data(), a.data(), b.data(), 19);
+  GetReduceFn(RINGRUN_FLOAT16, RINGRUN_SUM, ReduceIsa::kPortable)(out.data(), a.data(), b.data(),
+                                                                  19);
   std::vector<uint16_t> fast(19);
   GetReduceFn(RINGRUN_FLOAT16, RINGRUN_SUM)(fast.data(), a.data(), b.data(), 19);  // with a tail
   DivideInPlace(avg.data(), avg.size(), RINGRUN_FLOAT16, 2);

@@ -1,12 +1,12 @@
 // The runtime's joining logic against a fake job service client, and the environment contract.
-#include <catch2/catch.hpp>
+#include "runtime.h"
 
+#include <catch2/catch.hpp>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
 
-#include "runtime.h"
 #include "ringrun/common/env_contract.h"
 
 namespace ringrun::runtime {
@@ -100,7 +100,8 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
   CHECK(env->timeout_ms == 1500);
   CHECK_FALSE(env->use_shm);
   CHECK(ReadJobEnv(Env({{env::kRank, "4"}, {env::kSize, "4"}, {env::kJobService, "x:1"}}))
-            .status().code() == Code::kInvalidArgument);
+            .status()
+            .code() == Code::kInvalidArgument);
   CHECK(ReadJobEnv(Env({{env::kRank, "0"}})).status().code() == Code::kInvalidArgument);
   CHECK(ReadJobEnv(Env({{env::kRank, "0"}, {env::kSize, "2"}})).status().code() ==
         Code::kInvalidArgument);  // no job service

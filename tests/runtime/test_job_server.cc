@@ -5,7 +5,6 @@
 
 namespace ringrun::runtime::testing {
 
-
 std::unique_ptr<TestJobServer> TestJobServer::Start(int size, const std::string& secret,
                                                     const std::string& job_id) {
   std::unique_ptr<TestJobServer> s(new TestJobServer);
@@ -13,8 +12,8 @@ std::unique_ptr<TestJobServer> TestJobServer::Start(int size, const std::string&
   s->secret_ = secret;
   s->job_id_ = job_id;
   s->rendezvous_ = std::make_unique<launcher::Rendezvous>(size, job_id);
-  s->service_ = std::make_unique<launcher::JobService>(secret, nullptr, s->rendezvous_.get(),
-                                                        1000, 10000);
+  s->service_ =
+      std::make_unique<launcher::JobService>(secret, nullptr, s->rendezvous_.get(), 1000, 10000);
   grpc::ServerBuilder b;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s->port_);
   b.RegisterService(s->service_.get());
@@ -27,11 +26,16 @@ std::vector<std::string> TestJobServer::RankEnvironment(int rank) const {
   auto var = [](const char* name, const std::string& value) {
     return std::string(name) + "=" + value;
   };
-  return {var(env::kRank, std::to_string(rank)),      var(env::kSize, std::to_string(size_)),
-          var(env::kLocalRank, std::to_string(rank)), var(env::kLocalSize, std::to_string(size_)),
-          var(env::kCrossRank, "0"),                  var(env::kCrossSize, "1"),
-          var(env::kJobService, target()),            var(env::kSecret, secret_),
-          var(env::kHostAddr, "127.0.0.1"),           var(env::kJobId, job_id_)};
+  return {var(env::kRank, std::to_string(rank)),
+          var(env::kSize, std::to_string(size_)),
+          var(env::kLocalRank, std::to_string(rank)),
+          var(env::kLocalSize, std::to_string(size_)),
+          var(env::kCrossRank, "0"),
+          var(env::kCrossSize, "1"),
+          var(env::kJobService, target()),
+          var(env::kSecret, secret_),
+          var(env::kHostAddr, "127.0.0.1"),
+          var(env::kJobId, job_id_)};
 }
 
 TestJobServer::~TestJobServer() {

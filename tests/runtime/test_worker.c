@@ -26,21 +26,21 @@
 
 static int g_rank = -1;
 
-#define CHECK_RC(call)                                                                 \
-  do {                                                                                 \
-    if ((call) != 0) {                                                                 \
+#define CHECK_RC(call)                                                                     \
+  do {                                                                                     \
+    if ((call) != 0) {                                                                     \
       fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call, ringrun_error_message()); \
-      return 1;                                                                        \
-    }                                                                                  \
+      return 1;                                                                            \
+    }                                                                                      \
   } while (0)
-#define EXPECT(cond, ...)                          \
-  do {                                             \
-    if (!(cond)) {                                 \
-      fprintf(stderr, "rank %d: ", g_rank);        \
-      fprintf(stderr, __VA_ARGS__);                \
-      fprintf(stderr, "\n");                       \
-      return 1;                                    \
-    }                                              \
+#define EXPECT(cond, ...)                   \
+  do {                                      \
+    if (!(cond)) {                          \
+      fprintf(stderr, "rank %d: ", g_rank); \
+      fprintf(stderr, __VA_ARGS__);         \
+      fprintf(stderr, "\n");                \
+      return 1;                             \
+    }                                       \
   } while (0)
 
 static uint16_t to_bf16(float f) {
@@ -67,8 +67,8 @@ static void* bad_root(void* out) {
  * collective fails saying so. */
 static int uninitialized(const char* when) {
   float x = 0;
-  EXPECT(ringrun_rank() == -1 && ringrun_size() == -1, "%s: rank %d size %d", when,
-         ringrun_rank(), ringrun_size());
+  EXPECT(ringrun_rank() == -1 && ringrun_size() == -1, "%s: rank %d size %d", when, ringrun_rank(),
+         ringrun_size());
   EXPECT(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM) != 0 &&
              strstr(ringrun_error_message(), "not initialized") != NULL,
          "%s: allreduce: %s", when, ringrun_error_message());
@@ -151,8 +151,7 @@ static int check(void) {
   EXPECT(ringrun_allreduce(rs, rs, 4, RINGRUN_INT32, RINGRUN_AVERAGE) != 0, "AVERAGE on int");
   char* theirs = NULL;
   pthread_t t;
-  EXPECT(pthread_create(&t, NULL, bad_root, &theirs) == 0 && pthread_join(t, NULL) == 0,
-         "thread");
+  EXPECT(pthread_create(&t, NULL, bad_root, &theirs) == 0 && pthread_join(t, NULL) == 0, "thread");
   EXPECT(theirs != NULL && strstr(theirs, "root") != NULL, "the thread's error: %s",
          theirs ? theirs : "(none)");
   EXPECT(strstr(ringrun_error_message(), "AVERAGE") != NULL,
@@ -232,8 +231,8 @@ static int oom(void) {
            "a reduce-scatter with a rank out of memory succeeded");
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    EXPECT(s < 2.0 && strstr(ringrun_error_message(), "peer rank 0 ") != NULL,
-           "after %.2f s: %s", s, ringrun_error_message());
+    EXPECT(s < 2.0 && strstr(ringrun_error_message(), "peer rank 0 ") != NULL, "after %.2f s: %s",
+           s, ringrun_error_message());
     free(send);
     free(recv);
     return 0;

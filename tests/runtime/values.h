@@ -36,14 +36,44 @@ inline double InputValue(ringrun_op op, ringrun_dtype d, int rank, size_t i) {
 
 inline void Encode(ringrun_dtype d, double v, void* p) {
   switch (d) {
-    case RINGRUN_INT8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case RINGRUN_UINT8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    case RINGRUN_INT32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case RINGRUN_INT64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    case RINGRUN_FLOAT16: { uint16_t x = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case RINGRUN_BFLOAT16: { uint16_t x = FloatToBf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case RINGRUN_FLOAT32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case RINGRUN_FLOAT64: std::memcpy(p, &v, 8); break;
+    case RINGRUN_INT8: {
+      int8_t x = static_cast<int8_t>(v);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case RINGRUN_UINT8: {
+      uint8_t x = static_cast<uint8_t>(v);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case RINGRUN_INT32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case RINGRUN_INT64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case RINGRUN_FLOAT16: {
+      uint16_t x = FloatToHalf(static_cast<float>(v));
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case RINGRUN_BFLOAT16: {
+      uint16_t x = FloatToBf16(static_cast<float>(v));
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case RINGRUN_FLOAT32: {
+      float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case RINGRUN_FLOAT64:
+      std::memcpy(p, &v, 8);
+      break;
   }
 }
 
@@ -53,14 +83,24 @@ inline void Expected(ringrun_op op, ringrun_dtype d, int np, size_t i, void* out
   for (int r = 1; r < np; ++r) {
     const double v = InputValue(op, d, r, i);
     switch (op) {
-      case RINGRUN_SUM: case RINGRUN_AVERAGE: acc += v; break;
-      case RINGRUN_PRODUCT: acc *= v; break;
-      case RINGRUN_MIN: acc = std::min(acc, v); break;
-      case RINGRUN_MAX: acc = std::max(acc, v); break;
+      case RINGRUN_SUM:
+      case RINGRUN_AVERAGE:
+        acc += v;
+        break;
+      case RINGRUN_PRODUCT:
+        acc *= v;
+        break;
+      case RINGRUN_MIN:
+        acc = std::min(acc, v);
+        break;
+      case RINGRUN_MAX:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (d == RINGRUN_INT8) acc = static_cast<double>(static_cast<int8_t>(static_cast<int64_t>(acc)));
-  if (d == RINGRUN_UINT8) acc = static_cast<double>(static_cast<uint8_t>(static_cast<int64_t>(acc)));
+  if (d == RINGRUN_UINT8)
+    acc = static_cast<double>(static_cast<uint8_t>(static_cast<int64_t>(acc)));
   if (op == RINGRUN_AVERAGE && np > 1) {
     if (d == RINGRUN_FLOAT64) {
       acc /= np;
@@ -87,17 +127,16 @@ inline std::string CheckReduced(ringrun_op op, ringrun_dtype d, int np, const ch
   for (size_t i = 0; i < count; ++i) {
     Expected(op, d, np, first_index + i, want);
     if (std::memcmp(want, buf + i * e, e) != 0) {
-      return std::string(NameOfDtype(d)) + " " + NameOfOp(op) + " count " +
-             std::to_string(count) + ": element " + std::to_string(first_index + i) +
-             " differs";
+      return std::string(NameOfDtype(d)) + " " + NameOfOp(op) + " count " + std::to_string(count) +
+             ": element " + std::to_string(first_index + i) + " differs";
     }
   }
   return "";
 }
 
 inline const std::vector<ringrun_dtype>& AllDtypes() {
-  static const std::vector<ringrun_dtype> k = {RINGRUN_INT8,    RINGRUN_UINT8,    RINGRUN_INT32,
-                                               RINGRUN_INT64,   RINGRUN_FLOAT16,  RINGRUN_BFLOAT16,
+  static const std::vector<ringrun_dtype> k = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
+                                               RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
                                                RINGRUN_FLOAT32, RINGRUN_FLOAT64};
   return k;
 }

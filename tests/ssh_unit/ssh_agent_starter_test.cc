@@ -1,5 +1,7 @@
 // The SSH agent starter against a fake connector, the quoting through a real /bin/sh, and the
 // libssh connector's failure classification against loopback sockets.
+#include "launcher/ssh_agent_starter.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <spawn.h>
@@ -14,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/ssh_agent_starter.h"
 #include "ringrun/common/fd.h"
 #include "tests/ssh_unit/fake_ssh.h"
 
@@ -67,9 +68,24 @@ AgentLaunch MakeLaunch() {
   return l;
 }
 
-const std::vector<std::string> kNastyWords = {
-    "plain", "with space", "it's", "\"dq\"", "$(touch /tmp/ringrun-pwned)", "`id`", "a;b", "x\ny",
-    "tab\there", "ünïcødé ✓", "", "\\back\\slash", "$HOME", "*", "'", "''", "--", "-e"};
+const std::vector<std::string> kNastyWords = {"plain",
+                                              "with space",
+                                              "it's",
+                                              "\"dq\"",
+                                              "$(touch /tmp/ringrun-pwned)",
+                                              "`id`",
+                                              "a;b",
+                                              "x\ny",
+                                              "tab\there",
+                                              "ünïcødé ✓",
+                                              "",
+                                              "\\back\\slash",
+                                              "$HOME",
+                                              "*",
+                                              "'",
+                                              "''",
+                                              "--",
+                                              "-e"};
 
 TEST_CASE("ShellQuote round-trips every byte through /bin/sh", "[ssh][unit]") {
   std::string script = "printf '%s\\0'";

@@ -23,11 +23,21 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -55,8 +65,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--report-only") == 0) {
       report_only = true;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("usage: ringrun-gpu-probe [--report-only]\n"
-                  "Prints one JSON line about this host's GPUs; exits 0 if it has one.\n");
+      std::printf(
+          "usage: ringrun-gpu-probe [--report-only]\n"
+          "Prints one JSON line about this host's GPUs; exits 0 if it has one.\n");
       return 0;
     } else {
       std::fprintf(stderr, "ringrun-gpu-probe: unknown argument '%s'\n", argv[i]);
@@ -67,14 +78,12 @@ int main(int argc, char** argv) {
   using ringrun::runtime::FormatNcclVersion;
   const ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
   const bool ok = !info.devices.empty();
-  std::string line = "{\"hostname\":" + JsonString(Hostname()) +
-                     ",\"ok\":" + (ok ? "true" : "false") +
-                     ",\"driver_version\":" + JsonString(FormatCudaVersion(info.driver_version)) +
-                     ",\"runtime_version\":" +
-                     JsonString(FormatCudaVersion(info.build.cuda_runtime_version)) +
-                     ",\"nccl_version\":" +
-                     JsonString(FormatNcclVersion(info.build.nccl_runtime_version)) +
-                     ",\"error\":" + JsonString(info.error) + ",\"devices\":[";
+  std::string line =
+      "{\"hostname\":" + JsonString(Hostname()) + ",\"ok\":" + (ok ? "true" : "false") +
+      ",\"driver_version\":" + JsonString(FormatCudaVersion(info.driver_version)) +
+      ",\"runtime_version\":" + JsonString(FormatCudaVersion(info.build.cuda_runtime_version)) +
+      ",\"nccl_version\":" + JsonString(FormatNcclVersion(info.build.nccl_runtime_version)) +
+      ",\"error\":" + JsonString(info.error) + ",\"devices\":[";
   for (size_t i = 0; i < info.devices.size(); ++i) {
     const auto& d = info.devices[i];
     if (i > 0) line += ",";

@@ -3,16 +3,16 @@
 
 namespace ringrun {
 
-inline constexpr int kDefaultStartTimeoutS = 30;        // --start-timeout
-inline constexpr int kDefaultGraceMs = 5000;            // SIGTERM -> SIGKILL
-inline constexpr int kHeartbeatIntervalMs = 2000;       // Session pings, each way
-inline constexpr int kHeartbeatTimeoutMs = 10000;       // silence that means "lost" (< 15 s bound)
-inline constexpr int kKeepaliveMs = 3000;               // gRPC transport keepalive
+inline constexpr int kDefaultStartTimeoutS = 30;   // --start-timeout
+inline constexpr int kDefaultGraceMs = 5000;       // SIGTERM -> SIGKILL
+inline constexpr int kHeartbeatIntervalMs = 2000;  // Session pings, each way
+inline constexpr int kHeartbeatTimeoutMs = 10000;  // silence that means "lost" (< 15 s bound)
+inline constexpr int kKeepaliveMs = 3000;          // gRPC transport keepalive
 inline constexpr int kKeepaliveTimeoutMs = 5000;
-inline constexpr int kRpcDeadlineMs = 10000;            // unary calls other than Join
-inline constexpr int kJoinTimeoutMs = 120000;           // ringrun_init waiting for every rank
-inline constexpr int kSshConnectTimeoutS = 10;          // --ssh-connect-timeout
-inline constexpr int kSshFanout = 32;                   // --ssh-fanout
-inline constexpr int kStderrTailLines = 10;             // lines shown with a failing rank
+inline constexpr int kRpcDeadlineMs = 10000;    // unary calls other than Join
+inline constexpr int kJoinTimeoutMs = 120000;   // ringrun_init waiting for every rank
+inline constexpr int kSshConnectTimeoutS = 10;  // --ssh-connect-timeout
+inline constexpr int kSshFanout = 32;           // --ssh-fanout
+inline constexpr int kStderrTailLines = 10;     // lines shown with a failing rank
 
 }  // namespace ringrun

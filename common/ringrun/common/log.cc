@@ -8,7 +8,8 @@ bool InitLogging(const std::string& name, const std::string& level) {
   auto lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") return false;
   auto logger = spdlog::stderr_color_mt(name);
-  logger->set_pattern(lvl <= spdlog::level::debug ? "%^" + name + " %H:%M:%S.%f %l%$: %v" : "%^" + name + " %l%$: %v");
+  logger->set_pattern(lvl <= spdlog::level::debug ? "%^" + name + " %H:%M:%S.%f %l%$: %v"
+                                                  : "%^" + name + " %l%$: %v");
   logger->set_level(lvl);
   spdlog::set_default_logger(logger);
   return true;

@@ -108,7 +108,8 @@ Status UnpackPeerColumns(v1::JoinReply* reply) {
   auto* port = reply->mutable_port_of_rank();
   port->Resize(static_cast<int>(n), 0);
   const auto* u = reinterpret_cast<const unsigned char*>(ports);
-  for (uint32_t r = 0; r < n; ++r) port->Set(static_cast<int>(r), uint32_t(u[2 * r]) | uint32_t(u[2 * r + 1]) << 8);
+  for (uint32_t r = 0; r < n; ++r)
+    port->Set(static_cast<int>(r), uint32_t(u[2 * r]) | uint32_t(u[2 * r + 1]) << 8);
   reply->clear_packed_peers();
   reply->clear_packed_size();
   return Status::Ok();

@@ -39,11 +39,15 @@ class Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+inline Status InvalidArgument(std::string m) {
+  return Status(Code::kInvalidArgument, std::move(m));
+}
 inline Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
 inline Status Timeout(std::string m) { return Status(Code::kTimeout, std::move(m)); }
 inline Status Unavailable(std::string m) { return Status(Code::kUnavailable, std::move(m)); }
-inline Status PermissionDenied(std::string m) { return Status(Code::kPermissionDenied, std::move(m)); }
+inline Status PermissionDenied(std::string m) {
+  return Status(Code::kPermissionDenied, std::move(m));
+}
 inline Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
 inline Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
 // "<what>: <strerror(err)>" with the code chosen from errno (ETIMEDOUT -> kTimeout, ...).
@@ -53,8 +57,8 @@ Status ErrnoStatus(const std::string& what, int err);
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}           // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}    // NOLINT: must not be ok()
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: must not be ok()
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;
@@ -73,8 +77,8 @@ class Result {
 
 }  // namespace ringrun
 
-#define RINGRUN_RETURN_IF_ERROR(expr)          \
-  do {                                         \
-    ::ringrun::Status _st = (expr);            \
-    if (!_st.ok()) return _st;                 \
+#define RINGRUN_RETURN_IF_ERROR(expr) \
+  do {                                \
+    ::ringrun::Status _st = (expr);   \
+    if (!_st.ok()) return _st;        \
   } while (0)

@@ -75,23 +75,23 @@ RINGRUN_API int ringrun_cross_rank(void);
 RINGRUN_API int ringrun_cross_size(void);
 
 /* recvbuf[i] = op over ranks of sendbuf[i], for i < count, on every rank. */
-RINGRUN_API int ringrun_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+RINGRUN_API int ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count,
                                   ringrun_dtype dtype, ringrun_op op);
 /* buf on every rank becomes buf of root. */
-RINGRUN_API int ringrun_broadcast(void *buf, size_t count, ringrun_dtype dtype, int root);
+RINGRUN_API int ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root);
 /* recvbuf (size * count elements) holds every rank's sendbuf, in rank order. In place (as in
  * NCCL) means sendbuf == recvbuf + rank * count; any other overlap is handled by a copy. */
-RINGRUN_API int ringrun_allgather(const void *sendbuf, void *recvbuf, size_t count,
+RINGRUN_API int ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count,
                                   ringrun_dtype dtype); /* rank order */
 /* sendbuf holds size * recvcount elements; rank r gets block r of the reduction in recvbuf
  * (recvcount elements). sendbuf == recvbuf is allowed (the result lands at the start), as is
  * NCCL's in place form recvbuf == sendbuf + rank * recvcount. */
-RINGRUN_API int ringrun_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+RINGRUN_API int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
                                       ringrun_dtype dtype, ringrun_op op);
 /* Block j (count_per_rank elements) of sendbuf goes to rank j, which stores it as block r of
  * its recvbuf, where r is the sender. Both hold size * count_per_rank elements; in place
  * (sendbuf == recvbuf) is allowed. */
-RINGRUN_API int ringrun_alltoall(const void *sendbuf, void *recvbuf, size_t count_per_rank,
+RINGRUN_API int ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
                                  ringrun_dtype dtype);
 /* Returns once every rank has entered it. */
 RINGRUN_API int ringrun_barrier(void);
@@ -101,15 +101,15 @@ RINGRUN_API int ringrun_barrier(void);
  * void* so that this header needs no CUDA header): they enqueue the NCCL collective on
  * `cuda_stream` and return at once; the result is ready when the stream reaches it. Host
  * buffers or a NULL stream are rejected before any communication. */
-RINGRUN_API int ringrun_allreduce_async(const void *sendbuf, void *recvbuf, size_t count,
-                                        ringrun_dtype dtype, ringrun_op op, void *cuda_stream);
-RINGRUN_API int ringrun_broadcast_async(void *buf, size_t count, ringrun_dtype dtype, int root,
-                                        void *cuda_stream);
-RINGRUN_API int ringrun_allgather_async(const void *sendbuf, void *recvbuf, size_t count,
-                                        ringrun_dtype dtype, void *cuda_stream);
+RINGRUN_API int ringrun_allreduce_async(const void* sendbuf, void* recvbuf, size_t count,
+                                        ringrun_dtype dtype, ringrun_op op, void* cuda_stream);
+RINGRUN_API int ringrun_broadcast_async(void* buf, size_t count, ringrun_dtype dtype, int root,
+                                        void* cuda_stream);
+RINGRUN_API int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count,
+                                        ringrun_dtype dtype, void* cuda_stream);
 
 /* Why this thread's last failing call failed ("" when it did not fail). Never NULL. */
-RINGRUN_API const char *ringrun_error_message(void);
+RINGRUN_API const char* ringrun_error_message(void);
 
 /* Bytes of one element of dtype; 0 for a value that is not a ringrun_dtype. */
 RINGRUN_API size_t ringrun_dtype_size(ringrun_dtype dtype);

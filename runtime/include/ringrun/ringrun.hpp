@@ -21,13 +21,32 @@ namespace detail {
 inline void Check(int rc, const char* what) {
   if (rc != 0) throw Error(std::string(what) + ": " + ringrun_error_message());
 }
-template <typename T> struct DtypeOf;
-template <> struct DtypeOf<int8_t> { static constexpr ringrun_dtype kValue = RINGRUN_INT8; };
-template <> struct DtypeOf<uint8_t> { static constexpr ringrun_dtype kValue = RINGRUN_UINT8; };
-template <> struct DtypeOf<int32_t> { static constexpr ringrun_dtype kValue = RINGRUN_INT32; };
-template <> struct DtypeOf<int64_t> { static constexpr ringrun_dtype kValue = RINGRUN_INT64; };
-template <> struct DtypeOf<float> { static constexpr ringrun_dtype kValue = RINGRUN_FLOAT32; };
-template <> struct DtypeOf<double> { static constexpr ringrun_dtype kValue = RINGRUN_FLOAT64; };
+template <typename T>
+struct DtypeOf;
+template <>
+struct DtypeOf<int8_t> {
+  static constexpr ringrun_dtype kValue = RINGRUN_INT8;
+};
+template <>
+struct DtypeOf<uint8_t> {
+  static constexpr ringrun_dtype kValue = RINGRUN_UINT8;
+};
+template <>
+struct DtypeOf<int32_t> {
+  static constexpr ringrun_dtype kValue = RINGRUN_INT32;
+};
+template <>
+struct DtypeOf<int64_t> {
+  static constexpr ringrun_dtype kValue = RINGRUN_INT64;
+};
+template <>
+struct DtypeOf<float> {
+  static constexpr ringrun_dtype kValue = RINGRUN_FLOAT32;
+};
+template <>
+struct DtypeOf<double> {
+  static constexpr ringrun_dtype kValue = RINGRUN_FLOAT64;
+};
 }  // namespace detail
 
 // Joins the job on construction and leaves it on destruction. One per process.
@@ -60,7 +79,9 @@ class Session {
                   "ringrun_broadcast");
   }
   template <typename T>
-  void Broadcast(std::vector<T>& buf, int root) { Broadcast(buf.data(), buf.size(), root); }
+  void Broadcast(std::vector<T>& buf, int root) {
+    Broadcast(buf.data(), buf.size(), root);
+  }
   template <typename T>
   void Allgather(const T* send, T* recv, size_t count) {
     detail::Check(ringrun_allgather(send, recv, count, detail::DtypeOf<T>::kValue),

@@ -11,7 +11,6 @@
 
 namespace ringrun::runtime {
 
-
 #if RINGRUN_HAVE_NCCL
 
 GpuBuildInfo GetGpuBuildInfo() {
@@ -73,8 +72,9 @@ GpuBuildInfo GetGpuBuildInfo() { return GpuBuildInfo{}; }
 
 GpuHostInfo ProbeGpus() {
   GpuHostInfo host;
-  host.error = "this build has no CUDA (configured with RINGRUN_WITH_NCCL=OFF, or CUDA/NCCL were "
-               "not found)";
+  host.error =
+      "this build has no CUDA (configured with RINGRUN_WITH_NCCL=OFF, or CUDA/NCCL were "
+      "not found)";
   return host;
 }
 

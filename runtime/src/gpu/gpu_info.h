@@ -20,16 +20,16 @@ GpuBuildInfo GetGpuBuildInfo();
 
 struct GpuDeviceInfo {
   int index = 0;
-  std::string name;              // "NVIDIA H200"
+  std::string name;  // "NVIDIA H200"
   uint64_t total_memory_bytes = 0;
-  int cc_major = 0;              // compute capability
+  int cc_major = 0;  // compute capability
   int cc_minor = 0;
-  std::string pci_bus_id;        // "0000:19:00.0"
+  std::string pci_bus_id;  // "0000:19:00.0"
 };
 
 struct GpuHostInfo {
   GpuBuildInfo build;
-  int driver_version = 0;        // cudaDriverGetVersion(); 0: no driver
+  int driver_version = 0;  // cudaDriverGetVersion(); 0: no driver
   std::vector<GpuDeviceInfo> devices;
   // Why there are no usable devices: "no CUDA driver: <CUDA's text>", "no CUDA device: ...",
   // "this build has no CUDA"; empty when devices is not empty.

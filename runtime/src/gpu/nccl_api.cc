@@ -1,11 +1,10 @@
 #include "gpu/nccl_api.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <cstddef>
-#include <link.h>
-
 #include <cstring>
 
 namespace ringrun::runtime {
@@ -54,8 +53,8 @@ class RealNcclApi final : public NcclApi {
                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
     return ncclAllReduce(send, recv, count, dtype, op, comm, stream);
   }
-  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t dtype,
-                         int root, ncclComm_t comm, cudaStream_t stream) override {
+  ncclResult_t Broadcast(const void* send, void* recv, size_t count, ncclDataType_t dtype, int root,
+                         ncclComm_t comm, cudaStream_t stream) override {
     return ncclBroadcast(send, recv, count, dtype, root, comm, stream);
   }
   ncclResult_t AllGather(const void* send, void* recv, size_t send_count, ncclDataType_t dtype,

@@ -22,10 +22,13 @@ constexpr int kFinalizeTimeoutMs = 5000;
 Code CodeForNccl(ncclResult_t r) {
   switch (r) {
     case ncclInvalidArgument:
-    case ncclInvalidUsage: return Code::kInvalidArgument;
+    case ncclInvalidUsage:
+      return Code::kInvalidArgument;
     case ncclRemoteError:
-    case ncclSystemError: return Code::kUnavailable;
-    default: return Code::kInternal;
+    case ncclSystemError:
+      return Code::kUnavailable;
+    default:
+      return Code::kInternal;
   }
 }
 
@@ -162,8 +165,7 @@ class NcclBackend final : public DeviceBackend {
   // drain, all within the timeout. Collectives are serialized by call_mu_; mu_ is held only for
   // the short non-blocking NCCL calls, so that Abort() from another thread gets in between polls.
   template <typename Enqueue>
-  Status Collective(const char* what, void* user_stream, bool sync, size_t count,
-                    Enqueue enqueue) {
+  Status Collective(const char* what, void* user_stream, bool sync, size_t count, Enqueue enqueue) {
     std::lock_guard<std::mutex> serial(call_mu_);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -174,7 +176,8 @@ class NcclBackend final : public DeviceBackend {
     if (on_device.status() != cudaSuccess) {
       return CudaStatus(std::string(what) + ": cudaSetDevice", on_device.status());
     }
-    cudaStream_t stream = user_stream != nullptr ? static_cast<cudaStream_t>(user_stream) : own_stream_;
+    cudaStream_t stream =
+        user_stream != nullptr ? static_cast<cudaStream_t>(user_stream) : own_stream_;
     const auto deadline = Clock::now() + timeout_;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -191,8 +194,7 @@ class NcclBackend final : public DeviceBackend {
 
   // Polls until the communicator has nothing in progress and, with `wait_stream`, `stream` is
   // idle. A timeout or an asynchronous error aborts the communicator.
-  Status Wait(const char* what, Clock::time_point deadline, cudaStream_t stream,
-              bool wait_stream) {
+  Status Wait(const char* what, Clock::time_point deadline, cudaStream_t stream, bool wait_stream) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -284,8 +286,10 @@ std::string CreateNcclUniqueId(NcclApi& api) {
 
 Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> api,
                                                        const NcclBackendOptions& options) {
-  const std::string who = "rank " + std::to_string(options.rank) + "/" + std::to_string(options.size);
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size || options.local_rank < 0) {
+  const std::string who =
+      "rank " + std::to_string(options.rank) + "/" + std::to_string(options.size);
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size ||
+      options.local_rank < 0) {
     return InvalidArgument(who + ": NCCL backend: bad rank/size/local rank (" +
                            std::to_string(options.local_rank) + ")");
   }
@@ -306,8 +310,9 @@ Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> 
       return Internal(who + ": ncclGetUniqueId: " + api->GetErrorString(r));
     }
   } else if (options.nccl_id.empty()) {
-    return Unavailable(who + ": no NCCL unique id from rank 0 (rank 0's host has no usable GPU or "
-                             "NCCL); device memory cannot be used in this job");
+    return Unavailable(who +
+                       ": no NCCL unique id from rank 0 (rank 0's host has no usable GPU or "
+                       "NCCL); device memory cannot be used in this job");
   } else {
     return InvalidArgument(who + ": NCCL unique id has " + std::to_string(options.nccl_id.size()) +
                            " bytes, expected " + std::to_string(sizeof(id.internal)));

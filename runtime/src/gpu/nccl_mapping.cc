@@ -16,25 +16,38 @@ bool IsFloating(ringrun_dtype dtype) {
 
 const char* DtypeName(ringrun_dtype dtype) {
   switch (dtype) {
-    case RINGRUN_INT8: return "INT8";
-    case RINGRUN_UINT8: return "UINT8";
-    case RINGRUN_INT32: return "INT32";
-    case RINGRUN_INT64: return "INT64";
-    case RINGRUN_FLOAT16: return "FLOAT16";
-    case RINGRUN_BFLOAT16: return "BFLOAT16";
-    case RINGRUN_FLOAT32: return "FLOAT32";
-    case RINGRUN_FLOAT64: return "FLOAT64";
+    case RINGRUN_INT8:
+      return "INT8";
+    case RINGRUN_UINT8:
+      return "UINT8";
+    case RINGRUN_INT32:
+      return "INT32";
+    case RINGRUN_INT64:
+      return "INT64";
+    case RINGRUN_FLOAT16:
+      return "FLOAT16";
+    case RINGRUN_BFLOAT16:
+      return "BFLOAT16";
+    case RINGRUN_FLOAT32:
+      return "FLOAT32";
+    case RINGRUN_FLOAT64:
+      return "FLOAT64";
   }
   return "unknown dtype";
 }
 
 const char* OpName(ringrun_op op) {
   switch (op) {
-    case RINGRUN_SUM: return "SUM";
-    case RINGRUN_AVERAGE: return "AVERAGE";
-    case RINGRUN_MIN: return "MIN";
-    case RINGRUN_MAX: return "MAX";
-    case RINGRUN_PRODUCT: return "PRODUCT";
+    case RINGRUN_SUM:
+      return "SUM";
+    case RINGRUN_AVERAGE:
+      return "AVERAGE";
+    case RINGRUN_MIN:
+      return "MIN";
+    case RINGRUN_MAX:
+      return "MAX";
+    case RINGRUN_PRODUCT:
+      return "PRODUCT";
   }
   return "unknown op";
 }
@@ -54,17 +67,25 @@ std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int 
 
 Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version) {
   switch (dtype) {
-    case RINGRUN_INT8: return ncclInt8;
-    case RINGRUN_UINT8: return ncclUint8;
-    case RINGRUN_INT32: return ncclInt32;
-    case RINGRUN_INT64: return ncclInt64;
-    case RINGRUN_FLOAT16: return ncclFloat16;
-    case RINGRUN_FLOAT32: return ncclFloat32;
-    case RINGRUN_FLOAT64: return ncclFloat64;
+    case RINGRUN_INT8:
+      return ncclInt8;
+    case RINGRUN_UINT8:
+      return ncclUint8;
+    case RINGRUN_INT32:
+      return ncclInt32;
+    case RINGRUN_INT64:
+      return ncclInt64;
+    case RINGRUN_FLOAT16:
+      return ncclFloat16;
+    case RINGRUN_FLOAT32:
+      return ncclFloat32;
+    case RINGRUN_FLOAT64:
+      return ncclFloat64;
     case RINGRUN_BFLOAT16:
       if (nccl_version < kNcclVersionWithAvgAndBf16) {
-        return InvalidArgument("BFLOAT16 on device memory needs NCCL >= 2.10; this process has NCCL " +
-                               FormatNcclVersion(nccl_version));
+        return InvalidArgument(
+            "BFLOAT16 on device memory needs NCCL >= 2.10; this process has NCCL " +
+            FormatNcclVersion(nccl_version));
       }
       return ncclBfloat16;
   }
@@ -74,17 +95,23 @@ Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version) {
 
 Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_version) {
   switch (op) {
-    case RINGRUN_SUM: return ncclSum;
-    case RINGRUN_PRODUCT: return ncclProd;
-    case RINGRUN_MIN: return ncclMin;
-    case RINGRUN_MAX: return ncclMax;
+    case RINGRUN_SUM:
+      return ncclSum;
+    case RINGRUN_PRODUCT:
+      return ncclProd;
+    case RINGRUN_MIN:
+      return ncclMin;
+    case RINGRUN_MAX:
+      return ncclMax;
     case RINGRUN_AVERAGE:
       if (!IsFloating(dtype)) {
-        return InvalidArgument(std::string("AVERAGE is for floating types, not ") + DtypeName(dtype));
+        return InvalidArgument(std::string("AVERAGE is for floating types, not ") +
+                               DtypeName(dtype));
       }
       if (nccl_version < kNcclVersionWithAvgAndBf16) {
-        return InvalidArgument("AVERAGE on device memory needs NCCL >= 2.10 (ncclAvg); this process has NCCL " +
-                               FormatNcclVersion(nccl_version));
+        return InvalidArgument(
+            "AVERAGE on device memory needs NCCL >= 2.10 (ncclAvg); this process has NCCL " +
+            FormatNcclVersion(nccl_version));
       }
       return ncclAvg;
   }

@@ -118,6 +118,17 @@ class ForkExecSpawner final : public Spawner {
     p.err = std::move(err->read);
     return p;
   }
+
+  void SignalGroup(pid_t pgid, int signo) override {
+    if (pgid > 0) ::killpg(pgid, signo);
+  }
+
+  std::optional<Reaped> Reap() override {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return std::nullopt;
+    return Reaped{pid, status};
+  }
 };
 
 }  // namespace

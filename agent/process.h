@@ -1,9 +1,11 @@
-// The seam between the agent and the OS for starting ranks.
+// The seam between the agent and the OS for ranks' processes: starting them, signalling their
+// process groups and reaping them.
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,15 @@ class Spawner {
   // Starts one process. Errors name the path and the errno ("cannot execute 'x': ...",
   // "working directory /d: No such file or directory"); nothing is left running on error.
   virtual Result<SpawnedProcess> Spawn(const SpawnRequest& req) = 0;
+  // Sends `signo` to the process group `pgid` (a rank's pid). A group that is gone is no error.
+  virtual void SignalGroup(pid_t pgid, int signo) = 0;
+  struct Reaped {
+    pid_t pid = -1;
+    int wait_status = 0;  // as waitpid() reports it
+  };
+  // One child that has ended, without blocking; nullopt when none has. Children that are not
+  // ranks (orphans re-parented to a subreaper agent) are reaped and returned too.
+  virtual std::optional<Reaped> Reap() = 0;
 };
 
 // fork + execve. The child leads a new process group, has PR_SET_PDEATHSIG(SIGKILL) so that it

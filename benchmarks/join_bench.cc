@@ -5,9 +5,9 @@
 //
 // Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
 // channels (64 calls each), against a server in this process (the launcher's own JobService: a raw
-// callback Join that checks the secret and forwards to Rendezvous::Join). The time runs from "go"
-// until the last rank has its reply. Compare with `../shared/anchors/run.sh join 1024` (torch
-// TCPStore).
+// callback Join that checks the secret and forwards to Rendezvous::Join, served by StartJobServer).
+// The time runs from "go" until the last rank has its reply. Compare with `../shared/anchors/run.sh
+// join 1024` (torch TCPStore).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
@@ -21,6 +21,7 @@
 #include <mutex>
 #include <vector>
 
+#include "launcher/job_server.h"
 #include "launcher/job_service.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
@@ -109,11 +110,10 @@ double Bench(int n) {
   ringrun::launcher::Rendezvous rendezvous(n, "join-bench");
   // The launcher's own job service (Join only: no agents here).
   ringrun::launcher::JobService service(kSecret, nullptr, &rendezvous, 1000, 10000);
-  int port = 0;
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  auto started = ringrun::launcher::StartJobServer("127.0.0.1:0", service);
+  if (!started.ok()) return -1;
+  const int port = started->port;
+  std::unique_ptr<grpc::Server> server = std::move(started->server);
   const auto t0 = std::chrono::steady_clock::now();
   for (int fd : go) {
     if (write(fd, &port, sizeof(port)) != sizeof(port)) return -1;

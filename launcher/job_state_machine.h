@@ -33,13 +33,14 @@ inline constexpr int kAbandonAfterGraceMs = 3000;
 // What the state machine asks the job to do.
 struct JobCommand {
   enum class Kind {
-    kReport,          // print "ringrun: <text>" on stderr, after the ranks' output so far
-    kSignalRanks,     // forward `signo` to every rank on `hosts`
-    kTerminateRanks,  // tell the agents on `hosts` to end their ranks: SIGTERM, SIGKILL after
-                      // `grace_ms` (at once when 0); `text` is the reason
-    kKillAgent,       // end the agent of `host` now; `text`, when set, is logged as a warning
-    kCloseRegistration,  // refuse registrations from now on and abort the rendezvous, then
-                         // answer with RegistrationClosed()
+    kReport,             // print "ringrun: <text>" on stderr, after the ranks' output so far
+    kSignalRanks,        // forward `signo` to every rank on `hosts`
+    kTerminateRanks,     // tell the agents on `hosts` to end their ranks: SIGTERM, SIGKILL after
+                         // `grace_ms` (at once when 0); `text` is the reason
+    kKillAgent,          // end the agent of `host` now; `text`, when set, is logged as a warning
+    kCloseRegistration,  // refuse registrations from now on, then answer with
+                         // RegistrationClosed()
+    kAbortRendezvous,    // fail the ranks waiting in Join: the job is being torn down
   };
   Kind kind = Kind::kReport;
   std::vector<int> hosts;
@@ -91,8 +92,6 @@ class JobStateMachine {
   bool finished(int host) const;
   // ringrun's exit code: 130/128+signo after a signal, else the first failure's, else 0.
   int exit_code() const;
-  // When Tick() must run next at the latest; nullopt when no deadline is pending.
-  std::optional<Clock::TimePoint> next_deadline() const;
 
  private:
   struct Host {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "launcher/job_server.h"
 #include "launcher/output.h"
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
@@ -36,10 +37,10 @@ class FakeEvents final : public JobEvents {
 struct Server {
   explicit Server(const std::string& secret)
       : rendezvous(1, "job"), service(secret, &events, &rendezvous, 100, 1000) {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service);
-    server = b.BuildAndStart();
+    auto started = StartJobServer("127.0.0.1:0", service);
+    REQUIRE(started.ok());
+    server = std::move(started->server);
+    port = started->port;
     stub = v1::JobService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                                        grpc::InsecureChannelCredentials()));
   }

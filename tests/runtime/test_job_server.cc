@@ -1,6 +1,6 @@
 #include "test_job_server.h"
 
-#include "launcher/job_service.h"
+#include "launcher/job_server.h"
 #include "ringrun/common/env_contract.h"
 
 namespace ringrun::runtime::testing {
@@ -14,11 +14,10 @@ std::unique_ptr<TestJobServer> TestJobServer::Start(int size, const std::string&
   s->rendezvous_ = std::make_unique<launcher::Rendezvous>(size, job_id);
   s->service_ =
       std::make_unique<launcher::JobService>(secret, nullptr, s->rendezvous_.get(), 1000, 10000);
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s->port_);
-  b.RegisterService(s->service_.get());
-  s->server_ = b.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) return nullptr;
+  auto server = launcher::StartJobServer("127.0.0.1:0", *s->service_);
+  if (!server.ok()) return nullptr;
+  s->server_ = std::move(server->server);
+  s->port_ = server->port;
   return s;
 }
 

@@ -1,5 +1,6 @@
-// A minimal job service for the runtime's tests: Join only, checked against the secret and
-// forwarded to a real launcher::Rendezvous, like the launcher's JobService does. Port 0.
+// A minimal job service for the runtime's tests: the launcher's JobService with Join only,
+// checked against the secret and forwarded to a real launcher::Rendezvous, on a server built by
+// the launcher's own StartJobServer. Port 0.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -1,0 +1,292 @@
+// The job's rules, fed event by event into JobStateMachine with a manual clock: no processes,
+// no sockets, no sleeps.
+#include "launcher/job_state_machine.h"
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+namespace ringrun::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+using Kind = JobCommand::Kind;
+
+// Ranks 0 and 1 on host 0 ("a"), rank 2 on host 2 ("c"); host 1 ("b") has no ranks.
+JobPlan Plan() {
+  JobPlan plan;
+  plan.hosts = {HostSpec{"", "a", 2}, HostSpec{"", "b", 1}, HostSpec{"me", "c", 1}};
+  plan.rank_hosts = {0, 0, 2};
+  plan.grace_ms = 1000;
+  plan.start_timeout_s = 5;
+  plan.agent_path = "/opt/rr/ringrun-agent";
+  return plan;
+}
+
+struct Fixture {
+  ManualClock clock;
+  JobStateMachine job{Plan(), clock};
+
+  // Both agents started, registered, and their ranks running.
+  void StartAll() {
+    for (int h : {0, 2}) {
+      job.AgentStarted(h, true, "");
+      job.AgentRegistered(h);
+    }
+    for (int r = 0; r < 3; ++r) job.RankStarted(r);
+    REQUIRE(job.TakeCommands().empty());
+  }
+  // Answers kCloseRegistration as the job does, with the hosts that registered.
+  std::vector<JobCommand> Take(const std::vector<int>& registered = {0, 2}) {
+    std::vector<JobCommand> all = job.TakeCommands();
+    for (const auto& c : all) {
+      if (c.kind == Kind::kCloseRegistration) job.RegistrationClosed(registered);
+    }
+    for (auto& c : job.TakeCommands()) all.push_back(c);
+    return all;
+  }
+};
+
+std::vector<JobCommand> OfKind(const std::vector<JobCommand>& commands, Kind kind) {
+  std::vector<JobCommand> out;
+  for (const auto& c : commands) {
+    if (c.kind == kind) out.push_back(c);
+  }
+  return out;
+}
+
+TEST_CASE("job: every rank exiting 0 ends the job with 0", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  for (int r = 0; r < 3; ++r) f.job.RankExited(r, 0, 0, "");
+  f.job.SessionEnded(0, "");
+  CHECK_FALSE(f.job.done());
+  f.job.SessionEnded(2, "");
+  f.job.AgentExited(2, 0, "");
+  CHECK(f.job.done());
+  CHECK(f.job.exit_code() == 0);
+  f.clock.Advance(milliseconds(10000));  // the start timeout passes, with nothing missing
+  f.job.Tick();
+  CHECK(f.job.TakeCommands().empty());
+}
+
+TEST_CASE("job: the first failure wins, reported once, and tears the job down", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.RankExited(1, 7, 0, "boom\nbang\n");
+  auto commands = f.Take();
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "rank 1 on host a exited with code 7; the last lines of its stderr:\n  boom\n  bang");
+  CHECK(OfKind(commands, Kind::kAbortRendezvous).size() == 1);
+  auto terminate = OfKind(commands, Kind::kTerminateRanks);
+  REQUIRE(terminate.size() == 1);
+  CHECK(terminate[0].grace_ms == 1000);
+  CHECK(terminate[0].hosts == std::vector<int>{0, 2});
+  CHECK(OfKind(commands, Kind::kKillAgent).empty());  // both registered: they are told
+
+  // What follows is a consequence: not reported, and the code stays.
+  f.job.RankExited(2, 0, SIGTERM, "");
+  f.job.RankExited(0, 1, 0, "");
+  f.job.SessionEnded(2, "the connection to the agent broke");
+  f.job.AgentExited(0, 1, "");
+  CHECK(OfKind(f.Take(), Kind::kReport).empty());
+  CHECK(f.job.done());
+  CHECK(f.job.exit_code() == 7);
+}
+
+TEST_CASE("job: a rank killed by a signal exits 128+signo", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.RankExited(2, 0, SIGSEGV, "");
+  auto reports = OfKind(f.Take(), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text == "rank 2 on host c was killed by SIGSEGV (signal 11)");
+  CHECK(f.job.exit_code() == 139);
+}
+
+TEST_CASE("job: a rank that could not start fails the job with its code", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.RankSpawnFailed(0, 0, "cannot execute 'x': command not found in PATH (/bin)");
+  auto reports = OfKind(f.Take(), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "rank 0 on host a could not start: cannot execute 'x': command not found in PATH (/bin)");
+  CHECK(f.job.exit_code() == 127);
+}
+
+TEST_CASE("job: SIGINT is forwarded, SIGKILL follows after the grace period", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.SignalReceived(SIGINT);
+  auto commands = f.Take();
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "SIGINT received: forwarding it to every rank (SIGKILL in 1000 ms; send it again to kill "
+        "at once)");
+  auto forwarded = OfKind(commands, Kind::kSignalRanks);
+  REQUIRE(forwarded.size() == 1);
+  CHECK(forwarded[0].signo == SIGINT);
+  CHECK(forwarded[0].hosts == std::vector<int>{0, 2});
+  CHECK(OfKind(commands, Kind::kTerminateRanks).empty());
+  CHECK(OfKind(commands, Kind::kCloseRegistration).size() == 1);
+
+  f.clock.Advance(milliseconds(999));
+  f.job.Tick();
+  CHECK(f.Take().empty());
+  f.clock.Advance(milliseconds(1));
+  f.job.Tick();
+  auto terminate = OfKind(f.Take(), Kind::kTerminateRanks);
+  REQUIRE(terminate.size() == 1);
+  CHECK(terminate[0].grace_ms == 0);
+  CHECK(terminate[0].text == "grace period over");
+
+  f.job.RankExited(0, 0, SIGINT, "");  // ranks dying of it is no failure
+  CHECK(OfKind(f.Take(), Kind::kReport).empty());
+  CHECK(f.job.exit_code() == 130);
+}
+
+TEST_CASE("job: a second signal kills every rank at once", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.SignalReceived(SIGTERM);
+  f.Take();
+  f.job.SignalReceived(SIGTERM);
+  auto commands = f.Take();
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text == "SIGTERM again: killing every rank now");
+  auto terminate = OfKind(commands, Kind::kTerminateRanks);
+  REQUIRE(terminate.size() == 1);
+  CHECK(terminate[0].grace_ms == 0);
+  CHECK(f.job.exit_code() == 143);
+}
+
+TEST_CASE("job: SIGHUP reaches ranks as SIGTERM; SIGUSR1 is only forwarded", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.SignalReceived(SIGUSR1);
+  auto commands = f.Take();
+  REQUIRE(commands.size() == 1);
+  CHECK(commands[0].kind == Kind::kSignalRanks);
+  CHECK(commands[0].signo == SIGUSR1);
+  CHECK(f.job.exit_code() == 0);
+  f.job.SignalReceived(SIGHUP);
+  auto forwarded = OfKind(f.Take(), Kind::kSignalRanks);
+  REQUIRE(forwarded.size() == 1);
+  CHECK(forwarded[0].signo == SIGTERM);
+  CHECK(f.job.exit_code() == 128 + SIGHUP);
+}
+
+TEST_CASE("job: a lost agent fails the job, naming its running ranks", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.RankExited(0, 0, 0, "");
+  f.job.SessionEnded(0, "no heartbeat from the agent for 10 s");
+  auto reports = OfKind(f.Take(), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "lost the agent on host a: no heartbeat from the agent for 10 s (ranks 1 were still "
+        "running)");
+  CHECK(f.job.exit_code() == 1);
+  CHECK(f.job.finished(0));
+  CHECK_FALSE(f.job.finished(2));
+}
+
+TEST_CASE("job: an agent that dies before registering is named", "[job_state]") {
+  Fixture f;
+  f.job.AgentStarted(0, true, "");
+  f.job.AgentStarted(2, true, "");
+  f.job.AgentExited(2, 127, "");
+  auto commands = f.Take({});
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text == "ringrun-agent not found at /opt/rr/ringrun-agent on host me@c");
+  // Host 0's agent never registered either: it cannot be told, so it is killed.
+  auto kills = OfKind(commands, Kind::kKillAgent);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].host == 0);
+  CHECK(f.job.done());
+  CHECK(f.job.exit_code() == 1);
+}
+
+TEST_CASE("job: the start timeout names what is missing", "[job_state]") {
+  Fixture f;
+  f.job.AgentStarted(0, true, "");
+  f.job.AgentStarted(2, true, "");
+  f.job.AgentRegistered(0);
+  f.job.RankStarted(0);
+  f.clock.Advance(milliseconds(4999));
+  f.job.Tick();
+  CHECK(f.Take({0}).empty());
+  f.clock.Advance(milliseconds(1));
+  f.job.Tick();
+  auto commands = f.Take({0});
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "start timeout (5 s): rank 1 on host a did not start; the agent on host me@c did not "
+        "register");
+  auto kills = OfKind(commands, Kind::kKillAgent);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].host == 2);
+  CHECK(f.job.finished(2));
+  CHECK(f.job.exit_code() == 1);
+}
+
+TEST_CASE("job: an agent that could not start fails the job", "[job_state]") {
+  Fixture f;
+  f.job.AgentStarted(2, false, "c: connect 198.18.10.4:22: connection refused");
+  auto reports = OfKind(f.Take({}), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "could not start the agent on host me@c: c: connect 198.18.10.4:22: connection refused");
+  CHECK(f.job.finished(2));
+  CHECK_FALSE(f.job.finished(0));  // its Start() has not returned yet
+
+  // It returns after registration closed: too late, its agent is killed at once.
+  f.job.AgentStarted(0, true, "");
+  auto kills = OfKind(f.Take(), Kind::kKillAgent);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].host == 0);
+  CHECK(f.job.done());
+}
+
+TEST_CASE("job: agents that do not finish after the grace period are abandoned", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.RankExited(0, 3, 0, "");
+  f.Take();
+  f.job.SessionEnded(0, "");
+  f.clock.Advance(milliseconds(1000 + kAbandonAfterGraceMs - 1));
+  f.job.Tick();
+  CHECK(f.Take().empty());
+  CHECK_FALSE(f.job.done());
+  f.clock.Advance(milliseconds(1));
+  f.job.Tick();
+  auto kills = OfKind(f.Take(), Kind::kKillAgent);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].host == 2);
+  CHECK(kills[0].text == "host c: the agent did not finish in time; killing it");
+  CHECK(f.job.done());
+  CHECK(f.job.exit_code() == 3);
+}
+
+TEST_CASE("job: events about unknown hosts and ranks are ignored", "[job_state]") {
+  Fixture f;
+  f.job.AgentStarted(1, false, "no ranks here");
+  f.job.SessionEnded(7, "");
+  f.job.RankExited(-1, 1, 0, "");
+  f.job.RankExited(3, 1, 0, "");
+  f.job.RankSpawnFailed(9, 127, "x");
+  CHECK(f.job.TakeCommands().empty());
+  CHECK(f.job.exit_code() == 0);
+}
+
+}  // namespace
+}  // namespace ringrun::launcher

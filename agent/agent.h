@@ -2,6 +2,10 @@
 // streams their output and exit status, and ends them when the launcher says so, when it
 // loses the launcher (stdin EOF, a broken Session, or heartbeat silence), or when it is
 // terminated itself. No rank outlives the agent.
+//
+// RunAgent is the driver: it owns the process's signals (a signalfd), poll() and registration,
+// and leaves the rules to AgentLoop (agent_loop.h), the launcher to a LauncherLink
+// (launcher_link.h) and the ranks' processes to the Spawner (process.h).
 #pragma once
 
 #include <string>

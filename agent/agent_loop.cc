@@ -177,7 +177,7 @@ void AgentLoop::OnStdinClosed() { LoseLauncher("stdin closed"); }
 void AgentLoop::RunCommands() {
   for (const auto& cmd : link_.TakeCommands()) {
     if (cmd.has_signal()) {
-      SignalAll(cmd.signal().signo());
+      ForwardSignal(cmd.signal().signo());
     } else if (cmd.has_terminate()) {
       Terminate(cmd.terminate().grace_ms(), cmd.terminate().reason());
     }

@@ -47,6 +47,8 @@ class AgentLoop {
   void OnSignal(int signo);
   // The launcher's end of the agent's stdin closed: the launcher is gone.
   void OnStdinClosed();
+  // Sends `signo` to every running rank's process group (what a Signal command does).
+  void ForwardSignal(int signo) { SignalAll(signo); }
   // A rank's pipe is readable (or at EOF): read what is there and send whole lines.
   void OnPipeReadable(int rank, int stream);
   // SIGTERM to every rank now and SIGKILL after `grace_ms` (at once when 0). A later call can

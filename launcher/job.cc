@@ -366,9 +366,11 @@ int Job::Loop() {
     for (auto& e : batch) Handle(e);
     output_->Flush();
     if (clock_.Now() >= next_tick) {
-      PollAgents();
+      // Deadlines first: an agent refused at the start deadline exits at once, and the start
+      // timeout, not that exit, is the failure to report.
       state_->Tick();
       Execute();
+      PollAgents();
       next_tick = clock_.Now() + milliseconds(kTickMs);
     }
   }

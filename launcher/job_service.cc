@@ -55,10 +55,11 @@ grpc::Status JobService::Session(
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return grpc::Status(grpc::StatusCode::ABORTED, "the job is over");
-    if (outboxes_.count(host)) {
+    Outbox& box = outboxes_[host];
+    if (box.open) {
       return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "host already has a Session");
     }
-    outboxes_[host];
+    box.open = true;
   }
 
   // The reader runs beside this handler, which writes commands and pings and watches the
@@ -148,9 +149,8 @@ grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
 
 void JobService::Send(int host_index, const v1::AgentCommand& command) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = outboxes_.find(host_index);
-  if (it == outboxes_.end()) return;
-  it->second.queue.push_back(command);
+  if (closed_) return;
+  outboxes_[host_index].queue.push_back(command);
   cv_.notify_all();
 }
 

@@ -49,7 +49,10 @@ class JobService final
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* reply) override;
 
-  // Queues a command for one host's Session (dropped if it has none). Thread-safe.
+  // Queues a command for one host's Session. Commands wait for the Session to read them, so a
+  // host whose Session has not opened yet gets them when it opens (an agent can be told to end
+  // its ranks between its registration and its Session). Dropped once the service is closed.
+  // Thread-safe.
   void Send(int host_index, const v1::AgentCommand& command);
   // Ends every Session handler promptly (the job is over). Thread-safe, idempotent.
   void Close();
@@ -57,6 +60,7 @@ class JobService final
  private:
   struct Outbox {
     std::deque<v1::AgentCommand> queue;
+    bool open = false;  // a Session handler serves it
   };
 
   // Constant after construction.
@@ -68,7 +72,7 @@ class JobService final
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int, Outbox> outboxes_;  // guarded by mu_: one per live Session, by host
+  std::map<int, Outbox> outboxes_;  // guarded by mu_: by host, while it may be read
   bool closed_ = false;             // guarded by mu_
 };
 

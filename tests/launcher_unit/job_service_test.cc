@@ -65,6 +65,18 @@ grpc::Status CallRegister(Server& s, const char* secret, v1::RegisterReply* repl
   return s.stub->Register(&ctx, req, reply);
 }
 
+// A Session for `host`, its Hello sent.
+std::unique_ptr<grpc::ClientReaderWriter<v1::AgentEvent, v1::AgentCommand>> OpenSession(
+    Server& s, const std::string& secret, int host, grpc::ClientContext* ctx) {
+  AttachSecret(ctx, secret);
+  ctx->set_deadline(DeadlineAfterMs(5000));
+  auto stream = s.stub->Session(ctx);
+  v1::AgentEvent hello;
+  hello.mutable_hello()->set_host_index(host);
+  REQUIRE(stream->Write(hello));
+  return stream;
+}
+
 TEST_CASE("job service: calls without the job's secret are refused", "[job_service]") {
   const std::string secret(64, 'a');
   Server s(secret);
@@ -106,12 +118,8 @@ TEST_CASE("job service: the secret admits Register, Session and Join", "[job_ser
 
   {
     grpc::ClientContext ctx;
-    AttachSecret(&ctx, secret);
-    ctx.set_deadline(DeadlineAfterMs(5000));
-    auto stream = s.stub->Session(&ctx);
+    auto stream = OpenSession(s, secret, 0, &ctx);
     v1::AgentEvent ev;
-    ev.mutable_hello()->set_host_index(0);
-    REQUIRE(stream->Write(ev));
     ev.mutable_exited()->set_rank(0);
     REQUIRE(stream->Write(ev));
     v1::AgentCommand cmd;
@@ -141,6 +149,28 @@ TEST_CASE("job service: the secret admits Register, Session and Join", "[job_ser
   REQUIRE(UnpackPeerColumns(&jreply).ok());
   REQUIRE(jreply.port_of_rank_size() == 1);
   CHECK(jreply.port_of_rank(0) == 4242);
+}
+
+TEST_CASE("job service: a command sent before the Session opens is delivered when it does",
+          "[job_service]") {
+  const std::string secret(64, 'd');
+  Server s(secret);
+  v1::AgentCommand terminate;
+  terminate.mutable_terminate()->set_grace_ms(250);
+  s.service.Send(5, terminate);  // host 5 registered, its Session not open yet
+
+  grpc::ClientContext ctx;
+  auto stream = OpenSession(s, secret, 5, &ctx);
+  v1::AgentCommand cmd;
+  do {
+    REQUIRE(stream->Read(&cmd));
+  } while (cmd.has_ping());
+  REQUIRE(cmd.has_terminate());
+  CHECK(cmd.terminate().grace_ms() == 250);
+  stream->WritesDone();
+  while (stream->Read(&cmd)) {
+  }
+  CHECK(stream->Finish().ok());
 }
 
 TEST_CASE("PeerAddress strips the transport and port", "[job_service]") {

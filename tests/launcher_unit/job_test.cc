@@ -1,0 +1,221 @@
+// A whole Job in-process: the real job service on a loopback port 0, and agents as threads that
+// register and hold their Session over the real gRPC link, running AgentLoop with a scripted
+// Spawner in place of processes.
+#include "launcher/job.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "agent/agent_loop.h"
+#include "agent/launcher_link.h"
+
+namespace ringrun::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Ranks as scripted by argv[0]: "ok" prints a line and exits 0; "fail=R:C" makes rank R exit C
+// and the others run until signalled.
+class ScriptedSpawner final : public agent::Spawner {
+ public:
+  Result<agent::SpawnedProcess> Spawn(const agent::SpawnRequest& req) override {
+    int rank = -1;
+    for (const auto& kv : req.env) {
+      if (kv.rfind("RINGRUN_RANK=", 0) == 0) rank = std::stoi(kv.substr(13));
+    }
+    agent::SpawnedProcess p;
+    p.pid = 1000 + rank;
+    const std::string& script = req.argv.at(0);
+    if (script == "ok") {
+      auto out = MakePipe();
+      if (!out.ok()) return out.status();
+      std::string line = "hello from " + std::to_string(rank) + "\n";
+      if (Status st = WriteAll(out->write.get(), line.data(), line.size()); !st.ok()) return st;
+      p.out = std::move(out->read);
+      exits_.push_back({p.pid, 0});
+    } else if (script.rfind("fail=", 0) == 0 && std::stoi(script.substr(5)) == rank) {
+      exits_.push_back({p.pid, (std::stoi(script.substr(script.find(':') + 1)) & 0xff) << 8});
+    }
+    return p;
+  }
+  void SignalGroup(pid_t pgid, int signo) override {
+    if (signo == SIGTERM || signo == SIGKILL) exits_.push_back({pgid, signo});
+  }
+  std::optional<Reaped> Reap() override {
+    if (exits_.empty()) return std::nullopt;
+    Reaped r = exits_.front();
+    exits_.erase(exits_.begin());
+    return r;
+  }
+
+ private:
+  std::vector<Reaped> exits_;
+};
+
+// One agent thread. Kill() is the launcher closing the agent's stdin.
+class ThreadAgent final : public AgentHandle {
+ public:
+  ThreadAgent(const AgentLaunch& launch, bool registers)
+      : thread_([this, launch, registers] { exit_ = Run(launch, registers); }) {}
+  ~ThreadAgent() override {
+    Kill();
+    thread_.join();
+  }
+  std::optional<int> Poll() override {
+    int e = exit_;
+    return e >= 0 ? std::optional<int>(e) : std::nullopt;
+  }
+  void Kill() override { killed_ = true; }
+  std::string StderrTail() override { return ""; }
+
+ private:
+  int Run(const AgentLaunch& launch, bool registers) {
+    if (!registers) {
+      while (!killed_) std::this_thread::sleep_for(milliseconds(2));
+      return 137;
+    }
+    const std::string target = "127.0.0.1:" + std::to_string(launch.service_port);
+    auto link = agent::MakeGrpcLauncherLink(target, launch.secret, SteadyClock());
+    v1::RegisterRequest req;
+    req.set_host_index(launch.host_index);
+    req.set_hostname("thread-agent");
+    req.set_free_port(29500);
+    req.set_service_target(target);
+    auto reply = link->Register(req, 5000);
+    if (!reply.ok() || !link->OpenSession(launch.host_index).ok()) return 1;
+    ScriptedSpawner spawner;
+    agent::AgentLoop loop("thread-agent", spawner, *link, SteadyClock());
+    loop.Start(reply.value());
+    while (loop.Step()) {
+      if (killed_) loop.OnStdinClosed();
+      for (const auto& w : loop.watches()) loop.OnPipeReadable(w.rank, w.stream);
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    link->Close(loop.lost(), 2000);
+    return loop.exit_code();
+  }
+
+  std::atomic<bool> killed_{false};
+  std::atomic<int> exit_{-1};
+  std::thread thread_;
+};
+
+class ThreadAgentStarter final : public AgentStarter {
+ public:
+  Result<std::unique_ptr<AgentHandle>> Start(const HostSpec& host,
+                                             const AgentLaunch& launch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    started.push_back(host.name);
+    return std::unique_ptr<AgentHandle>(new ThreadAgent(launch, host.name != silent_host));
+  }
+  std::string silent_host;  // its agent never registers
+  std::vector<std::string> started;
+
+ private:
+  std::mutex mu_;
+};
+
+// What the process writes to fd 2 while it lives.
+class StderrCapture {
+ public:
+  StderrCapture() : file_(std::tmpfile()), saved_(::dup(2)) {
+    std::fflush(stderr);
+    ::dup2(::fileno(file_), 2);
+  }
+  ~StderrCapture() {
+    Restore();
+    std::fclose(file_);
+  }
+  std::string Text() {
+    Restore();
+    std::string out;
+    std::rewind(file_);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), file_)) > 0;) out.append(buf, n);
+    return out;
+  }
+
+ private:
+  void Restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_;
+  int saved_;
+};
+
+Options JobOptions(const std::string& script) {
+  Options o;
+  o.hosts = {HostSpec{"", "localhost", 2}, HostSpec{"", "127.0.0.2", 1}};
+  o.np = 3;
+  o.command = {script};
+  o.grace_ms = 500;
+  o.start_timeout_s = 5;
+  o.agent_path = "/nonexistent/ringrun-agent";
+  return o;
+}
+
+TEST_CASE("job in-process: every rank runs, its output arrives, the job exits 0", "[job]") {
+  ThreadAgentStarter starter;
+  Starters starters{&starter, &starter};
+  std::mutex mu;
+  std::map<int, std::string> lines;
+  JobHooks hooks;
+  hooks.echo_to_console = false;
+  hooks.on_line = [&](int rank, bool, std::string_view line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines[rank] = std::string(line);
+  };
+  const Options options = JobOptions("ok");
+  CHECK(RunJob(options, starters, hooks) == 0);
+  CHECK(starter.started.size() == 2);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[2] == "hello from 2");
+}
+
+TEST_CASE("job in-process: the first failing rank's code ends the job", "[job]") {
+  ThreadAgentStarter starter;
+  Starters starters{&starter, &starter};
+  JobHooks hooks;
+  hooks.echo_to_console = false;
+  const Options options = JobOptions("fail=2:7");
+  const auto t0 = std::chrono::steady_clock::now();
+  StderrCapture err;
+  CHECK(RunJob(options, starters, hooks) == 7);
+  // Well before agents are abandoned (grace + kAbandonAfterGraceMs): every agent was told, even
+  // one whose Session opened after the failure.
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(3000));
+  CHECK(err.Text() == "ringrun: rank 2 on host 127.0.0.2 exited with code 7\n");
+}
+
+TEST_CASE("job in-process: an agent that never registers fails the start timeout", "[job]") {
+  ThreadAgentStarter starter;
+  starter.silent_host = "127.0.0.2";
+  Starters starters{&starter, &starter};
+  JobHooks hooks;
+  hooks.echo_to_console = false;
+  Options options = JobOptions("ok");
+  options.start_timeout_s = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  StderrCapture err;
+  CHECK(RunJob(options, starters, hooks) == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(err.Text() ==
+        "ringrun: start timeout (1 s): rank 0 on host localhost did not start; rank 1 on host "
+        "localhost did not start; the agent on host 127.0.0.2 did not register\n");
+}
+
+}  // namespace
+}  // namespace ringrun::launcher

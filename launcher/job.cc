@@ -293,12 +293,27 @@ void Job::Handle(Event& e) {
   Execute();
 }
 
-// Agents that died on their own (crashed, or were never found on the host).
+void Job::HandleQueued() {
+  std::deque<Event> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(queue_);
+  }
+  for (auto& e : batch) Handle(e);
+}
+
+// Agents that ended (after their session, or on their own: crashed, never found on the host).
 void Job::PollAgents() {
+  std::vector<std::pair<int, int>> exited;  // host, exit code
   for (auto& [h, agent] : agents_) {
     if (state_->finished(h)) continue;
-    if (auto code = agent->Poll()) state_->AgentExited(h, *code, agent->StderrTail());
+    if (auto code = agent->Poll()) exited.emplace_back(h, *code);
   }
+  if (exited.empty()) return;
+  // What an agent reported before it ended (its registration, its session's end) is queued by
+  // now: it counts first.
+  HandleQueued();
+  for (const auto& [h, code] : exited) state_->AgentExited(h, code, agents_.at(h)->StderrTail());
   Execute();
 }
 
@@ -357,13 +372,11 @@ int Job::Prepare() {
 int Job::Loop() {
   auto next_tick = clock_.Now();
   while (!state_->done()) {
-    std::deque<Event> batch;
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
       queue_cv_.wait_until(lock, next_tick, [&] { return !queue_.empty(); });
-      batch.swap(queue_);
     }
-    for (auto& e : batch) Handle(e);
+    HandleQueued();
     output_->Flush();
     if (clock_.Now() >= next_tick) {
       // Deadlines first: an agent refused at the start deadline exits at once, and the start

@@ -79,6 +79,8 @@ class Job final : public JobEvents {
   int Loop();
   void Shutdown();
   void Handle(Event& e);
+  // Handles every event queued so far.
+  void HandleQueued();
   void HandleAgentEvent(int host, const v1::AgentEvent& ev);
   void PollAgents();
   // Carries out the state machine's commands until it has none.

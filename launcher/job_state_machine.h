@@ -11,7 +11,8 @@
 //   - a first SIGINT/SIGTERM/SIGHUP is forwarded to every rank (SIGHUP as SIGTERM), SIGKILL
 //     follows after the grace period, and the exit code becomes 130 (SIGINT) or 128+signo;
 //     a second one kills every rank at once; SIGUSR1/SIGUSR2 are forwarded and change nothing;
-//   - after the teardown starts, failures are consequences and are not reported;
+//   - after the teardown starts, failures are consequences and are not reported (except an
+//     agent that could not start, reported after a signal too unless a failure came first);
 //   - an agent that has not finished kAbandonAfterGraceMs after the grace period is killed;
 //   - the job is over when every host is finished: its session ended, its agent died or was
 //     killed, or it never started.

@@ -406,11 +406,30 @@ int Job::Loop() {
   return state_->exit_code();
 }
 
-// Closes everything: registrations and sessions, the server, then the agents themselves.
-void Job::Shutdown() {
+// The job is over: no more registrations, joins or sessions.
+void Job::CloseService() {
   registry_->Close();
   rendezvous_->Abort("the job is over");
   service_->Close();
+}
+
+// Gives the agents a moment to exit on their own (their sessions are closed), then ends them.
+void Job::StopAgents() {
+  auto give_up = clock_.Now() + milliseconds(kShutdownGraceMs);
+  for (auto& [h, agent] : agents_) {
+    while (!agent->Poll() && clock_.Now() < give_up) std::this_thread::sleep_for(milliseconds(1));
+    agent->Kill();
+  }
+  for (auto& t : start_threads_) t.join();
+  {
+    // Agents whose Start() returned after the loop ended.
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (auto& e : queue_) {
+      if (e.handle) e.handle->Kill();
+    }
+    queue_.clear();
+  }
+  agents_.clear();
 }
 
 int Job::Run() {
@@ -439,25 +458,11 @@ int Job::Run() {
     StartAgents();
     rc = Loop();
   }
-  Shutdown();
+  CloseService();
   if (server.ok()) {
     server->server->Shutdown(std::chrono::system_clock::now() + milliseconds(kShutdownGraceMs));
   }
-  auto give_up = clock_.Now() + milliseconds(kShutdownGraceMs);
-  for (auto& [h, agent] : agents_) {
-    while (!agent->Poll() && clock_.Now() < give_up) std::this_thread::sleep_for(milliseconds(1));
-    agent->Kill();
-  }
-  for (auto& t : start_threads_) t.join();
-  {
-    // Agents whose Start() returned after the loop ended.
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    for (auto& e : queue_) {
-      if (e.handle) e.handle->Kill();
-    }
-    queue_.clear();
-  }
-  agents_.clear();
+  StopAgents();
   spdlog::debug("job over");
   return rc;
 }

@@ -77,7 +77,8 @@ class Job final : public JobEvents {
   void Push(Event e);
   int Prepare();
   int Loop();
-  void Shutdown();
+  void CloseService();
+  void StopAgents();
   void Handle(Event& e);
   // Handles every event queued so far.
   void HandleQueued();

@@ -311,7 +311,8 @@ int Agent::Run() {
   // Signals arrive through a signalfd; the ranks get default dispositions back at exec.
   sigset_t sigs;
   sigemptyset(&sigs);
-  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
+  // SIGUSR1/SIGUSR2 are passed on to the ranks (Slurm's --signal reaches the agents' step).
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -424,7 +425,9 @@ int Agent::Run() {
     if (pfds[0].revents & POLLIN) {
       signalfd_siginfo si;
       while (::read(sigfd.get(), &si, sizeof(si)) == sizeof(si)) {
-        if (si.ssi_signo != SIGCHLD && !terminating_) {
+        if (si.ssi_signo == SIGUSR1 || si.ssi_signo == SIGUSR2) {
+          SignalAll(static_cast<int>(si.ssi_signo));
+        } else if (si.ssi_signo != SIGCHLD && !terminating_) {
           spdlog::warn("{}: terminated by signal {}: ending ranks", host, si.ssi_signo);
           exit_code = 1;
           BeginTermination(grace_ms, "agent signalled");

@@ -11,9 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "launcher/environment.h"
 #include "launcher/placement.h"
+#include "launcher/scheduler_hosts.h"
+#include "launcher/slurm.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
 
@@ -55,6 +59,7 @@ enum class FlagId {
   kCheckGpu,
   kAllreduce,
   kCheckBuild,
+  kStarter,
 };
 
 struct FlagDef {
@@ -84,6 +89,8 @@ constexpr FlagDef kFlags[] = {
      "Time for every agent and rank to come up (default 30)."},
     {FlagId::kGracePeriod, "--grace-period", "--grace-period", "", true, false, "Job", "SECONDS",
      "Time between SIGTERM and SIGKILL at teardown (default 5; fractions allowed)."},
+    {FlagId::kStarter, "--starter", "--starter", "", true, false, "Job", "ssh|slurm|auto",
+     "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
     {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
      "Print the placement table and start nothing."},
     {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false, "Output",
@@ -365,6 +372,39 @@ std::string UsageText() {
   return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" + kHelpOutro;
 }
 
+// --starter: "ssh", "slurm" or "auto"/"" (slurm inside a Slurm job whose nodes include every
+// host given, or when the hosts came from the job).
+static Status ResolveStarter(const std::string& flag, const std::vector<std::string>& env,
+                             Options* o) {
+  const bool in_job = InSlurmJob(env);
+  o->srun_overlap = in_job && !EnvValue(env, "SLURM_STEP_ID").empty();
+  if (flag == "ssh") {
+    o->starter = Options::Starter::kSsh;
+    return Status();
+  }
+  if (flag == "slurm") {
+    if (!in_job)
+      return InvalidArgument("--starter slurm: not inside a Slurm job (SLURM_JOB_ID unset)");
+    o->starter = Options::Starter::kSlurm;
+    return Status();
+  }
+  if (!flag.empty() && flag != "auto") {
+    return InvalidArgument("--starter " + flag + ": not one of ssh, slurm, auto");
+  }
+  o->starter = Options::Starter::kSsh;
+  if (!in_job) return Status();
+  if (o->hosts.empty()) return Status();  // a localhost job: forked, no srun needed
+  Result<SlurmAllocation> a = ReadSlurmAllocation(env);
+  if (!a.ok()) return Status();  // given hosts, an unreadable job: SSH as before
+  std::set<std::string> nodes;
+  for (const auto& h : a->hosts) nodes.insert(h.name);
+  for (const auto& h : o->hosts) {
+    if (!h.user.empty() || !nodes.count(h.name)) return Status();
+  }
+  o->starter = Options::Starter::kSlurm;
+  return Status();
+}
+
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars) {
   Result<FirstPass> split = SplitArgv(argc, argv);
@@ -542,6 +582,22 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
     o.hosts = std::move(hosts.value());
   }
   if (o.hosts.empty()) {
+    // Inside a scheduler's job, its allocation (scheduler_hosts.h).
+    Result<std::optional<SchedulerHosts>> sched = HostsFromScheduler(environ_vars);
+    if (!sched.ok()) return UsageError(sched.status().message());
+    if (sched->has_value()) {
+      o.hosts = std::move((*sched)->hosts);
+      o.host_source = (*sched)->source;
+    }
+  } else {
+    o.host_source = given(FlagId::kHosts)
+                        ? name_of(FlagId::kHosts) + " " + value(FlagId::kHosts)
+                        : name_of(FlagId::kHostfile) + " " + value(FlagId::kHostfile);
+  }
+  Status starter = ResolveStarter(value(FlagId::kStarter), environ_vars, &o);
+  if (!starter.ok()) return UsageError(starter.message());
+  if (o.hosts.empty()) {
+    o.host_source = "none given: this machine";
     if (o.np == 0 && !diagnostic) {
       return UsageError("-np is required when no hosts are given (-H or --hostfile)");
     }

@@ -3,6 +3,7 @@
 #include <strings.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "ringrun/common/env_contract.h"
@@ -52,8 +53,11 @@ Result<int> SlurmHostIndex(const std::string& hosts_csv, const std::string& node
 }
 
 Result<std::string> TakeSecretFromEnvironment() {
-  const char* v = std::getenv(env::kAgentSecret);
+  char* v = std::getenv(env::kAgentSecret);
   std::string secret = v ? v : "";
+  // Overwrite the value where it lies, so that /proc/PID/environ (the process's initial
+  // environment block) no longer shows it either; then drop the variable.
+  if (v) std::memset(v, 'x', secret.size());
   ::unsetenv(env::kAgentSecret);
   if (secret.empty()) return NotFound(std::string(env::kAgentSecret) + " is not set");
   return secret;

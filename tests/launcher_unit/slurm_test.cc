@@ -3,12 +3,16 @@
 // srun command and environment, the --starter choice, and the PBS/LSF/SGE host lists.
 #include "launcher/slurm.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -108,14 +112,21 @@ const BadCase kBad[] = {
 // Returns false when scontrol is not installed.
 bool Scontrol(const std::string& expr, std::string* out) {
   if (::access("/usr/bin/scontrol", X_OK) != 0) return false;
-  static std::string conf = [] {
-    char path[] = "/tmp/ringrun-scontrol-XXXXXX";
-    int fd = ::mkstemp(path);
-    const char text[] = "ClusterName=unit\nSlurmctldHost=localhost\n";
-    (void)!::write(fd, text, sizeof(text) - 1);
-    ::close(fd);
-    return std::string(path);
-  }();
+  // A minimal configuration, removed when the tests end.
+  struct TempConf {
+    std::string path;
+    TempConf() {
+      char p[] = "/tmp/ringrun-scontrol-XXXXXX";
+      int fd = ::mkstemp(p);
+      const char text[] = "ClusterName=unit\nSlurmctldHost=localhost\n";
+      (void)!::write(fd, text, sizeof(text) - 1);
+      ::close(fd);
+      path = p;
+    }
+    ~TempConf() { ::unlink(path.c_str()); }
+  };
+  static TempConf temp;
+  const std::string& conf = temp.path;
   std::string quoted = "'";
   for (char c : expr) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
@@ -393,4 +404,81 @@ TEST_CASE("PBS, LSF and Grid Engine host lists", "[slurm][scheduler]") {
   o = ParseCommandLine(2, argv.data(), {"PE_HOSTFILE=" + Fixture("sge-bad-slots.txt")});
   CHECK(o.exit_code == 2);
   CHECK_THAT(o.message, Contains("sge-bad-slots.txt:2"));
+}
+
+namespace {
+
+// A stand-in for srun (the real one is exercised by the slurm tests): a shell script that
+// records how it was started, then runs `tail`.
+std::string WriteStandIn(const std::string& dir, const std::string& tail) {
+  const std::string path = dir + "/srun";
+  std::ofstream f(path);
+  f << "#!/bin/sh\n"
+    << "{ echo \"pid=$$ pgid=$(ps -o pgid= -p $$ | tr -d ' ')\"\n"
+    << "  echo \"stdin=$(readlink /proc/$$/fd/0)\"\n"
+    << "  echo \"secret=$RINGRUN_AGENT_SECRET ntasks=${SLURM_NTASKS-unset}\"\n"
+    << "  echo \"args=$*\"; } >" << dir << "/record\n"
+    << "echo from-srun >&2\n"
+    << tail << "\n";
+  f.close();
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("The srun starter: one step for every host, own process group, no stdin", "[slurm]") {
+  char dir[] = "/tmp/ringrun-srun-XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  SlurmStarterConfig c;
+  c.host_names = {"n1", "n2"};
+  c.active_hosts = {0, 1};
+  c.launcher_address = "192.0.2.1";
+  c.srun = WriteStandIn(dir, "exit 3");
+  AgentLaunch launch;
+  launch.service_port = 7;
+  launch.secret = "topsecret";
+  launch.agent_path = "/x/ringrun-agent";
+  ::setenv("SLURM_NTASKS", "9", 1);
+  auto starter = MakeSlurmAgentStarter(c);
+  auto h1 = starter->Start(HostSpec{"", "n1", 1}, launch);
+  auto h2 = starter->Start(HostSpec{"", "n2", 1}, launch);
+  ::unsetenv("SLURM_NTASKS");
+  REQUIRE(h1.ok());
+  REQUIRE(h2.ok());
+  std::optional<int> code;
+  for (int i = 0; i < 500 && !(code = (*h2)->Poll()); ++i) ::usleep(10000);
+  REQUIRE(code);
+  CHECK(*code == 3);
+  CHECK((*h1)->Poll() == code);
+  CHECK_THAT((*h1)->StderrTail(), Contains("from-srun"));
+  std::string record = ReadAll(std::string(dir) + "/record");
+  std::istringstream lines(record);
+  std::string first;
+  std::getline(lines, first);
+  std::string pid = first.substr(4, first.find(' ') - 4);
+  CHECK(first == "pid=" + pid + " pgid=" + pid);  // its own process group
+  CHECK_THAT(record, Contains("stdin=/dev/null"));
+  CHECK_THAT(record, Contains("secret=topsecret ntasks=unset"));
+  CHECK_THAT(record, Contains("--nodelist=n1,n2") && Contains("--launcher 192.0.2.1:7") &&
+                         !Contains("topsecret --"));
+
+  // Kill() ends the step: SIGTERM to srun.
+  c.srun = WriteStandIn(dir, "exec sleep 30");
+  auto starter2 = MakeSlurmAgentStarter(c);
+  auto h = starter2->Start(HostSpec{"", "n1", 1}, launch);
+  REQUIRE(h.ok());
+  (*h)->Kill();
+  code.reset();
+  for (int i = 0; i < 500 && !(code = (*h)->Poll()); ++i) ::usleep(10000);
+  REQUIRE(code);
+  CHECK(*code == 128 + SIGTERM);
+
+  // No srun: an error naming it, for every host.
+  c.srun = std::string(dir) + "/missing-srun";
+  auto starter3 = MakeSlurmAgentStarter(c);
+  auto bad = starter3->Start(HostSpec{"", "n2", 1}, launch);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Contains("n2") && Contains("missing-srun"));
+  std::filesystem::remove_all(dir);
 }

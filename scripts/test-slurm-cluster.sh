@@ -2,11 +2,13 @@
 # A real Slurm 22.05 (Debian's slurm-wlm + munge) on the namespace hosts of scripts/test-cluster.sh
 # (needs root).
 #
-#   scripts/test-slurm-cluster.sh up N   brings the namespace hosts up (test-cluster.sh up N), then
-#                                        a private munged, one slurmctld and one slurmd per host;
-#                                        returns once every node is idle.
-#   scripts/test-slurm-cluster.sh down   stops the daemons (and whatever runs in the allocation),
-#                                        then test-cluster.sh down.
+#   scripts/test-slurm-cluster.sh up N   brings the namespace hosts up (test-cluster.sh up N, or
+#                                        more if more are up already), then a private munged, one
+#                                        slurmctld and one slurmd on each of hosts 1..N; returns
+#                                        once every node is idle.
+#   scripts/test-slurm-cluster.sh stop   stops the daemons (cancelling every job first) and leaves
+#                                        the namespace hosts up.
+#   scripts/test-slurm-cluster.sh down   stop, then test-cluster.sh down.
 #   scripts/test-slurm-cluster.sh status sinfo's view of the nodes (exit 1 if a daemon is missing).
 #   scripts/test-slurm-cluster.sh env    shell assignments for tests: SLURM_CONF plus the
 #                                        cluster's RR_* variables.
@@ -161,7 +163,9 @@ cmd_up() {
   [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 32)) || die "usage: up N (1..32)"
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null ||
     die "slurmctld, slurmd and munged are needed (apt-get install slurm-wlm munge)"
-  QUIET=${QUIET:-} "$HERE/test-cluster.sh" up "$n"
+  local have
+  have=$(host_count)
+  QUIET=${QUIET:-} "$HERE/test-cluster.sh" up "$((${have:-0} > n ? have : n))"
   local old=
   [[ -f $SLURM_CONF ]] && old=$(cat "$SLURM_CONF")
   write_config "$n"
@@ -190,6 +194,12 @@ stop_daemons() {
   kill_pidfile "$STATE/run/slurmctld.pid"
   if pid_alive "$STATE/munge/munged.pid"; then kill_pidfile "$STATE/munge/munged.pid"; fi
   rm -f "$STATE"/run/*.pid
+}
+
+cmd_stop() {
+  [[ -d $STATE ]] && stop_daemons
+  rm -rf "${STATE:?}"
+  log "stopped"
 }
 
 cmd_down() {
@@ -227,8 +237,9 @@ exec 8>"$LOCK"
 flock -w 120 8 || die "another test-slurm-cluster.sh holds $LOCK"
 case $cmd in
   up) cmd_up "$@" ;;
+  stop) cmd_stop ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) die "usage: $0 up N | down | status | env" ;;
+  *) die "usage: $0 up N | stop | down | status | env" ;;
 esac

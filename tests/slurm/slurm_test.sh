@@ -3,7 +3,7 @@
 #   placement  salloc, no host list: hosts, slots (4,2,1), rank environment without the agent
 #              step's SLURM_PROCID/LOCALID/NTASKS/..., output tags, --dry-run's source and srun line
 #   sbatch     a batch job: ringrun from the batch script on the first node, output, a failing
-#              rank's exit code becomes the job's
+#              rank's exit code becomes the job's; a one-node batch job
 #   secret     the secret on no command line (srun's, the agents', scontrol show step's) and not in
 #              the agents' /proc environ once started
 #   bench      libringrun's collectives across the nodes (ringrun-bench, checked results)
@@ -141,6 +141,12 @@ EOF
   for r in 0 1; do expect_in "$out" "[$r]<stdout>:r=$r h=${HP}1 procid=unset ntasks=unset" "rank $r on the batch node"; done
   expect_in "$out" "[5]<stdout>:r=5 h=${HP}3" "rank 5 on ${HP}3"
   expect_nothing_left 15
+  # One node: the launcher's own node, reached on 127.0.0.1, still through srun.
+  sbatch -J "rr-test-$$" --wait -N1 -n2 -o "$TMP/one.out" --wrap "$RINGRUN bash -c 'echo r=\$RINGRUN_RANK h=\$(hostname) step=\${SLURM_STEP_ID-unset}'" >/dev/null 2>&1
+  rc=$?
+  out=$(cat "$TMP/one.out")
+  [[ $rc == 0 ]] && pass "a one-node batch job" || fail "one-node sbatch rc $rc: $out"
+  expect_in "$out" "[1]<stdout>:r=1 h=${HP}1 step=unset" "both ranks on the batch node"
   ;;
 secret)
   start_fault_job "" once

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <set>
 
 #include "launcher/environment.h"
 #include "launcher/placement.h"
@@ -372,39 +371,6 @@ std::string UsageText() {
   return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" + kHelpOutro;
 }
 
-// --starter: "ssh", "slurm" or "auto"/"" (slurm inside a Slurm job whose nodes include every
-// host given, or when the hosts came from the job).
-static Status ResolveStarter(const std::string& flag, const std::vector<std::string>& env,
-                             Options* o) {
-  const bool in_job = InSlurmJob(env);
-  o->srun_overlap = in_job && !EnvValue(env, "SLURM_STEP_ID").empty();
-  if (flag == "ssh") {
-    o->starter = Options::Starter::kSsh;
-    return Status();
-  }
-  if (flag == "slurm") {
-    if (!in_job)
-      return InvalidArgument("--starter slurm: not inside a Slurm job (SLURM_JOB_ID unset)");
-    o->starter = Options::Starter::kSlurm;
-    return Status();
-  }
-  if (!flag.empty() && flag != "auto") {
-    return InvalidArgument("--starter " + flag + ": not one of ssh, slurm, auto");
-  }
-  o->starter = Options::Starter::kSsh;
-  if (!in_job) return Status();
-  if (o->hosts.empty()) return Status();  // a localhost job: forked, no srun needed
-  Result<SlurmAllocation> a = ReadSlurmAllocation(env);
-  if (!a.ok()) return Status();  // given hosts, an unreadable job: SSH as before
-  std::set<std::string> nodes;
-  for (const auto& h : a->hosts) nodes.insert(h.name);
-  for (const auto& h : o->hosts) {
-    if (!h.user.empty() || !nodes.count(h.name)) return Status();
-  }
-  o->starter = Options::Starter::kSlurm;
-  return Status();
-}
-
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars) {
   Result<FirstPass> split = SplitArgv(argc, argv);
@@ -594,8 +560,10 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                         ? name_of(FlagId::kHosts) + " " + value(FlagId::kHosts)
                         : name_of(FlagId::kHostfile) + " " + value(FlagId::kHostfile);
   }
-  Status starter = ResolveStarter(value(FlagId::kStarter), environ_vars, &o);
-  if (!starter.ok()) return UsageError(starter.message());
+  Result<StarterChoice> starter = ChooseStarter(value(FlagId::kStarter), environ_vars, o.hosts);
+  if (!starter.ok()) return UsageError(starter.status().message());
+  o.starter = starter->srun ? Options::Starter::kSlurm : Options::Starter::kSsh;
+  o.srun_overlap = starter->overlap;
   if (o.hosts.empty()) {
     o.host_source = "none given: this machine";
     if (o.np == 0 && !diagnostic) {

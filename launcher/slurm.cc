@@ -256,6 +256,33 @@ Result<SlurmAllocation> ReadSlurmAllocation(const std::vector<std::string>& env)
   return a;
 }
 
+Result<StarterChoice> ChooseStarter(const std::string& flag, const std::vector<std::string>& env,
+                                    const std::vector<HostSpec>& hosts) {
+  StarterChoice c;
+  const bool in_job = InSlurmJob(env);
+  c.overlap = in_job && !EnvValue(env, "SLURM_STEP_ID").empty();
+  if (flag == "ssh") return c;
+  if (flag == "slurm") {
+    if (!in_job)
+      return InvalidArgument("--starter slurm: not inside a Slurm job (SLURM_JOB_ID unset)");
+    c.srun = true;
+    return c;
+  }
+  if (!flag.empty() && flag != "auto") {
+    return InvalidArgument("--starter " + flag + ": not one of ssh, slurm, auto");
+  }
+  if (!in_job || hosts.empty()) return c;
+  Result<SlurmAllocation> a = ReadSlurmAllocation(env);
+  if (!a.ok()) return c;  // hosts were given and the job is unreadable: SSH, as without Slurm
+  std::set<std::string> nodes;
+  for (const auto& h : a->hosts) nodes.insert(h.name);
+  for (const auto& h : hosts) {
+    if (!h.user.empty() || !nodes.count(h.name)) return c;
+  }
+  c.srun = true;
+  return c;
+}
+
 bool IsSlurmTaskVariable(std::string_view name) {
   static const std::set<std::string_view> kExact = {
       "SLURM_PROCID",

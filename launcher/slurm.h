@@ -51,6 +51,17 @@ bool InSlurmJob(const std::vector<std::string>& env);
 // sets that for some layouts), fewer are an error. Call only when InSlurmJob(env).
 Result<SlurmAllocation> ReadSlurmAllocation(const std::vector<std::string>& env);
 
+// What --starter FLAG ("ssh", "slurm", "auto" or "") means for `hosts` given `env`.
+struct StarterChoice {
+  bool srun = false;     // one srun step (slurm_agent_starter.h); else SSH and local forks
+  bool overlap = false;  // the step must overlap ringrun's own (ringrun runs inside a step)
+};
+// "slurm" needs a Slurm job (else InvalidArgument naming the flag). "auto" and "" choose srun
+// inside a Slurm job when every host (none with a user@) is a node of the job, which holds when
+// the hosts came from the job; an empty host list (a localhost job) stays forked.
+Result<StarterChoice> ChooseStarter(const std::string& flag, const std::vector<std::string>& env,
+                                    const std::vector<HostSpec>& hosts);
+
 // Variables that describe one Slurm task (the launcher's own, or an agent's) and must not reach
 // ranks, which frameworks would read as their own rank or size: SLURM_PROCID, SLURM_LOCALID,
 // SLURM_NODEID, SLURM_NTASKS, SLURM_NPROCS, SLURM_GTIDS, SLURM_TASK_PID, SLURM_STEP_*,

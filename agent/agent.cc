@@ -59,7 +59,12 @@ bool WaitAndDispatch(AgentLoop& loop, int sigfd, int wake_fd, int* stdin_fd, con
   if (pfds[0].revents & POLLIN) {
     signalfd_siginfo si;
     while (::read(sigfd, &si, sizeof(si)) == sizeof(si)) {
-      if (si.ssi_signo != SIGCHLD) loop.OnSignal(static_cast<int>(si.ssi_signo));
+      // SIGUSR1/SIGUSR2 are passed on to the ranks (how Slurm's --signal reaches them).
+      if (si.ssi_signo == SIGUSR1 || si.ssi_signo == SIGUSR2) {
+        loop.ForwardSignal(static_cast<int>(si.ssi_signo));
+      } else if (si.ssi_signo != SIGCHLD) {
+        loop.OnSignal(static_cast<int>(si.ssi_signo));
+      }
     }
   }
   if (pfds[1].revents & POLLIN) {
@@ -88,7 +93,8 @@ int RunAgent(const AgentConfig& config, Spawner& spawner) {
   // Signals arrive through a signalfd; the ranks get default dispositions back at exec.
   sigset_t sigs;
   sigemptyset(&sigs);
-  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
+  // SIGUSR1/SIGUSR2 are passed on to the ranks (Slurm's --signal reaches the agents' step).
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
   ::signal(SIGPIPE, SIG_IGN);

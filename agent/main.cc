@@ -1,14 +1,19 @@
 // ringrun-agent --launcher HOST:PORT --host-index N [--log-level L]
 // The job secret is the first line of stdin; stdin then stays open, and its EOF means the
 // launcher is gone.
+// ringrun-agent --launcher HOST:PORT --slurm-hosts NAME0,NAME1,... [--log-level L]
+// Started by srun (launcher/slurm_agent_starter.h): the host index is this node's position in
+// the list, the secret is in RINGRUN_AGENT_SECRET, and stdin (srun's /dev/null) is not watched.
 #include <poll.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "agent/agent.h"
+#include "agent/slurm_identity.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/version.h"
@@ -40,8 +45,12 @@ int main(int argc, char** argv) {
   int host_index = 0;
   int start_timeout_s = ringrun::kDefaultStartTimeoutS;
   app.add_option("--launcher", target, "host:port of the job service")->required();
-  app.add_option("--host-index", host_index, "this host's index in the job's host list")
-      ->required();
+  std::string slurm_hosts;
+  auto* index_opt =
+      app.add_option("--host-index", host_index, "this host's index in the job's host list");
+  auto* slurm_opt = app.add_option("--slurm-hosts", slurm_hosts,
+                                   "under srun: the job's host names by index (comma-separated)");
+  index_opt->excludes(slurm_opt);
   app.add_option("--log-level", level, "trace|debug|info|warn|error|off");
   app.add_option("--start-timeout", start_timeout_s, "seconds to wait for registration");
   app.set_version_flag("--version", std::string("ringrun-agent ") + RINGRUN_VERSION_STRING);
@@ -56,7 +65,24 @@ int main(int argc, char** argv) {
   config.register_timeout_ms = (start_timeout_s + 10) * 1000;
   config.stdin_fd = 0;
   spdlog::debug("started");
-  if (!ReadSecretLine(&config.secret)) {
+  if (!slurm_opt->empty()) {
+    // Before anything can copy the environment: the secret leaves it at once.
+    auto secret = ringrun::agent::TakeSecretFromEnvironment();
+    const char* node = std::getenv("SLURMD_NODENAME");
+    char host[256] = "";
+    ::gethostname(host, sizeof(host) - 1);
+    auto index = ringrun::agent::SlurmHostIndex(slurm_hosts, node ? node : "", host);
+    if (!secret.ok() || !index.ok()) {
+      spdlog::error("{}: {}", host, (secret.ok() ? index.status() : secret.status()).message());
+      return 2;
+    }
+    config.secret = *secret;
+    config.host_index = *index;
+    config.stdin_fd = -1;
+  } else if (index_opt->empty()) {
+    std::fprintf(stderr, "ringrun-agent: --host-index or --slurm-hosts is required\n");
+    return 2;
+  } else if (!ReadSecretLine(&config.secret)) {
     spdlog::error("no job secret on stdin (ringrun-agent is started by ringrun)");
     return 2;
   }

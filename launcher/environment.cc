@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "launcher/slurm.h"
 #include "ringrun/common/env_contract.h"
 
 namespace ringrun::launcher {
@@ -173,6 +174,7 @@ bool IsContractVariable(const std::string& name) {
 
 bool IsDeniedVariable(const std::string& name) {
   if (DeniedNames().count(name) != 0 || IsContractVariable(name)) return true;
+  if (IsSlurmTaskVariable(name)) return true;  // the launcher's own Slurm task (slurm.h)
   for (std::string_view prefix : kDeniedPrefixes) {
     if (name.compare(0, prefix.size(), prefix) == 0) return true;
   }

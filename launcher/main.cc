@@ -1,5 +1,6 @@
 // ringrun: starts a data-parallel job on one or many hosts. See README.md.
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "launcher/job.h"
 #include "launcher/options.h"
 #include "launcher/placement.h"
+#include "launcher/slurm_agent_starter.h"
 #include "launcher/ssh_agent_starter.h"
 #include "ringrun/common/log.h"
 
@@ -16,12 +18,41 @@ extern char** environ;
 namespace ringrun::launcher {
 namespace {
 
-// --dry-run: the placement table, and nothing started.
+// The srun starter's view of the job: its hosts by index and those with ranks.
+SlurmStarterConfig SlurmConfigFor(const Options& options,
+                                  const std::vector<RankPlacement>& placed) {
+  SlurmStarterConfig c;
+  for (const auto& h : options.hosts) c.host_names.push_back(h.name);
+  std::set<int> active;
+  for (const auto& p : placed) active.insert(p.host_index);
+  c.active_hosts.assign(active.begin(), active.end());
+  c.overlap = options.srun_overlap;
+  c.launcher_address = options.launcher_address;
+  c.network_interface = options.network_interface;
+  return c;
+}
+
+// --dry-run: where the hosts came from, the placement table, and nothing started.
 int PrintPlacement(const Options& options) {
   auto placed = PlaceRanks(options.hosts, options.np);
   if (!placed.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
     return 2;
+  }
+  std::printf("hosts: %s\n", options.host_source.c_str());
+  if (options.starter == Options::Starter::kSlurm) {
+    AgentLaunch launch;
+    launch.service_port = 0;
+    launch.agent_path = "ringrun-agent";
+    launch.log_level = options.log_level;
+    std::string cmd;
+    for (const auto& a :
+         BuildSrunCommand(SlurmConfigFor(options, placed.value()), launch, "LAUNCHER")) {
+      cmd += (cmd.empty() ? "" : " ") + a;
+    }
+    std::printf("agents: one srun step: %s\n", cmd.c_str());
+  } else {
+    std::printf("agents: %s\n", "over SSH (forked for this machine)");
   }
   std::printf("%-6s %-24s %-10s %-10s %-10s %-10s\n", "rank", "host", "local_rank", "local_size",
               "cross_rank", "cross_size");
@@ -55,6 +86,17 @@ int Main(int argc, char** argv) {
   Starters starters;
   starters.local = local.get();
   starters.remote = remote.get();
+  std::unique_ptr<AgentStarter> srun;
+  if (options.starter == Options::Starter::kSlurm) {
+    // Every agent, this machine's included, starts in the job's srun step.
+    auto placed = PlaceRanks(options.hosts, options.np);
+    if (!placed.ok()) {
+      std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
+      return 2;
+    }
+    srun = MakeSlurmAgentStarter(SlurmConfigFor(options, placed.value()));
+    starters.local = starters.remote = srun.get();
+  }
   if (options.check_gpu) return RunCheckGpu(options, starters);
   return RunJob(options, starters);
 }

@@ -11,9 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "launcher/environment.h"
 #include "launcher/placement.h"
+#include "launcher/scheduler_hosts.h"
+#include "launcher/slurm.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
 
@@ -55,6 +58,7 @@ enum class FlagId {
   kCheckGpu,
   kAllreduce,
   kCheckBuild,
+  kStarter,
 };
 
 struct FlagDef {
@@ -84,6 +88,8 @@ constexpr FlagDef kFlags[] = {
      "Time for every agent and rank to come up (default 30)."},
     {FlagId::kGracePeriod, "--grace-period", "--grace-period", "", true, false, "Job", "SECONDS",
      "Time between SIGTERM and SIGKILL at teardown (default 5; fractions allowed)."},
+    {FlagId::kStarter, "--starter", "--starter", "", true, false, "Job", "ssh|slurm|auto",
+     "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
     {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
      "Print the placement table and start nothing."},
     {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false, "Output",
@@ -542,6 +548,24 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
     o.hosts = std::move(hosts.value());
   }
   if (o.hosts.empty()) {
+    // Inside a scheduler's job, its allocation (scheduler_hosts.h).
+    Result<std::optional<SchedulerHosts>> sched = HostsFromScheduler(environ_vars);
+    if (!sched.ok()) return UsageError(sched.status().message());
+    if (sched->has_value()) {
+      o.hosts = std::move((*sched)->hosts);
+      o.host_source = (*sched)->source;
+    }
+  } else {
+    o.host_source = given(FlagId::kHosts)
+                        ? name_of(FlagId::kHosts) + " " + value(FlagId::kHosts)
+                        : name_of(FlagId::kHostfile) + " " + value(FlagId::kHostfile);
+  }
+  Result<StarterChoice> starter = ChooseStarter(value(FlagId::kStarter), environ_vars, o.hosts);
+  if (!starter.ok()) return UsageError(starter.status().message());
+  o.starter = starter->srun ? Options::Starter::kSlurm : Options::Starter::kSsh;
+  o.srun_overlap = starter->overlap;
+  if (o.hosts.empty()) {
+    o.host_source = "none given: this machine";
     if (o.np == 0 && !diagnostic) {
       return UsageError("-np is required when no hosts are given (-H or --hostfile)");
     }

@@ -14,8 +14,13 @@ namespace ringrun::launcher {
 
 struct Options {
   // Job shape.
-  int np = 0;                        // 0 until resolved: defaults to the total slots
-  std::vector<HostSpec> hosts;       // resolved from -H, --hostfile or localhost:np
+  int np = 0;                   // 0 until resolved: defaults to the total slots
+  std::vector<HostSpec> hosts;  // resolved from -H, --hostfile, a scheduler or localhost:np
+  std::string host_source;      // where hosts came from, for --dry-run
+  // How agents start (--starter): kSlurm is one srun step (slurm_agent_starter.h); "auto"
+  // resolves to it inside a Slurm job when every host is a node of the job, else to kSsh.
+  enum class Starter { kSsh, kSlurm } starter = Starter::kSsh;
+  bool srun_overlap = false;         // kSlurm from inside a step: the agent step must overlap it
   std::vector<std::string> command;  // everything after the first non-option word or "--"
   std::vector<std::pair<std::string, std::string>> exports;  // -x, resolved
 

@@ -9,6 +9,7 @@ pkgs=(
   libssh-dev libcli11-dev libspdlog-dev catch2 zlib1g-dev
   openssh-server openssh-client iproute2 procps util-linux
   openmpi-bin libopenmpi-dev libgloo-dev
+  slurmctld slurmd slurm-client munge  # the slurm tests: a real Slurm 22.05 (scripts/test-slurm-cluster.sh)
   dataset-fashion-mnist
   python3-torch  # a real torch.distributed client for the env:// contract test
 )

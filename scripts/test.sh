@@ -16,5 +16,6 @@ cmake --build build-nonccl -j"$jobs" --target ringrun ringrun-agent ringrun gpu_
 cd build
 # Everything but the cluster in parallel, then the cluster tests one at a time (they share
 # the namespace hosts, brought up and torn down by a CTest fixture).
-ctest -LE cluster -j2 --output-on-failure --timeout 600 "$@"
+ctest -LE 'cluster|slurm' -j2 --output-on-failure --timeout 600 "$@"
 ctest -L cluster --output-on-failure --timeout 600 "$@"
+ctest -L slurm --output-on-failure --timeout 600 "$@"

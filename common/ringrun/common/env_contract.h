@@ -20,4 +20,8 @@ inline constexpr char kHostAddr[] = "RINGRUN_HOST_ADDR";
 // The index of this rank's host in the host list.
 inline constexpr char kHostIndex[] = "RINGRUN_HOST_INDEX";
 
+// Launcher to agent, not to ranks: the job secret in the environment of an agent started by
+// srun (a step's command line is public). The agent unsets it before anything else.
+inline constexpr char kAgentSecret[] = "RINGRUN_AGENT_SECRET";
+
 }  // namespace ringrun::env

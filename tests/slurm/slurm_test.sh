@@ -1,0 +1,258 @@
+#!/bin/bash
+# ringrun inside real Slurm 22.05 jobs on scripts/test-slurm-cluster.sh (3 nodes): slurm_test.sh CASE.
+#   placement  salloc, no host list: hosts, slots (4,2,1), rank environment without the agent
+#              step's SLURM_PROCID/LOCALID/NTASKS/..., output tags, --dry-run's source and srun line
+#   sbatch     a batch job: ringrun from the batch script on the first node, output, a failing
+#              rank's exit code becomes the job's; a one-node batch job
+#   secret     the secret on no command line (srun's, the agents', scontrol show step's) and not in
+#              the agents' /proc environ once started
+#   bench      libringrun's collectives across the nodes (ringrun-bench, checked results)
+#   rankfail   a rank fails: the job ends with its code; then a second job in the same allocation
+#   scancelstep / scancel the agents' step / scancel the job
+#   scanceljob
+#   sigint / sigterm   Ctrl-C (SIGINT) / SIGTERM to ringrun: 130 / 143
+#   kill9      kill -9 of ringrun: the agents notice, nothing is left; a second job runs
+#   agentkill  kill -9 of one node's agent: the job fails naming it; a second job runs
+#   timelimit  the allocation's time limit with --signal=USR1@50: ranks see SIGUSR1, then
+#              everything ends
+# Each fault case checks that it ends in bounded time, that no tagged process (agent or rank)
+# is left on any node, and that squeue -s shows no ringrun-agents step.
+source "$(dirname "$0")/../cluster/lib.sh"
+eval "$("$SRC_DIR/scripts/test-slurm-cluster.sh" env)"
+export SLURM_CONF
+sinfo -h >/dev/null 2>&1 || { echo "FAIL: the Slurm test cluster is not up"; exit 1; }
+CASE=${1:?usage: slurm_test.sh CASE}
+TAG="rr-slurm-$CASE-$$-$RANDOM"
+export RR_TEST_TAG=$TAG
+HP=$RR_HOST_PREFIX
+RINGRUN=$BIN_DIR/ringrun
+
+tagged() { pids_with_env "RR_TEST_TAG=$TAG"; }
+# Steps named ringrun-agents of job $1 still known to Slurm.
+agent_steps() { squeue -h -s -j "$1" -o '%i %j' 2>/dev/null | awk '$2 == "ringrun-agents"'; }
+# Waits until every node is idle again (nodes pass through COMPLETING after a job).
+wait_nodes_idle() {
+  local start=$SECONDS
+  while ((SECONDS - start < 60)); do
+    [[ -z $(sinfo -h -N -o '%T' | grep -v '^idle$') ]] && return 0
+    sleep 0.3
+  done
+  fail "nodes not idle after 60 s: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+}
+# Waits up to $1 s until file $2 has $3 lines matching $4.
+wait_lines() {
+  local start=$SECONDS
+  while ((SECONDS - start < $1)); do
+    local n
+    n=$(grep -c -- "$4" "$2" 2>/dev/null)
+    ((${n:-0} >= $3)) && return 0
+    sleep 0.1
+  done
+  return 1
+}
+cleanup_hooks+=("scancel -n rr-test-$$ >/dev/null 2>&1")
+
+# Starts, in the background, an allocation of 3 nodes x 2 tasks whose shell runs a ringrun job of
+# sleeping ranks (tagged), records ringrun's pid, and after it ends prints "first rc=N", then
+# runs a second ringrun job (unless $2 is "once") and prints "second rc=N".
+# Sets ALLOC_PID, LOG, JOB (the Slurm job id) once the 6 ranks run.
+start_fault_job() {  # extra salloc args
+  LOG=$TMP/alloc.log
+  cat >"$TMP/shell.sh" <<EOF
+echo "job=\$SLURM_JOB_ID"
+$RINGRUN --grace-period 2 bash -c 'trap "echo got-\$RINGRUN_RANK-TERM; exit 143" TERM; trap "echo got-\$RINGRUN_RANK-USR1" USR1; echo started-\$RINGRUN_RANK; while :; do sleep 0.2; done' &
+echo \$! >"$TMP/ringrun.pid"
+wait \$!
+echo "first rc=\$?"
+$RINGRUN hostname
+echo "second rc=\$?"
+EOF
+  # shellcheck disable=SC2086
+  salloc -J "rr-test-$$" -N3 --ntasks-per-node=2 $1 bash "$TMP/shell.sh" >"$LOG" 2>&1 &
+  ALLOC_PID=$!
+  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  if ! wait_lines 30 "$LOG" 6 "started-"; then fail "the ranks did not start:"; cat "$LOG"; finish; fi
+  JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
+  RR_PID=$(cat "$TMP/ringrun.pid")
+}
+# Waits up to $1 s for "first rc=" in the log; sets FIRST_RC and FIRST_SECS.
+wait_first() {
+  local start=$SECONDS
+  wait_lines "$1" "$LOG" 1 "first rc=" || true
+  FIRST_SECS=$((SECONDS - start))
+  FIRST_RC=$(sed -n 's/^first rc=//p' "$LOG")
+}
+# Nothing of the first job is left: no tagged process on any node within $1 s (the second job
+# is untagged), and no ringrun-agents step of it.
+expect_nothing_left() {
+  if wait_gone "$1" tagged; then pass "no agent or rank left on any node"; else
+    fail "processes left: $(tagged | tr '\n' ' ')"; ps -o pid,args -p "$(tagged | tr '\n' ',' | sed 's/,$//')"; fi
+}
+expect_second_job() {
+  if wait_lines 60 "$LOG" 1 "second rc=0"; then pass "the allocation ran a second job";
+  else fail "no second job:"; cat "$LOG"; fi
+  wait "$ALLOC_PID" 2>/dev/null
+  wait_gone 10 agent_steps "$JOB" || fail "ringrun-agents steps left: $(agent_steps "$JOB")"
+}
+
+case $CASE in
+placement)
+  out=$(salloc -J "rr-test-$$" -N3 -n7 "$RINGRUN" --dry-run true 2>&1)
+  expect_in "$out" "hosts: Slurm job" "--dry-run names the source"
+  expect_in "$out" "SLURM_TASKS_PER_NODE=4,2,1" "--dry-run shows the task counts"
+  expect_in "$out" "agents: one srun step: srun --nodes=3 --ntasks=3 --ntasks-per-node=1" "--dry-run prints srun"
+  out=$(salloc -J "rr-test-$$" -N3 -n7 "$RINGRUN" bash -c \
+    'echo "r=$RINGRUN_RANK h=$(hostname) l=$RINGRUN_LOCAL_RANK ls=$RINGRUN_LOCAL_SIZE n=$RINGRUN_SIZE job=${SLURM_JOB_ID:-none} procid=${SLURM_PROCID-unset} localid=${SLURM_LOCALID-unset} ntasks=${SLURM_NTASKS-unset} nodeid=${SLURM_NODEID-unset} step=${SLURM_STEP_ID-unset} node=${SLURMD_NODENAME-unset} gtids=${SLURM_GTIDS-unset} agentsecret=${RINGRUN_AGENT_SECRET-unset}"; echo "err-$RINGRUN_RANK" >&2' 2>&1)
+  rc=$?
+  [[ $rc == 0 ]] && pass "exit code 0" || fail "exit code $rc: $out"
+  for r in 0 1 2 3; do expect_in "$out" "[$r]<stdout>:r=$r h=${HP}1 l=$r ls=4 n=7" "rank $r on ${HP}1"; done
+  for r in 4 5; do expect_in "$out" "[$r]<stdout>:r=$r h=${HP}2 l=$((r - 4)) ls=2 n=7" "rank $r on ${HP}2"; done
+  expect_in "$out" "[6]<stdout>:r=6 h=${HP}3 l=0 ls=1 n=7" "rank 6 on ${HP}3"
+  expect_in "$out" "[6]<stderr>:err-6" "stderr tagged"
+  [[ $(grep -c "procid=unset localid=unset ntasks=unset nodeid=unset step=unset node=unset gtids=unset agentsecret=unset" <<<"$out") == 7 ]] &&
+    pass "no rank sees the agent step's Slurm task variables" || { fail "Slurm task variables leaked:"; echo "$out"; }
+  [[ $(grep -c "job=[0-9]" <<<"$out") == 7 ]] && pass "ranks see SLURM_JOB_ID" || fail "SLURM_JOB_ID missing"
+  # -H still wins; the job's nodes then start through srun too.
+  out=$(salloc -J "rr-test-$$" -N3 -n3 "$RINGRUN" -H "${HP}2:2" hostname 2>&1)
+  expect_in "$out" "[1]<stdout>:${HP}2" "-H wins over the allocation"
+  # A malformed allocation variable: exit 2, nothing started.
+  out=$(SLURM_JOB_ID=1 SLURM_JOB_NODELIST="${HP}[1-x]" SLURM_TASKS_PER_NODE=1 "$RINGRUN" true 2>&1)
+  rc=$?
+  [[ $rc == 2 ]] && pass "malformed SLURM_JOB_NODELIST exits 2" || fail "rc $rc"
+  expect_in "$out" "SLURM_JOB_NODELIST=${HP}[1-x]" "the error names the variable"
+  expect_in "$out" "'1-x'" "the error names the bad token"
+  ;;
+sbatch)
+  cat >"$TMP/job.sh" <<EOF
+#!/bin/bash
+$RINGRUN bash -c 'echo "r=\$RINGRUN_RANK h=\$(hostname) procid=\${SLURM_PROCID-unset} ntasks=\${SLURM_NTASKS-unset}"; [[ \$RINGRUN_RANK == 4 ]] && { sleep 2; echo bad-rank >&2; exit 7; }; sleep 30'
+echo "ringrun rc=\$?"
+exit 7
+EOF
+  start=$SECONDS
+  sbatch -J "rr-test-$$" --wait -N3 --ntasks-per-node=2 -o "$TMP/job.out" "$TMP/job.sh" >/dev/null 2>&1
+  rc=$?
+  out=$(cat "$TMP/job.out")
+  [[ $rc == 7 ]] && pass "sbatch --wait: the job's exit code is the failing rank's" || fail "sbatch rc $rc"
+  ((SECONDS - start < 25)) && pass "the job ended at the failure ($((SECONDS - start)) s)" || fail "took $((SECONDS - start)) s"
+  expect_in "$out" "ringrun rc=7" "ringrun exits with the rank's code"
+  expect_in "$out" "rank 4 on host ${HP}3 exited with code 7" "the failure is named"
+  expect_in "$out" "[4]<stderr>:bad-rank" "its stderr is shown"
+  for r in 0 1; do expect_in "$out" "[$r]<stdout>:r=$r h=${HP}1 procid=unset ntasks=unset" "rank $r on the batch node"; done
+  expect_in "$out" "[5]<stdout>:r=5 h=${HP}3" "rank 5 on ${HP}3"
+  expect_nothing_left 15
+  # One node: the launcher's own node, reached on 127.0.0.1, still through srun.
+  sbatch -J "rr-test-$$" --wait -N1 -n2 -o "$TMP/one.out" --wrap "$RINGRUN bash -c 'echo r=\$RINGRUN_RANK h=\$(hostname) step=\${SLURM_STEP_ID-unset}'" >/dev/null 2>&1
+  rc=$?
+  out=$(cat "$TMP/one.out")
+  [[ $rc == 0 ]] && pass "a one-node batch job" || fail "one-node sbatch rc $rc: $out"
+  expect_in "$out" "[1]<stdout>:r=1 h=${HP}1 step=unset" "both ranks on the batch node"
+  ;;
+secret)
+  start_fault_job "" once
+  secret=
+  for p in $(tagged); do
+    [[ -z $secret ]] && secret=$(tr '\0' '\n' <"/proc/$p/environ" | sed -n 's/^RINGRUN_SECRET=//p')
+  done
+  [[ ${#secret} -ge 32 ]] && pass "found the job secret in a rank" || fail "no secret found"
+  step=$(agent_steps "$JOB" | awk '{print $1}')
+  [[ -n $step ]] && pass "the agents run in step $step" || fail "no ringrun-agents step"
+  shown=$(scontrol show step "$step" 2>&1; squeue -s -j "$JOB" -o '%all' 2>&1)
+  expect_not_in "$shown" "$secret" "scontrol/squeue do not show the secret"
+  leaks=0
+  for p in /proc/[0-9]*; do
+    c=$( { tr "\\0" " " <"$p/cmdline"; } 2>/dev/null)
+    if [[ $c == *"$secret"* ]]; then leaks=1; echo "    cmdline of ${p#/proc/}: $c"; fi
+  done
+  ((leaks == 0)) && pass "the secret is on no command line" || fail "the secret is on a command line"
+  agents=$(for p in $(tagged); do [[ $( { tr '\0' '\n' <"/proc/$p/cmdline"; } 2>/dev/null | head -1) == */ringrun-agent ]] && echo "$p"; done)
+  [[ $(wc -w <<<"$agents") == 3 ]] && pass "3 agents" || fail "agents: $agents"
+  for p in $agents; do
+    e=$(tr '\0' '\n' <"/proc/$p/environ")
+    [[ $e == *"$secret"* ]] && fail "agent $p still shows the secret in /proc/$p/environ"
+  done
+  kill -INT "$RR_PID"
+  wait_first 20
+  ;;
+bench)
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=1 "$RINGRUN" "$BIN_DIR/ringrun-bench" allreduce -b 1K -e 1M -f 32 -n 3 -w 1 -c 1 -d float -o sum 2>&1)
+  rc=$?
+  [[ $rc == 0 ]] && pass "allreduce across 3 nodes" || { fail "allreduce rc $rc"; echo "$out"; }
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=2 "$RINGRUN" "$BIN_DIR/ringrun-bench" allgather -b 1K -e 64K -f 8 -n 3 -w 1 -c 1 -d int32 -o sum 2>&1)
+  rc=$?
+  [[ $rc == 0 ]] && pass "allgather across 3 nodes x 2" || { fail "allgather rc $rc"; echo "$out"; }
+  ;;
+rankfail)
+  LOG=$TMP/alloc.log
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=2 bash -c "$RINGRUN bash -c 'trap \"exit 143\" TERM; [[ \$RINGRUN_RANK == 5 ]] && exit 9; while :; do sleep 0.2; done'; echo first rc=\$?; $RINGRUN hostname; echo second rc=\$?" 2>&1)
+  expect_in "$out" "first rc=9" "the job ends with the rank's code"
+  expect_in "$out" "rank 5 on host ${HP}3 exited with code 9" "the rank is named"
+  expect_in "$out" "second rc=0" "the allocation ran a second job"
+  expect_nothing_left 10
+  ;;
+scancelstep)
+  start_fault_job ""
+  step=$(agent_steps "$JOB" | awk '{print $1}')
+  scancel "$step"
+  wait_first 30
+  [[ -n $FIRST_RC && $FIRST_RC != 0 ]] && pass "ringrun ended ($FIRST_RC) in $FIRST_SECS s" || { fail "ringrun: '$FIRST_RC'"; cat "$LOG"; }
+  expect_nothing_left 15
+  expect_second_job
+  ;;
+scanceljob)
+  start_fault_job ""
+  scancel "$JOB"
+  start=$SECONDS
+  while kill -0 "$ALLOC_PID" 2>/dev/null && ((SECONDS - start < 30)); do sleep 0.1; done
+  kill -0 "$ALLOC_PID" 2>/dev/null && fail "salloc still running 30 s after scancel" || pass "the allocation ended in $((SECONDS - start)) s"
+  expect_nothing_left 15
+  wait_gone 15 agent_steps "$JOB" || fail "steps left"
+  ;;
+sigint | sigterm)
+  start_fault_job ""
+  sig=${CASE#sig}
+  kill -"${sig^^}" "$RR_PID"
+  wait_first 20
+  want=$([[ $sig == int ]] && echo 130 || echo 143)
+  [[ $FIRST_RC == "$want" ]] && pass "ringrun exits $want in $FIRST_SECS s" || { fail "rc '$FIRST_RC' (want $want)"; cat "$LOG"; }
+  [[ $(grep -c "got-.-TERM" "$LOG") -ge 6 || $sig == int ]] && pass "ranks got SIGTERM" || fail "ranks did not see SIGTERM"
+  expect_nothing_left 15
+  expect_second_job
+  ;;
+kill9)
+  start_fault_job ""
+  kill -9 "$RR_PID"
+  wait_first 5
+  expect_nothing_left 20
+  expect_second_job
+  ;;
+agentkill)
+  start_fault_job ""
+  victim=
+  for p in $(tagged); do
+    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "ringrun-agent --launcher" || continue
+    tr '\0' '\n' <"/proc/$p/environ" | grep -qx "SLURMD_NODENAME=${HP}2" && victim=$p
+  done
+  [[ -n $victim ]] || { fail "no agent on ${HP}2"; finish; }
+  kill -9 "$victim"
+  wait_first 30
+  [[ -n $FIRST_RC && $FIRST_RC != 0 ]] && pass "ringrun ended ($FIRST_RC) in $FIRST_SECS s" || { fail "ringrun: '$FIRST_RC'"; cat "$LOG"; }
+  expect_in "$(cat "$LOG")" "${HP}2" "the failure names ${HP}2"
+  expect_nothing_left 15
+  expect_second_job
+  ;;
+timelimit)
+  start_fault_job "-t 1 --signal=USR1@50"
+  start=$SECONDS
+  # Slurm checks time limits about every 30 s: the job ends 60-100 s after it started.
+  while kill -0 "$ALLOC_PID" 2>/dev/null && ((SECONDS - start < 150)); do sleep 0.5; done
+  kill -0 "$ALLOC_PID" 2>/dev/null && fail "the allocation outlived its time limit by far" || pass "the allocation ended at its time limit ($((SECONDS - start)) s after the ranks started)"
+  [[ $(grep -c "got-.-USR1" "$LOG") -ge 6 ]] && pass "every rank got --signal's SIGUSR1" || { fail "SIGUSR1 did not reach every rank"; cat "$LOG"; }
+  expect_nothing_left 15
+  wait_gone 15 agent_steps "$JOB" || fail "steps left"
+  ;;
+*)
+  echo "unknown case $CASE"; exit 2 ;;
+esac
+wait_nodes_idle
+finish

@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "acceptor.h"
 #include "handshake.h"
 #include "shm_pair.h"
 #include "socket_util.h"
@@ -36,7 +37,6 @@ std::string PeerTable::Describe(int r) const {
 
 namespace {
 
-constexpr int kHelloTimeoutMs = 10000;
 // Busy-wait this long on a shared-memory pair before sleeping on its futex (only when this
 // host's ranks do not outnumber its CPUs). Waking a sleeping rank costs tens of microseconds
 // under a hypervisor, paid once per collective phase when ranks arrive a little apart; Open MPI
@@ -51,6 +51,16 @@ class SocketTransport final : public Transport {
         listener_(std::move(listener)),
         options_(options),
         job_tag_(JobTag(peers_.job_id)),
+        acceptor_(
+            [&] {
+              AcceptorOptions a;
+              a.rank = rank_;
+              a.peers = &peers_;
+              a.secret = options_.secret;
+              a.allow_nat = options_.allow_nat;
+              return a;
+            }(),
+            listener_.fd.get(), listener_.local.valid() ? listener_.local.get() : -1),
         pairs_(peers_.size()) {}
 
   int rank() const override { return rank_; }
@@ -70,16 +80,27 @@ class SocketTransport final : public Transport {
     // waiting for their timeout.
     broken_ = st;
     pairs_.clear();
+    acceptor_.Clear();
   }
 
  private:
   Status RunOps(std::vector<Op>& ops, Deadline deadline);
   Status EnsureConnected(const std::vector<Op>& ops, Deadline deadline);
+  // Connects to a higher rank, retrying while the peer closes connections mid-handshake (it
+  // may have closed ours to make room for others), until the deadline.
   Status Connect(int peer, Deadline deadline);
+  // One try: kUnavailable from the handshake is worth another (*retry).
+  Status ConnectOnce(int peer, Deadline deadline, bool* retry);
   // A shared-memory pair through the peer's local listener; false when it cannot be reached.
-  Result<bool> ConnectLocal(int peer, Deadline deadline);
-  Status AcceptOne(Deadline deadline);
-  Status AcceptFrom(int listener, bool local, Deadline deadline);
+  Result<bool> ConnectLocal(int peer, Deadline deadline, bool* retry);
+  Result<UniqueFd> ConnectTcp(int peer, Deadline deadline);
+  // The connector's side of the handshake on a connected socket (handshake.h). Serves this
+  // rank's own listeners while it waits.
+  Status Handshake(int peer, int fd, int pass_fd, uint64_t ring_bytes, Deadline deadline);
+  // Waits up to the deadline for `fd` (when >= 0) or a listener; serves the listeners.
+  Status WaitAndServe(int fd, short events, Deadline deadline);
+  // Advances pending handshakes and makes pairs of the peers that proved themselves.
+  Status ServeListeners();
   Status PeerError(int peer, const Status& st) const {
     return Status(st.code(), "rank " + std::to_string(rank_) + ": peer " + peers_.Describe(peer) +
                                  ": " + st.message());
@@ -92,11 +113,85 @@ class SocketTransport final : public Transport {
   const Listener listener_;
   const TransportOptions options_;
   const uint64_t job_tag_;
+  Acceptor acceptor_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // by peer rank; made on first use
   Status broken_;
 };
 
-Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline) {
+Status SocketTransport::ServeListeners() {
+  Result<std::vector<AdmittedPeer>> admitted =
+      acceptor_.Service([this](int r) { return r >= 0 && r < size() && !pairs_[r]; });
+  if (!admitted.ok()) return admitted.status();
+  for (AdmittedPeer& a : *admitted) {
+    if (!a.local) {
+      pairs_[a.rank] = std::make_unique<TcpPair>(std::move(a.fd));
+      continue;
+    }
+    Result<std::unique_ptr<ShmSegment>> seg = MapShm(a.segment.get(), a.ring_bytes, false);
+    if (!seg.ok()) return PeerError(a.rank, seg.status());
+    pairs_[a.rank] = std::make_unique<ShmPair>(std::move(a.fd), std::move(seg.value()), 1);
+  }
+  return Status::Ok();
+}
+
+Status SocketTransport::WaitAndServe(int fd, short events, Deadline deadline) {
+  std::vector<pollfd> fds;
+  if (fd >= 0) fds.push_back(pollfd{fd, events, 0});
+  acceptor_.AddPollFds(&fds);
+  const int ms = MsUntil(deadline);
+  if (ms == 0) return Timeout("timed out");
+  // At most 100 ms, so that pending handshakes past their deadline are closed.
+  int rc = ::poll(fds.data(), fds.size(), std::min(ms, 100));
+  if (rc < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
+  return ServeListeners();
+}
+
+Status SocketTransport::Handshake(int peer, int fd, int pass_fd, uint64_t ring_bytes,
+                                  Deadline deadline) {
+  ConnectHello hello;
+  hello.rank = static_cast<uint32_t>(rank_);
+  hello.to_rank = static_cast<uint32_t>(peer);
+  hello.job_tag = job_tag_;
+  hello.ring_bytes = ring_bytes;
+  Result<Nonce> nonce = FreshNonce();
+  if (!nonce.ok()) return nonce.status();
+  hello.nonce = *nonce;
+  uint8_t out[kConnectHelloBytes];
+  EncodeConnectHello(hello, out);
+  uint8_t in[kAcceptHelloBytes];
+  Proof proof{};
+  size_t sent = 0, got = 0, proof_sent = 0;
+  for (;;) {
+    short wait_for = POLLIN;
+    if (sent < sizeof(out)) {
+      RINGRUN_RETURN_IF_ERROR(SendSome(fd, out, sizeof(out), &sent, pass_fd));
+      if (sent < sizeof(out)) wait_for = POLLOUT;
+    } else if (got < sizeof(in)) {
+      RINGRUN_RETURN_IF_ERROR(RecvSome(fd, in, sizeof(in), &got, nullptr));
+      if (got == sizeof(in)) {
+        Result<AcceptHello> reply = DecodeAcceptHello(in, sizeof(in));
+        if (!reply.ok()) return PermissionDenied("not a ringrun rank: " + reply.status().message());
+        const Proof expected = HandshakeProof(options_.secret, ProofRole::kAcceptor, hello,
+                                              static_cast<uint32_t>(peer), reply->nonce);
+        if (reply->rank != static_cast<uint32_t>(peer) || !ProofEquals(expected, reply->proof)) {
+          return PermissionDenied(
+              "its listener did not prove that it holds this job's secret (another job's rank, "
+              "or an impostor, on its port)");
+        }
+        proof = HandshakeProof(options_.secret, ProofRole::kConnector, hello,
+                               static_cast<uint32_t>(peer), reply->nonce);
+        continue;
+      }
+    } else if (proof_sent < proof.size()) {
+      RINGRUN_RETURN_IF_ERROR(SendSome(fd, proof.data(), proof.size(), &proof_sent, -1));
+      if (proof_sent == proof.size()) return Status::Ok();
+      wait_for = POLLOUT;
+    }
+    RINGRUN_RETURN_IF_ERROR(WaitAndServe(fd, wait_for, deadline));
+  }
+}
+
+Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline, bool* retry) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
   socklen_t len;
@@ -104,98 +199,90 @@ Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline) {
   while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&un), len) != 0) {
     if (errno == EINTR) continue;
     if (errno == EAGAIN) {  // its backlog is full: it is accepting
-      if (MsUntil(deadline) == 0) return PeerError(peer, Timeout("connect timed out"));
-      ::usleep(1000);
+      RINGRUN_RETURN_IF_ERROR(WaitAndServe(-1, 0, std::min(deadline, DeadlineAfter(1))));
       continue;
     }
     if (errno == ECONNREFUSED || errno == ENOENT) return false;  // not in this namespace
-    return PeerError(peer, ErrnoStatus("connect to its local socket", errno));
+    return ErrnoStatus("connect to its local socket", errno);
   }
   // Someone else's socket under the peer's name: not the peer, so reach it over TCP.
   if (!SameUser(fd.get())) return false;
   UniqueFd mem(::memfd_create("ringrun-pair", MFD_CLOEXEC));
-  if (!mem.valid()) return PeerError(peer, ErrnoStatus("memfd_create", errno));
+  if (!mem.valid()) return ErrnoStatus("memfd_create", errno);
   Result<std::unique_ptr<ShmSegment>> seg = MapShm(mem.get(), options_.shm_ring_bytes, true);
-  if (!seg.ok()) return PeerError(peer, seg.status());
-  Hello hello{kHelloMagic, static_cast<uint32_t>(rank_), job_tag_, options_.shm_ring_bytes};
-  Status st = SendHello(fd.get(), hello, mem.get(), deadline);
-  if (!st.ok()) return PeerError(peer, st.Annotate("hello"));
+  if (!seg.ok()) return seg.status();
+  Status st = Handshake(peer, fd.get(), mem.get(), options_.shm_ring_bytes,
+                        std::min(deadline, DeadlineAfter(kHandshakeTimeoutMs)));
+  if (!st.ok()) {
+    *retry = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
+    return st.Annotate("handshake on its local socket");
+  }
   pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 0);
   return true;
 }
 
-Status SocketTransport::Connect(int peer, Deadline deadline) {
-  if (options_.use_shm && peers_.SameHost(rank_, peer)) {
-    Result<bool> local = ConnectLocal(peer, deadline);
-    if (!local.ok() || *local) return local.status();
-  }
+Result<UniqueFd> SocketTransport::ConnectTcp(int peer, Deadline deadline) {
   Result<sockaddr_in> sa = ParseAddr(peers_.address(peer), peers_.port_of_rank[peer]);
-  if (!sa.ok()) return PeerError(peer, sa.status());
+  if (!sa.ok()) return sa.status();
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
   TuneSocket(fd.get());
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa)) != 0) {
-    if (errno != EINPROGRESS) return PeerError(peer, ErrnoStatus("connect", errno));
-    pollfd pfd{fd.get(), POLLOUT, 0};
-    int ms = MsUntil(deadline);
-    int rc = ms > 0 ? ::poll(&pfd, 1, ms) : 0;
-    if (rc == 0) return PeerError(peer, Timeout("connect timed out"));
+  // From this rank's own address, which the peer checks against the peer table. Where it is not
+  // this host's (NAT), the kernel picks one, and the peer must allow NAT.
+  Result<sockaddr_in> me = ParseAddr(peers_.address(rank_), 0);
+  if (me.ok()) (void)::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*me), sizeof(*me));
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*sa), sizeof(*sa)) != 0) {
+    if (errno != EINPROGRESS) return ErrnoStatus("connect", errno);
+    for (;;) {
+      pollfd pfd{fd.get(), POLLOUT, 0};
+      if (::poll(&pfd, 1, 0) > 0) break;
+      Status st = WaitAndServe(fd.get(), POLLOUT, deadline);
+      if (st.code() == Code::kTimeout) return Timeout("connect timed out");
+      RINGRUN_RETURN_IF_ERROR(st);
+    }
     int err = 0;
     socklen_t len = sizeof(err);
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return PeerError(peer, ErrnoStatus("connect", err));
+    if (err != 0) return ErrnoStatus("connect", err);
   }
-  Hello hello{kHelloMagic, static_cast<uint32_t>(rank_), job_tag_, 0};
-  Status st = SendHello(fd.get(), hello, -1, deadline);
-  if (!st.ok()) return PeerError(peer, st.Annotate("hello"));
-  pairs_[peer] = std::make_unique<TcpPair>(std::move(fd));
+  return fd;
+}
+
+Status SocketTransport::ConnectOnce(int peer, Deadline deadline, bool* retry) {
+  *retry = false;
+  if (options_.use_shm && peers_.SameHost(rank_, peer)) {
+    Result<bool> local = ConnectLocal(peer, deadline, retry);
+    if (!local.ok() || *local) return local.status();
+  }
+  Result<UniqueFd> fd = ConnectTcp(peer, deadline);
+  if (!fd.ok()) return fd.status();
+  Status st =
+      Handshake(peer, fd->get(), -1, 0, std::min(deadline, DeadlineAfter(kHandshakeTimeoutMs)));
+  if (!st.ok()) {
+    *retry = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
+    return st.Annotate("handshake");
+  }
+  pairs_[peer] = std::make_unique<TcpPair>(std::move(fd.value()));
   return Status::Ok();
 }
 
-Status SocketTransport::AcceptOne(Deadline deadline) {
-  pollfd pfd[2] = {{listener_.fd.get(), POLLIN, 0}, {listener_.local.get(), POLLIN, 0}};
-  const nfds_t n = listener_.local.valid() ? 2 : 1;
-  int ms = MsUntil(deadline);
-  if (ms == 0) return Timeout("timed out");
-  int rc = ::poll(pfd, n, ms);
-  if (rc < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
-  for (nfds_t i = 0; rc > 0 && i < n; ++i) {
-    if (pfd[i].revents) RINGRUN_RETURN_IF_ERROR(AcceptFrom(pfd[i].fd, i == 1, deadline));
+Status SocketTransport::Connect(int peer, Deadline deadline) {
+  int tries = 0;
+  for (;;) {
+    bool retry = false;
+    Status st = ConnectOnce(peer, deadline, &retry);
+    ++tries;
+    if (st.ok()) return st;
+    if (!retry || MsUntil(deadline) == 0) {
+      if (tries > 1) {
+        st = Status(st.code(), st.message() + " (after " + std::to_string(tries) +
+                                   " tries; a peer that refuses every try may hold another "
+                                   "secret, or see this rank behind NAT: RINGRUN_ALLOW_NAT=1)");
+      }
+      return PeerError(peer, st);
+    }
+    ::usleep(2000);
   }
-  return Status::Ok();
-}
-
-// Accepts one connection and makes its pair. A stray or foreign connection, or a hello that
-// does not fit the listener it came to, is dropped (the real peer will still come); a peer's
-// segment that cannot be mapped is an error naming it.
-Status SocketTransport::AcceptFrom(int listener, bool local, Deadline deadline) {
-  UniqueFd fd(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-  if (!fd.valid()) {
-    if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return Status::Ok();
-    return ErrnoStatus("accept", errno);
-  }
-  if (!local) TuneSocket(fd.get());
-  if (local && !SameUser(fd.get())) return Status::Ok();
-  Hello hello{};
-  UniqueFd mem;
-  Deadline hello_deadline = std::min(deadline, DeadlineAfter(kHelloTimeoutMs));
-  if (!RecvHello(fd.get(), &hello, &mem, hello_deadline).ok()) return Status::Ok();
-  const size_t ring = hello.ring_bytes;
-  if (hello.magic != kHelloMagic || hello.job_tag != job_tag_ ||
-      hello.rank >= static_cast<uint32_t>(size()) || static_cast<int>(hello.rank) >= rank_ ||
-      pairs_[hello.rank] || local != mem.valid() || (ring != 0) != local ||
-      (local && (ring < 4096 || ring > kMaxShmRingBytes || (ring & (ring - 1)) != 0))) {
-    return Status::Ok();
-  }
-  const int peer = static_cast<int>(hello.rank);
-  if (!local) {
-    pairs_[peer] = std::make_unique<TcpPair>(std::move(fd));
-    return Status::Ok();
-  }
-  Result<std::unique_ptr<ShmSegment>> seg = MapShm(mem.get(), ring, false);
-  if (!seg.ok()) return PeerError(peer, seg.status());
-  pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 1);
-  return Status::Ok();
 }
 
 Status SocketTransport::EnsureConnected(const std::vector<Op>& ops, Deadline deadline) {
@@ -207,7 +294,7 @@ Status SocketTransport::EnsureConnected(const std::vector<Op>& ops, Deadline dea
   }
   for (const Op& op : ops) {
     while (!pairs_[op.peer]) {
-      Status st = AcceptOne(deadline);
+      Status st = WaitAndServe(-1, 0, deadline);
       if (st.code() == Code::kTimeout) {
         return PeerError(op.peer, Timeout("timed out waiting for it to connect"));
       }
@@ -298,9 +385,19 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     }
     if (!merged) fds.push_back(pollfd{p->fd(), ev, 0}), fd_peer.push_back(s.op->peer);
   }
+  // This rank's listeners too: a peer may be connecting for a later Run and waits for our
+  // side of the handshake.
+  const size_t data_fds = fds.size();
+  acceptor_.AddPollFds(&fds);
   int rc = ::poll(fds.data(), fds.size(), std::min(ms, 1000));
   if (rc < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
-  for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
+  for (size_t i = data_fds; rc > 0 && i < fds.size(); ++i) {
+    if (fds[i].revents) {
+      RINGRUN_RETURN_IF_ERROR(ServeListeners());
+      break;
+    }
+  }
+  for (size_t i = 0; rc > 0 && i < data_fds; ++i) {
     if (!fds[i].revents) continue;
     if (!pairs_[fd_peer[i]]->is_shm()) continue;
     // A shared-memory pair's socket carries nothing after the hello: readable means EOF.
@@ -388,6 +485,10 @@ Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers
   if (options.shm_ring_bytes < 4096 || options.shm_ring_bytes > kMaxShmRingBytes ||
       (options.shm_ring_bytes & (options.shm_ring_bytes - 1))) {
     return InvalidArgument("shm_ring_bytes must be a power of two in [4 KiB, 1 GiB]");
+  }
+  if (options.secret.empty()) {
+    return InvalidArgument(
+        "no job secret (RINGRUN_SECRET): the data plane admits only peers that hold it");
   }
   return std::unique_ptr<Transport>(
       new SocketTransport(rank, std::move(peers), std::move(listener), options));

@@ -35,7 +35,9 @@ using std::chrono::milliseconds;
 using Stream = grpc::ClientReaderWriter<v1::AgentEvent, v1::AgentCommand>;
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr size_t kMaxLine = 1 << 20;         // longer lines are sent in pieces
+constexpr size_t kMaxLine = 1 << 20;  // longer lines are sent in pieces
+// An Output event (kMaxLine plus one read, and framing) must fit the job service's cap.
+static_assert(kMaxLine + kReadChunk + 4096 <= size_t{kMaxJobServiceRequestBytes});
 constexpr size_t kMaxQueuedBytes = 8 << 20;  // stop reading ranks' pipes beyond this
 constexpr int kExitReportDelayMs = 500;      // wait this long for a dead rank's pipes to drain
 

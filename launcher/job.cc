@@ -629,13 +629,7 @@ int Job::Run() {
   builder.AddListeningPort(all_local ? "127.0.0.1:0" : "0.0.0.0:0",
                            grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  ConfigureJobServer(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   int rc = 1;
   if (!server || port_ == 0) {

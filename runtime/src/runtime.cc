@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -142,6 +144,10 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
     return std::make_unique<Runtime>(nullptr, shape, env.timeout_ms);
+  }
+  // RINGRUN_LOG_LEVEL=debug shows, among others, the data plane's refused connections.
+  if (const char* level = std::getenv("RINGRUN_LOG_LEVEL"); level != nullptr && *level != '\0') {
+    spdlog::set_level(spdlog::level::from_str(level));
   }
   Result<Listener> listener = Listen(env.host_addr);
   if (!listener.ok()) {

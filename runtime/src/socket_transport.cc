@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -281,6 +282,7 @@ Status SocketTransport::Connect(int peer, Deadline deadline) {
       }
       return PeerError(peer, st);
     }
+    spdlog::debug("rank {}: peer {}: {}; trying again", rank_, peers_.Describe(peer), st.message());
     ::usleep(2000);
   }
 }

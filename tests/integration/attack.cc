@@ -11,6 +11,9 @@
 //                            this process shares its network namespace), N silent connections
 //                            held SECONDS, while junk connections (random bytes, another job's
 //                            tag, a hello for a rank that does not exist) come and go.
+//   impersonate SECRET_PID TARGET_PID RANK   holding the secret (read from SECRET_PID's
+//                            environment, as a real rank holds it), claims RANK to TARGET_PID
+//                            and proves it; prints whether the target admitted it.
 //   service-junk TARGET      unauthenticated raw calls to the job service with junk bodies of
 //                            1 KiB and 5 MiB; prints each call's status code, one a line.
 //   service-flood SECONDS TARGET   idle TCP connections, non-HTTP/2 bytes, and unauthenticated
@@ -41,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "handshake.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace {
@@ -305,6 +309,49 @@ int Flood(int seconds, int silent, const std::vector<int>& pids) {
   return 0;
 }
 
+// A process that holds the job's secret (read from a real rank's environment) connects to the
+// target rank claiming rank `claimed`, and answers the challenge correctly. Prints "admitted"
+// when the target keeps the connection after the proof, "refused" when it closes it.
+int Impersonate(int secret_pid, int target_pid, uint32_t claimed) {
+  using namespace ringrun::runtime;
+  const std::string secret = EnvOf(secret_pid, "RINGRUN_SECRET");
+  Target t = Discover(target_pid);
+  if (secret.empty() || t.tcp.empty()) {
+    std::fprintf(stderr, "impersonate: no secret or no listener\n");
+    return 2;
+  }
+  int fd = ConnectTcp(t.tcp[0]);
+  if (fd < 0) return 2;
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ConnectHello h;
+  h.rank = claimed, h.to_rank = static_cast<uint32_t>(t.rank), h.job_tag = JobTag(t.job_id);
+  h.nonce = FreshNonce().value();
+  uint8_t out[kConnectHelloBytes];
+  EncodeConnectHello(h, out);
+  SendAll(fd, out, sizeof(out));
+  uint8_t in[kAcceptHelloBytes];
+  size_t got = 0;
+  while (got < sizeof(in)) {
+    ssize_t n = ::recv(fd, in + got, sizeof(in) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got == sizeof(in)) {
+    ringrun::Result<AcceptHello> reply = DecodeAcceptHello(in, sizeof(in));
+    if (reply.ok()) {
+      const Proof proof = HandshakeProof(secret, ProofRole::kConnector, h, h.to_rank, reply->nonce);
+      SendAll(fd, proof.data(), proof.size());
+    }
+  }
+  char c;
+  ssize_t n = ::recv(fd, &c, 1, 0);  // EOF: refused; a timeout: kept (admitted)
+  ::close(fd);
+  std::printf("impersonating rank %u to rank %d: %s\n", claimed, t.rank,
+              got == sizeof(in) && n < 0 ? "admitted" : "refused");
+  return 0;
+}
+
 const char* CodeName(grpc::StatusCode c) {
   switch (c) {
     case grpc::StatusCode::OK:
@@ -415,10 +462,15 @@ int main(int argc, char** argv) {
   if (mode == "flood" && argc >= 5) {
     return Flood(std::atoi(argv[2]), std::atoi(argv[3]), Pids(argc, argv, 4));
   }
+  if (mode == "impersonate" && argc == 5) {
+    return Impersonate(std::atoi(argv[2]), std::atoi(argv[3]),
+                       static_cast<uint32_t>(std::atoi(argv[4])));
+  }
   if (mode == "service-junk" && argc == 3) return ServiceJunk(argv[2]);
   if (mode == "service-flood" && argc == 4) return ServiceFlood(std::atoi(argv[2]), argv[3]);
   std::fprintf(stderr,
                "usage: ringrun-test-attack forge SECONDS PID... | flood SECONDS N PID... |\n"
+               "       impersonate SECRET_PID TARGET_PID CLAIMED_RANK |\n"
                "       service-junk HOST:PORT | service-flood SECONDS HOST:PORT\n");
   return 2;
 }

@@ -283,7 +283,12 @@ Status SocketTransport::Connect(int peer, Deadline deadline) {
       return PeerError(peer, st);
     }
     spdlog::debug("rank {}: peer {}: {}; trying again", rank_, peers_.Describe(peer), st.message());
-    ::usleep(2000);
+    // Back off (2 ms doubling to 256 ms), serving this rank's own listeners meanwhile.
+    const Deadline retry_at = std::min(deadline, DeadlineAfter(2 << std::min(tries, 7)));
+    while (Clock::now() < retry_at) {
+      Status waited = WaitAndServe(-1, 0, retry_at);
+      if (!waited.ok() && waited.code() != Code::kTimeout) return PeerError(peer, waited);
+    }
   }
 }
 

@@ -26,7 +26,7 @@ struct Acceptor::Pending {
   in_addr addr{};    // TCP: the source address
   std::string from;  // for logs: "1.2.3.4:5678" or "local socket"
   Deadline deadline;
-  enum Stage { kHello, kReply, kProof } stage = kHello;
+  enum Stage { kHello, kReply, kProof, kAck } stage = kHello;
   uint8_t in[kConnectHelloBytes];
   size_t got = 0;
   UniqueFd segment;
@@ -36,6 +36,7 @@ struct Acceptor::Pending {
   size_t sent = 0;
   Proof proof{};
   size_t proof_got = 0;
+  size_t ack_sent = 0;
 };
 
 Acceptor::Acceptor(AcceptorOptions options, int tcp, int local)
@@ -50,8 +51,11 @@ void Acceptor::AddPollFds(std::vector<pollfd>* fds) const {
   fds->push_back(pollfd{tcp_, POLLIN, 0});
   if (local_ >= 0) fds->push_back(pollfd{local_, POLLIN, 0});
   for (const auto& p : pending_) {
-    fds->push_back(
-        pollfd{p->fd.get(), static_cast<short>(p->stage == Pending::kReply ? POLLOUT : POLLIN), 0});
+    fds->push_back(pollfd{
+        p->fd.get(),
+        static_cast<short>(p->stage == Pending::kReply || p->stage == Pending::kAck ? POLLOUT
+                                                                                    : POLLIN),
+        0});
   }
 }
 
@@ -174,19 +178,25 @@ bool Acceptor::Advance(Pending& p, const std::function<bool(int)>& admissible,
     if (p.sent < sizeof(p.out)) return false;
     p.stage = Pending::kProof;
   }
-  Status st = RecvSome(p.fd.get(), p.proof.data(), p.proof.size(), &p.proof_got, nullptr);
-  if (!st.ok()) return Refuse(p, "before its proof: " + st.message(), &counters_.refused), true;
-  if (p.proof_got < p.proof.size()) return false;
-  const Proof expected = HandshakeProof(options_.secret, ProofRole::kConnector, p.hello,
-                                        static_cast<uint32_t>(options_.rank), p.nonce);
   const int rank = static_cast<int>(p.hello.rank);
-  if (!ProofEquals(expected, p.proof)) {
-    return Refuse(p, "a wrong proof for rank " + std::to_string(rank), &counters_.refused), true;
+  if (p.stage == Pending::kProof) {
+    Status st = RecvSome(p.fd.get(), p.proof.data(), p.proof.size(), &p.proof_got, nullptr);
+    if (!st.ok()) return Refuse(p, "before its proof: " + st.message(), &counters_.refused), true;
+    if (p.proof_got < p.proof.size()) return false;
+    const Proof expected = HandshakeProof(options_.secret, ProofRole::kConnector, p.hello,
+                                          static_cast<uint32_t>(options_.rank), p.nonce);
+    if (!ProofEquals(expected, p.proof)) {
+      return Refuse(p, "a wrong proof for rank " + std::to_string(rank), &counters_.refused), true;
+    }
+    p.stage = Pending::kAck;
   }
   if (!admissible(rank)) {
     return Refuse(p, "rank " + std::to_string(rank) + " is connected already", &counters_.refused),
            true;
   }
+  Status st = SendSome(p.fd.get(), &kAdmittedByte, 1, &p.ack_sent, -1);
+  if (!st.ok()) return Refuse(p, "while admitting: " + st.message(), &counters_.refused), true;
+  if (p.ack_sent < 1) return false;
   AdmittedPeer peer;
   peer.rank = rank;
   peer.fd = std::move(p.fd);

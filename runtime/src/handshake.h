@@ -9,9 +9,10 @@
 //   A -> C                      AcceptHello: A's rank, a fresh nonce Na, and
 //                               proof_A = HMAC-SHA-256(secret, "accept" | transcript)
 //   C -> A                      proof_C = HMAC-SHA-256(secret, "connect" | transcript)
+//   A -> C                      one byte: admitted
 //
-// where the transcript is (job tag, C's rank, A's rank, ring size, Nc, Na). C uses the pair only
-// after checking proof_A, A only after checking proof_C. So:
+// where the transcript is (job tag, C's rank, A's rank, ring size, Nc, Na). A uses the pair only
+// after checking proof_C, C only after checking proof_A and being told it is admitted. So:
 //   - without the secret nobody gets in or poses as a rank, whatever else they know (the job id
 //     and its tag are identifiers, not credentials);
 //   - a recorded handshake replays to nothing (Na is fresh for each connection);
@@ -62,7 +63,11 @@ struct AcceptHello {
 };
 inline constexpr size_t kAcceptHelloBytes = 72;
 
-// Connector -> acceptor, last: HandshakeProof(kConnector, ...), kProofBytes raw.
+// Connector -> acceptor: HandshakeProof(kConnector, ...), kProofBytes raw.
+// Acceptor -> connector, last: this one byte once the proof checks out. Until it arrives the
+// connector does not use the connection; a connection closed before it is worth another try
+// (the acceptor may have closed it to make room).
+inline constexpr uint8_t kAdmittedByte = 0x5a;
 
 void EncodeConnectHello(const ConnectHello& h, uint8_t out[kConnectHelloBytes]);
 // Parses exactly kConnectHelloBytes. kInvalidArgument for any other length or a wrong magic.

@@ -1,12 +1,15 @@
 // TCP and shared-memory pairs under one Transport, with lazy connection setup.
 //
-// Connection rule: the lower rank connects to the higher; the higher accepts on its listener
-// and learns the connector's rank from a hello (handshake.h). Connecting never waits on the
-// peer's program (the kernel completes the handshake from the listen backlog), so lazy setup
-// cannot deadlock. Same-host pairs with shared memory on: the connector reaches the peer's
-// local listener, an abstract Unix socket named after the peer's TCP endpoint, and passes it a
-// shared-memory segment (shm_pair.h). Where the local listener cannot be reached (another
-// network namespace, say), the pair is TCP (tcp_pair.h).
+// Connection rule: the lower rank connects to the higher; the higher accepts on its listener,
+// and the two prove to each other that they hold the job's secret (handshake.h, acceptor.h).
+// The connector waits for the peer's answer, so every rank serves its listeners whenever it
+// waits inside the transport: connecting, waiting for a peer to connect, or in a Run's data
+// phase. A rank that is not inside the transport (computing between collectives) answers once
+// it next is; its connectors wait until then, or their deadline. Same-host pairs with shared
+// memory on: the connector reaches the peer's local listener, an abstract Unix socket named
+// after the peer's TCP endpoint, and passes it a shared-memory segment (shm_pair.h). Where the
+// local listener cannot be reached (another network namespace, say), the pair is TCP
+// (tcp_pair.h).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -161,7 +164,8 @@ Status SocketTransport::Handshake(int peer, int fd, int pass_fd, uint64_t ring_b
   EncodeConnectHello(hello, out);
   uint8_t in[kAcceptHelloBytes];
   Proof proof{};
-  size_t sent = 0, got = 0, proof_sent = 0;
+  uint8_t admitted = 0;
+  size_t sent = 0, got = 0, proof_sent = 0, admitted_got = 0;
   for (;;) {
     short wait_for = POLLIN;
     if (sent < sizeof(out)) {
@@ -185,8 +189,14 @@ Status SocketTransport::Handshake(int peer, int fd, int pass_fd, uint64_t ring_b
       }
     } else if (proof_sent < proof.size()) {
       RINGRUN_RETURN_IF_ERROR(SendSome(fd, proof.data(), proof.size(), &proof_sent, -1));
-      if (proof_sent == proof.size()) return Status::Ok();
+      if (proof_sent == proof.size()) continue;
       wait_for = POLLOUT;
+    } else {
+      RINGRUN_RETURN_IF_ERROR(RecvSome(fd, &admitted, 1, &admitted_got, nullptr));
+      if (admitted_got == 1) {
+        if (admitted != kAdmittedByte) return PermissionDenied("not admitted");
+        return Status::Ok();
+      }
     }
     RINGRUN_RETURN_IF_ERROR(WaitAndServe(fd, wait_for, deadline));
   }

@@ -311,7 +311,7 @@ int Flood(int seconds, int silent, const std::vector<int>& pids) {
 
 // A process that holds the job's secret (read from a real rank's environment) connects to the
 // target rank claiming rank `claimed`, and answers the challenge correctly. Prints "admitted"
-// when the target keeps the connection after the proof, "refused" when it closes it.
+// when the target says so after the proof, "refused" when it closes the connection.
 int Impersonate(int secret_pid, int target_pid, uint32_t claimed) {
   using namespace ringrun::runtime;
   const std::string secret = EnvOf(secret_pid, "RINGRUN_SECRET");
@@ -345,10 +345,10 @@ int Impersonate(int secret_pid, int target_pid, uint32_t claimed) {
     }
   }
   char c;
-  ssize_t n = ::recv(fd, &c, 1, 0);  // EOF: refused; a timeout: kept (admitted)
+  ssize_t n = ::recv(fd, &c, 1, 0);  // the admitted byte; EOF: refused
   ::close(fd);
   std::printf("impersonating rank %u to rank %d: %s\n", claimed, t.rank,
-              got == sizeof(in) && n < 0 ? "admitted" : "refused");
+              got == sizeof(in) && n == 1 ? "admitted" : "refused");
   return 0;
 }
 

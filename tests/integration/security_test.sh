@@ -46,6 +46,7 @@ t_forged_peer() {
     local attacker=$!
     wait $job; rc=$?
     wait $attacker
+    echo "disable_shm=$shm: $(cat "$WORK/attack"); the job took $((SECONDS - start)) s"
     expect_rc 0 $rc "disable_shm=$shm: the job under a forger ($(tail -3 "$WORK/err"))"
     for r in 0 1 2; do expect_contains "$WORK/out" "[$r]<stdout>:ok rank=$r size=3"; done
     expect_contains "$WORK/attack" " 0 bytes of job data received"

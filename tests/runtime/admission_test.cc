@@ -66,6 +66,7 @@ bool ClosedByPeer(int fd) {
 struct ClientRun {
   std::vector<uint8_t> sent;
   bool acceptor_proved = false;
+  bool admitted = false;  // the acceptor said so
 };
 ClientRun RunClient(int fd, const std::string& secret, uint32_t rank, uint32_t to_rank,
                     const std::string& job_id, uint32_t proof_rank) {
@@ -88,6 +89,8 @@ ClientRun RunClient(int fd, const std::string& secret, uint32_t rank, uint32_t t
   const Proof proof = HandshakeProof(secret, ProofRole::kConnector, as, to_rank, reply->nonce);
   WriteAll(fd, proof.data(), proof.size());
   run.sent.insert(run.sent.end(), proof.begin(), proof.end());
+  uint8_t admitted = 0;
+  run.admitted = ReadAll(fd, &admitted, 1) && admitted == kAdmittedByte;
   return run;
 }
 
@@ -204,6 +207,7 @@ TEST_CASE("admission: a replayed handshake is refused", "[handshake][admission]"
   rig.Drive([&] { return rig.admitted.size() == 1; });
   client.join();
   REQUIRE(first.acceptor_proved);
+  REQUIRE(first.admitted);
   REQUIRE(rig.admitted == std::vector<int>{0});
 
   // Every byte of that handshake, sent again on a new connection.
@@ -226,6 +230,7 @@ TEST_CASE("admission: a peer without the secret is refused and learns nothing it
   rig.Drive([&] { return rig.acceptor->counters().refused == 1; });
   client.join();
   CHECK_FALSE(run.acceptor_proved);  // the acceptor's proof is of the real secret
+  CHECK_FALSE(run.admitted);
   CHECK(rig.admitted.empty());
   CHECK(ClosedByPeer(a.get()));
 }
@@ -283,6 +288,7 @@ TEST_CASE("admission: pending connections are capped; silent ones go first", "[a
   rig.Drive([&] { return rig.admitted.size() == 1; });
   client.join();
   CHECK(run.acceptor_proved);
+  CHECK(run.admitted);
   CHECK(rig.admitted == std::vector<int>{0});
   // Silent connections are closed at their deadline.
   rig.Drive([&] { return rig.acceptor->pending() == 0; });

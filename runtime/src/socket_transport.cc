@@ -67,6 +67,16 @@ class SocketTransport final : public Transport {
             listener_.fd.get(), listener_.local.valid() ? listener_.local.get() : -1),
         pairs_(peers_.size()) {}
 
+  ~SocketTransport() override {
+    const AcceptorCounters& c = acceptor_.counters();
+    if (c.refused + c.timed_out + c.evicted > 0) {
+      spdlog::debug(
+          "rank {}: data plane: {} peers admitted; {} connections refused, {} timed out, {} "
+          "closed to make room",
+          rank_, c.admitted, c.refused, c.timed_out, c.evicted);
+    }
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return peers_.size(); }
   const PeerTable& peers() const override { return peers_; }

@@ -365,3 +365,63 @@ TEST_CASE("transport: a forger first in line and hundreds of silent connections 
 
 }  // namespace
 }  // namespace ringrun::runtime
+
+namespace ringrun::runtime {
+namespace {
+
+TEST_CASE("transport: a rank in the middle of a Run answers a peer connecting for a later one",
+          "[handshake][transport]") {
+  // Rank 2 waits for data from rank 1; rank 1 waits for rank 0; rank 0 first connects to rank 2.
+  // Unless rank 2 answers rank 0's handshake while it waits, all three wait for their deadline.
+  for (bool shm : {false, true}) {
+    DYNAMIC_SECTION("shm=" << shm) {
+      PeerTable table;
+      table.job_id = "later";
+      table.addresses = {"127.0.0.1"};
+      std::vector<Listener> listeners;
+      for (int r = 0; r < 3; ++r) {
+        Result<Listener> l = Listen("127.0.0.1");
+        REQUIRE(l.ok());
+        table.address_of_rank.push_back(0);
+        table.port_of_rank.push_back(l->port);
+        listeners.push_back(std::move(l.value()));
+      }
+      TransportOptions topts;
+      topts.use_shm = shm, topts.spin = false, topts.secret = kSecret;
+      std::vector<std::unique_ptr<Transport>> ts;
+      for (int r = 0; r < 3; ++r) {
+        ts.push_back(MakeSocketTransport(r, table, std::move(listeners[r]), topts).value());
+      }
+      auto run = [](Transport& t, std::vector<Op> ops) { return t.Run(ops, DeadlineAfter(5000)); };
+      char a = 1, b = 0, x = 7, x_in = 0, y = 8, y_in = 0, z = 9, z_in = 0;
+      // Ranks 1 and 2 are connected first.
+      std::vector<Status> st(3);
+      std::thread warm([&] { st[2] = run(*ts[2], {Op::Recv(1, &b, 1)}); });
+      st[1] = run(*ts[1], {Op::Send(2, &a, 1)});
+      warm.join();
+      REQUIRE(st[1].ok());
+      REQUIRE(st[2].ok());
+      const auto t0 = Clock::now();
+      std::thread r2([&] {
+        st[2] = run(*ts[2], {Op::Recv(1, &z_in, 1)});
+        if (st[2].ok()) st[2] = run(*ts[2], {Op::Recv(0, &x_in, 1)});
+      });
+      std::thread r1([&] {
+        st[1] = run(*ts[1], {Op::Recv(0, &y_in, 1)});
+        if (st[1].ok()) st[1] = run(*ts[1], {Op::Send(2, &z, 1)});
+      });
+      st[0] = run(*ts[0], {Op::Send(2, &x, 1)});
+      if (st[0].ok()) st[0] = run(*ts[0], {Op::Send(1, &y, 1)});
+      r1.join();
+      r2.join();
+      for (int r = 0; r < 3; ++r) CHECK(st[r].ok());
+      CHECK(x_in == 7);
+      CHECK(y_in == 8);
+      CHECK(z_in == 9);
+      CHECK(Clock::now() - t0 < std::chrono::seconds(2));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ringrun::runtime

@@ -15,6 +15,8 @@ namespace ringrun::agent {
 using std::chrono::milliseconds;
 
 constexpr size_t kReadChunk = 64 * 1024;
+// An Output event (a whole line plus one read, and framing) must fit the job service's cap.
+static_assert(kMaxLineBytes + kReadChunk + 4096 <= size_t{kMaxJobServiceRequestBytes});
 
 AgentLoop::AgentLoop(std::string hostname, Spawner& spawner, LauncherLink& link, const Clock& clock)
     : hostname_(std::move(hostname)), spawner_(spawner), link_(link), clock_(clock) {}

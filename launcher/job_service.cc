@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ringrun/common/auth.h"
+#include "ringrun/common/defaults.h"
 
 namespace ringrun::launcher {
 
@@ -32,14 +33,65 @@ JobService::JobService(std::string secret, JobEvents* events, Rendezvous* rendez
       heartbeat_interval_ms_(heartbeat_interval_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
 
-JobService::~JobService() { Close(); }
+JobService::~JobService() {
+  Close();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(registers_);
+  }
+  for (std::thread& t : threads) t.join();
+}
 
-grpc::Status JobService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                                  v1::RegisterReply* reply) {
+void ConfigureJobServer(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(kMaxJobServiceRequestBytes);
+  builder->SetMaxSendMessageSize(-1);  // Join replies carry the whole peer table
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kJobServiceHandshakeTimeoutMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+grpc::ServerUnaryReactor* JobService::Register(grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* req,
+                                               grpc::ByteBuffer* reply) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status auth = CheckSecret(*ctx, secret_);
-  if (!auth.ok()) return auth;
-  if (events_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here");
-  return events_->OnRegister(*req, PeerAddress(ctx->peer()), reply);
+  if (!auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  if (events_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here"));
+    return reactor;
+  }
+  v1::RegisterRequest request;
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (req->Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  if (!request.ParseFromString(bytes)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not a RegisterRequest"));
+    return reactor;
+  }
+  // OnRegister may wait for other agents (until the start deadline): not on a gRPC thread.
+  std::lock_guard<std::mutex> lock(mu_);
+  registers_.emplace_back(
+      [this, reactor, reply, request = std::move(request), peer = PeerAddress(ctx->peer())] {
+        v1::RegisterReply out;
+        grpc::Status st = events_->OnRegister(request, peer, &out);
+        if (st.ok()) {
+          std::string serialized = out.SerializeAsString();
+          grpc::Slice slice(serialized);
+          *reply = grpc::ByteBuffer(&slice, 1);
+        }
+        reactor->Finish(st);
+      });
+  return reactor;
 }
 
 grpc::Status JobService::Session(

@@ -1,6 +1,9 @@
 // The job service: the gRPC face of a running job. Every call is checked against the job's
-// secret first (UNAUTHENTICATED otherwise). Register and Session are synchronous handlers
-// (one per agent); Join is a callback method so that 10,000 waiting ranks hold no threads.
+// secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register and Join are
+// raw methods that parse their request only once the caller is known, and Session reads none
+// before the check. Session is a synchronous handler (one per agent); Register and Join are
+// callback methods, so that 10,000 waiting ranks hold no threads (Register blocks on a thread
+// of its own, one per authenticated agent).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -10,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "launcher/rendezvous.h"
 #include "ringrun/job.grpc.pb.h"
@@ -34,7 +39,8 @@ class JobEvents {
 
 // Join is a raw callback method: the Rendezvous hands every rank the same serialized reply.
 class JobService final
-    : public v1::JobService::WithRawCallbackMethod_Join<v1::JobService::Service> {
+    : public v1::JobService::WithRawCallbackMethod_Join<
+          v1::JobService::WithRawCallbackMethod_Register<v1::JobService::Service>> {
  public:
   // `events` may be null for a service that only serves Join (tests, benchmarks): Register
   // and Session then fail with UNIMPLEMENTED.
@@ -42,8 +48,8 @@ class JobService final
              int heartbeat_interval_ms, int heartbeat_timeout_ms);
   ~JobService() override;
 
-  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                        v1::RegisterReply* reply) override;
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* reply) override;
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) override;
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
@@ -72,9 +78,14 @@ class JobService final
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int, Outbox> outboxes_;  // guarded by mu_: by host, while it may be read
-  bool closed_ = false;             // guarded by mu_
+  std::map<int, Outbox> outboxes_;      // guarded by mu_: by host, while it may be read
+  bool closed_ = false;                 // guarded by mu_
+  std::vector<std::thread> registers_;  // guarded by mu_: Register calls, joined at destruction
 };
+
+// Sets the server options that keep hostile connections from costing a job anything: the
+// request size cap, the HTTP/2 handshake deadline, keepalive. For every server of JobService.
+void ConfigureJobServer(grpc::ServerBuilder* builder);
 
 // Parses grpc's peer string ("ipv4:1.2.3.4:567", "ipv6:[::1]:567") into the bare address.
 std::string PeerAddress(const std::string& grpc_peer);

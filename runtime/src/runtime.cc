@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -82,6 +84,9 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   int disable_shm = 0;
   RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_DISABLE_SHM", 0, 1, &disable_shm));
   e.use_shm = disable_shm == 0;
+  int allow_nat = 0;
+  RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_ALLOW_NAT", 0, 1, &allow_nat));
+  e.allow_nat = allow_nat == 1;
   RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_SHM_RING_KIB", 4, 1 << 20, &e.shm_ring_kib));
   if (e.shm_ring_kib & (e.shm_ring_kib - 1)) {
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
@@ -140,6 +145,10 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
     shape.rank = 0, shape.size = 1;
     return std::make_unique<Runtime>(nullptr, shape, env.timeout_ms);
   }
+  // RINGRUN_LOG_LEVEL=debug shows, among others, the data plane's refused connections.
+  if (const char* level = std::getenv("RINGRUN_LOG_LEVEL"); level != nullptr && *level != '\0') {
+    spdlog::set_level(spdlog::level::from_str(level));
+  }
   Result<Listener> listener = Listen(env.host_addr);
   if (!listener.ok()) {
     return listener.status().Annotate("rank " + std::to_string(env.rank) + ": data-plane listener");
@@ -160,6 +169,8 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (peers->job_id.empty()) peers->job_id = env.job_id;
   TransportOptions topts;
   topts.use_shm = env.use_shm;
+  topts.secret = env.secret;
+  topts.allow_nat = env.allow_nat;
   if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
   Shape derived = DeriveShape(*peers, env.rank);
   topts.spin = derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());

@@ -35,7 +35,8 @@ struct JobEnv {
   int timeout_ms = kDefaultCollectiveTimeoutMs;
   int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
   bool use_shm = true;
-  int shm_ring_kib = 0;  // RINGRUN_SHM_RING_KIB: 0 = the transport's default
+  bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see TransportOptions::allow_nat
+  int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
   // Not from the environment: how many times this process joined before (set by
   // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
   uint32_t generation = 0;

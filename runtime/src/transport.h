@@ -106,6 +106,12 @@ struct TransportOptions {
   // pair also has a 32 KiB ring per direction for small messages.)
   size_t shm_ring_bytes = 1 << 20;
   bool spin = true;  // busy-wait briefly before sleeping (off when oversubscribed)
+  // The job's secret: a peer is admitted only when it proves that it holds it, and this rank
+  // talks only to peers that prove it too (handshake.h). Required.
+  std::string secret;
+  // Admit a TCP peer whose source address is not its host's in the peer table (NAT between
+  // hosts); RINGRUN_ALLOW_NAT=1. The proof of the secret is still required.
+  bool allow_nat = false;
 };
 
 // A bound, listening TCP socket (port 0 picks one), and this rank's local listener for

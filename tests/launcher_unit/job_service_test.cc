@@ -2,11 +2,13 @@
 // the job, and output routing keeps lines whole.
 #include "launcher/job_service.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <future>
 #include <thread>
 
 #include "launcher/job_server.h"
@@ -106,6 +108,42 @@ TEST_CASE("job service: calls without the job's secret are refused", "[job_servi
   stream->WritesDone();
   CHECK(stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
   CHECK(s.events.ended == 0);
+}
+
+// A raw call to `method` with `bytes` of junk as its body.
+grpc::StatusCode JunkCall(Server& s, const std::string& method, size_t bytes, const char* secret) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  grpc::GenericStub stub(grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(s.port),
+                                                   grpc::InsecureChannelCredentials(), args));
+  std::string body(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) body[i] = static_cast<char>(i * 2654435761u >> 13);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer req(&slice, 1), reply;
+  grpc::ClientContext ctx;
+  if (secret) AttachSecret(&ctx, secret);
+  ctx.set_deadline(DeadlineAfterMs(10000));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &reply,
+                 [&](grpc::Status st) { done.set_value(st); });
+  return done.get_future().get().error_code();
+}
+
+TEST_CASE("job service: junk is refused before it is parsed, and by size", "[job_service]") {
+  const std::string secret(64, 'a');
+  Server s(secret);
+  for (const char* method : {"/ringrun.v1.JobService/Register", "/ringrun.v1.JobService/Join"}) {
+    INFO(method);
+    // Without the secret: refused at the door, never INTERNAL (a parse of attacker bytes).
+    CHECK(JunkCall(s, method, 1 << 10, nullptr) == grpc::StatusCode::UNAUTHENTICATED);
+    // Larger than any real request: refused for its size, with or without the secret.
+    CHECK(JunkCall(s, method, 5 << 20, nullptr) == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(JunkCall(s, method, 5 << 20, secret.c_str()) == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // With the secret, junk that is not a request is an invalid argument.
+  CHECK(JunkCall(s, "/ringrun.v1.JobService/Register", 1 << 10, secret.c_str()) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.events.registers == 0);
 }
 
 TEST_CASE("job service: the secret admits Register, Session and Join", "[job_service]") {

@@ -415,6 +415,7 @@ TEST_CASE("one pair carries small and large messages, interleaved, in order", "[
       topts.use_shm = shm;
       topts.spin = false;
       topts.shm_ring_bytes = 64 << 10;
+      topts.secret = kThreadJobSecret;
       PeerTable table;
       table.job_id = "interleave";
       table.addresses = {"127.0.0.1"};

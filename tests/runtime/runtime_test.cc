@@ -120,6 +120,7 @@ TEST_CASE("ranks join through the job client once and then communicate", "[runti
     threads.emplace_back([&, r] {
       JobEnv env;
       env.in_job = true, env.rank = r, env.size = kSize, env.job_service = "fake";
+      env.secret = "fake-job-secret";
       env.timeout_ms = 10000;
       FakeClient client(&service);
       Result<std::unique_ptr<Runtime>> rt = Runtime::Join(env, &client);

@@ -6,6 +6,8 @@
  *   runtime_test_worker late    every rank but rank 1 enters an allreduce 1.5 s late; rank 1,
  *                               blocked on both ring neighbours, must sleep meanwhile (under
  *                               0.4 s of CPU), not spin
+ *   runtime_test_worker delayed S   sleeps S seconds after ringrun_init (its listener open, no
+ *                               peer connected yet), then runs `check`
  *   runtime_test_worker oom     on rank 0, a reduce-scatter whose scratch buffer cannot be
  *                               allocated (its address space is capped first) must fail with an
  *                               error, not abort, and leave the runtime failing; rank 0 then
@@ -272,7 +274,9 @@ int main(int argc, char** argv) {
            : strcmp(mode, "oom") == 0    ? oom()
            : strcmp(mode, "reinit") == 0 ? reinit()
            : strcmp(mode, "late") == 0   ? late()
-                                         : check();
+           : strcmp(mode, "delayed") == 0
+               ? (sleep(argc > 2 ? (unsigned)atoi(argv[2]) : 2u), check())
+               : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();
   if (rc == 0 && uninitialized("after ringrun_shutdown") != 0) return 1;

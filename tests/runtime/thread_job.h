@@ -15,6 +15,8 @@
 
 namespace ringrun::runtime::testing {
 
+inline constexpr char kThreadJobSecret[] = "thread-job-secret-0123456789abcdef";
+
 struct ThreadJobOptions {
   int np = 2;
   // Address of each rank's host; ranks sharing an address share a "host". 127.0.0.0/8 all
@@ -72,9 +74,11 @@ inline std::string MakeThreadJob(const ThreadJobOptions& o,
     table.port_of_rank.push_back(l->port);
     listeners.push_back(std::move(l.value()));
   }
+  TransportOptions topts = o.transport;
+  if (topts.secret.empty()) topts.secret = kThreadJobSecret;
   for (int r = 0; r < o.np; ++r) {
     Result<std::unique_ptr<Transport>> t =
-        MakeSocketTransport(r, table, std::move(listeners[r]), o.transport);
+        MakeSocketTransport(r, table, std::move(listeners[r]), topts);
     if (!t.ok()) return t.status().ToString();
     Shape shape;
     shape.rank = r, shape.size = o.np, shape.local_rank = -1, shape.cross_rank = -1;

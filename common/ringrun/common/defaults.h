@@ -14,5 +14,11 @@ inline constexpr int kJoinTimeoutMs = 120000;   // ringrun_init waiting for ever
 inline constexpr int kSshConnectTimeoutS = 10;  // --ssh-connect-timeout
 inline constexpr int kSshFanout = 32;           // --ssh-fanout
 inline constexpr int kStderrTailLines = 10;     // lines shown with a failing rank
+// The largest request the job service accepts. Requests are small but for an agent's Output
+// event, which carries at most 1 MiB + 64 KiB of a rank's output (agent.cc: kMaxLine and
+// kReadChunk); anything larger is refused (RESOURCE_EXHAUSTED) before it is read whole.
+inline constexpr int kMaxJobServiceRequestBytes = 2 << 20;
+// A connection to the job service that has not finished its HTTP/2 handshake by then is closed.
+inline constexpr int kJobServiceHandshakeTimeoutMs = 5000;
 
 }  // namespace ringrun

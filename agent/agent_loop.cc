@@ -97,24 +97,43 @@ void AgentLoop::OnPipeReadable(int rank, int stream) {
 }
 
 void AgentLoop::Reap() {
+  ++reap_sweeps_;
   while (auto reaped = spawner_.Reap()) {
     for (auto& [rank, r] : ranks_) {
       if (r.pid == reaped->pid && !r.reaped) {
         r.reaped = true;
         r.wait_status = reaped->wait_status;
         r.reaped_at = clock_.Now();
+        r.reap_sweep = reap_sweeps_;
       }
     }
     // Other pids are orphaned descendants re-parented to us (we are a subreaper).
   }
 }
 
+bool AgentLoop::ReadyToReport(const Rank& r, bool force, Clock::TimePoint now) const {
+  bool drained = !r.fds[0].valid() && !r.fds[1].valid();
+  return drained || force || now - r.reaped_at >= milliseconds(kExitReportDelayMs);
+}
+
+// Exits go up in the order the ranks died, as far as this agent can tell: by the Reap() sweep
+// that saw them, and within one sweep a death by signal first (a rank killed from outside is
+// more likely the cause than a peer that failed on losing it). A rank whose pipes are still
+// draining holds back the ones that died after it, at most kExitReportDelayMs, so that the
+// launcher's first-failure rule sees the first death.
 void AgentLoop::ReportExits(bool force) {
   const auto now = clock_.Now();
+  std::vector<Rank*> order;
   for (auto& [rank, r] : ranks_) {
-    if (!r.reaped || r.reported) continue;
-    bool drained = !r.fds[0].valid() && !r.fds[1].valid();
-    if (!drained && !force && now - r.reaped_at < milliseconds(kExitReportDelayMs)) continue;
+    if (r.reaped && !r.reported) order.push_back(&r);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Rank* a, const Rank* b) {
+    if (a->reap_sweep != b->reap_sweep) return a->reap_sweep < b->reap_sweep;
+    return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
+  });
+  for (Rank* rp : order) {
+    Rank& r = *rp;
+    if (!ReadyToReport(r, force, now)) break;
     for (int w = 0; w < 2; ++w) {
       // Whatever is still buffered (a descendant may hold the pipe open): send it now.
       while (r.fds[w].valid()) {

@@ -83,6 +83,7 @@ class AgentLoop {
     bool reaped = false;
     int wait_status = 0;
     Clock::TimePoint reaped_at;
+    uint64_t reap_sweep = 0;  // which Reap() saw it: exits are reported in this order
     bool reported = false;
   };
 
@@ -92,6 +93,7 @@ class AgentLoop {
   void CheckLauncher();
   void Reap();
   void ReportExits(bool force);
+  bool ReadyToReport(const Rank& r, bool force, Clock::TimePoint now) const;
   void SignalAll(int signo);
   void LoseLauncher(const std::string& why);
   bool AllReported() const;
@@ -110,6 +112,7 @@ class AgentLoop {
   Clock::TimePoint next_heartbeat_;
   bool terminating_ = false;
   bool lost_ = false;
+  uint64_t reap_sweeps_ = 0;  // Reap() calls so far
   int exit_code_ = 0;
 };
 

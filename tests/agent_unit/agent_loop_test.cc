@@ -330,5 +330,26 @@ TEST_CASE("agent: a full outbox stops reading the ranks' pipes", "[agent_loop]")
   CHECK(f.loop.watches().empty());
 }
 
+TEST_CASE("agent: exits go up in the order the ranks died, a killed rank first within one sweep",
+          "[agent_loop]") {
+  Fixture f(3, 2000, /*pipes=*/true);
+  // Rank 2 dies first and its pipes are still open (a descendant holds them); ranks 0 and 1 die
+  // together later: rank 0 fails on losing its peer, rank 1 was killed.
+  f.spawner.Exit(102, Killed(SIGKILL));
+  CHECK(f.loop.Step());
+  f.spawner.Exit(100, Exited(3));
+  f.spawner.Exit(101, Killed(SIGKILL));
+  CHECK(f.loop.Step());
+  CHECK(f.link.Sent(v1::AgentEvent::kExited).empty());  // rank 2 still drains: it goes first
+  f.clock.Advance(std::chrono::milliseconds(600));
+  f.loop.Step();
+  auto exited = f.link.Sent(v1::AgentEvent::kExited);
+  REQUIRE(exited.size() == 3);
+  CHECK(exited[0].exited().rank() == 2);
+  CHECK(exited[1].exited().rank() == 1);
+  CHECK(exited[1].exited().signal() == SIGKILL);
+  CHECK(exited[2].exited().rank() == 0);
+}
+
 }  // namespace
 }  // namespace ringrun::agent

@@ -33,26 +33,31 @@ std::shared_ptr<Runtime> Current() {
   return TheProcess().runtime;
 }
 
-int Fail(const Status& st) {
+ringrun_status Fail(const Status& st) {
   t_error = st.message().empty() ? ringrun::CodeName(st.code()) : st.message();
-  return static_cast<int>(st.code()) == 0 ? -1 : static_cast<int>(st.code());
+  return st.ok() ? RINGRUN_ERR_INTERNAL : static_cast<ringrun_status>(st.code());
 }
 
 template <typename F>
-int Call(F&& f) {
+ringrun_status Call(F&& f) {
   t_error.clear();
   std::shared_ptr<Runtime> rt = Current();
-  if (!rt)
-    return Fail(ringrun::Status(ringrun::Code::kInvalidArgument,
-                                "ringrun is not initialized (call ringrun_init first)"));
+  if (!rt) {
+    t_error = "ringrun is not initialized (call ringrun_init first)";
+    return RINGRUN_ERR_NOT_INITIALIZED;
+  }
   try {
     Status st = f(*rt);
-    return st.ok() ? 0 : Fail(st);
+    return st.ok() ? RINGRUN_OK : Fail(st);
   } catch (const std::bad_alloc&) {
     // Nothing may unwind through the C API. Peers may be mid-collective with this rank, so
     // the runtime is broken from here on (they fail at their timeout at the latest).
     return Fail(rt->Break(ringrun::Status(
         ringrun::Code::kInternal, "out of memory (a scratch buffer could not be allocated)")));
+  } catch (const std::exception& e) {
+    return Fail(rt->Break(ringrun::Internal(std::string("unexpected exception: ") + e.what())));
+  } catch (...) {
+    return Fail(rt->Break(ringrun::Internal("unexpected exception")));
   }
 }
 
@@ -66,11 +71,11 @@ int Shape(F&& f) {
 
 extern "C" {
 
-int ringrun_init(void) {
+ringrun_status ringrun_init(void) {
   t_error.clear();
   Process& p = TheProcess();
   std::lock_guard<std::mutex> lock(p.mu);
-  if (p.runtime) return 0;
+  if (p.runtime) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
@@ -93,7 +98,7 @@ int ringrun_init(void) {
     st = ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory");
   }
   if (joined) ++p.joins;
-  return st.ok() ? 0 : Fail(st);
+  return st.ok() ? RINGRUN_OK : Fail(st);
 }
 
 void ringrun_shutdown(void) {
@@ -124,50 +129,85 @@ int ringrun_cross_size(void) {
   return Shape([](const auto& s) { return s.cross_size; });
 }
 
-int ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                      ringrun_op op) {
+ringrun_status ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                 ringrun_dtype dtype, ringrun_op op) {
   return Call([&](Runtime& rt) { return rt.Allreduce(sendbuf, recvbuf, count, dtype, op); });
 }
-int ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
+ringrun_status ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
   return Call([&](Runtime& rt) { return rt.Broadcast(buf, count, dtype, root); });
 }
-int ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype) {
+ringrun_status ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count,
+                                 ringrun_dtype dtype) {
   return Call([&](Runtime& rt) { return rt.Allgather(sendbuf, recvbuf, count, dtype); });
 }
-int ringrun_allreduce_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                            ringrun_op op, void* cuda_stream) {
+ringrun_status ringrun_allreduce_on_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                           ringrun_dtype dtype, ringrun_op op, void* cuda_stream) {
   return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Allreduce(sendbuf, recvbuf, count, dtype, op, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_allreduce_async: cuda_stream is NULL");
+    return cuda_stream
+               ? rt.Allreduce(sendbuf, recvbuf, count, dtype, op, cuda_stream)
+               : ringrun::InvalidArgument("ringrun_allreduce_on_stream: cuda_stream is NULL");
   });
 }
-int ringrun_broadcast_async(void* buf, size_t count, ringrun_dtype dtype, int root,
-                            void* cuda_stream) {
+ringrun_status ringrun_broadcast_on_stream(void* buf, size_t count, ringrun_dtype dtype, int root,
+                                           void* cuda_stream) {
   return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Broadcast(buf, count, dtype, root, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_broadcast_async: cuda_stream is NULL");
+    return cuda_stream
+               ? rt.Broadcast(buf, count, dtype, root, cuda_stream)
+               : ringrun::InvalidArgument("ringrun_broadcast_on_stream: cuda_stream is NULL");
   });
 }
-int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                            void* cuda_stream) {
+ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                           ringrun_dtype dtype, void* cuda_stream) {
   return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Allgather(sendbuf, recvbuf, count, dtype, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_allgather_async: cuda_stream is NULL");
+    return cuda_stream
+               ? rt.Allgather(sendbuf, recvbuf, count, dtype, cuda_stream)
+               : ringrun::InvalidArgument("ringrun_allgather_on_stream: cuda_stream is NULL");
   });
 }
-int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount, ringrun_dtype dtype,
-                          ringrun_op op) {
+ringrun_status ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     ringrun_dtype dtype, ringrun_op op) {
   return Call(
       [&](Runtime& rt) { return rt.ReduceScatter(sendbuf, recvbuf, recvcount, dtype, op); });
 }
-int ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
-                     ringrun_dtype dtype) {
+ringrun_status ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
+                                ringrun_dtype dtype) {
   return Call([&](Runtime& rt) { return rt.Alltoall(sendbuf, recvbuf, count_per_rank, dtype); });
 }
-int ringrun_barrier(void) {
+ringrun_status ringrun_barrier(void) {
   return Call([](Runtime& rt) { return rt.Barrier(); });
 }
 const char* ringrun_error_message(void) { return t_error.c_str(); }
+const char* ringrun_status_name(ringrun_status status) {
+  switch (status) {
+    case RINGRUN_OK:
+      return "RINGRUN_OK";
+    case RINGRUN_ERR_INVALID_ARGUMENT:
+      return "RINGRUN_ERR_INVALID_ARGUMENT";
+    case RINGRUN_ERR_NOT_FOUND:
+      return "RINGRUN_ERR_NOT_FOUND";
+    case RINGRUN_ERR_TIMEOUT:
+      return "RINGRUN_ERR_TIMEOUT";
+    case RINGRUN_ERR_UNAVAILABLE:
+      return "RINGRUN_ERR_UNAVAILABLE";
+    case RINGRUN_ERR_PERMISSION_DENIED:
+      return "RINGRUN_ERR_PERMISSION_DENIED";
+    case RINGRUN_ERR_ABORTED:
+      return "RINGRUN_ERR_ABORTED";
+    case RINGRUN_ERR_INTERNAL:
+      return "RINGRUN_ERR_INTERNAL";
+    case RINGRUN_ERR_MISMATCH:
+      return "RINGRUN_ERR_MISMATCH";
+    case RINGRUN_ERR_DUPLICATE_NAME:
+      return "RINGRUN_ERR_DUPLICATE_NAME";
+    case RINGRUN_ERR_NOT_INITIALIZED:
+      return "RINGRUN_ERR_NOT_INITIALIZED";
+    case RINGRUN_ERR_JOINED:
+      return "RINGRUN_ERR_JOINED";
+    case RINGRUN_IN_PROGRESS:
+      return "RINGRUN_IN_PROGRESS";
+  }
+  return "RINGRUN_ERR_UNKNOWN";
+}
 size_t ringrun_dtype_size(ringrun_dtype dtype) { return ringrun::runtime::DtypeSize(dtype); }
 
 }  // extern "C"

@@ -250,7 +250,7 @@ Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend*
 namespace {
 Status HostBufferOnStream() {
   return InvalidArgument(
-      "the _async variants take CUDA device memory; these buffers are host memory");
+      "the _on_stream calls take CUDA device memory; these buffers are host memory");
 }
 }  // namespace
 

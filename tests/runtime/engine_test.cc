@@ -16,6 +16,7 @@
 
 #include "engine/controller.h"
 #include "engine/stall_inspector.h"
+#include "gpu/device_backend.h"
 #include "thread_job.h"
 
 namespace ringrun::runtime::testing {
@@ -529,6 +530,107 @@ TEST_CASE("engine: an idle engine uses no CPU", "[engine][idle]") {
     const double used = CpuSeconds() - c0;
     INFO((shm ? "shm" : "tcp") << ": " << used << " s of CPU over 1 s idle");
     CHECK(used < 0.02);
+  }
+}
+
+// A device backend that records what reaches it (the engine's GPU seam).
+class FakeDevice : public DeviceBackend {
+ public:
+  explicit FakeDevice(std::vector<std::string>* log) : log_(log) {}
+  Status Allreduce(const void*, void*, size_t count, ringrun_dtype, ringrun_op, void* stream,
+                   bool sync) override {
+    log_->push_back("allreduce " + std::to_string(count) + (stream ? " on stream" : "") +
+                    (sync ? " sync" : ""));
+    return Status::Ok();
+  }
+  Status Broadcast(void*, size_t count, ringrun_dtype, int root, void*, bool) override {
+    log_->push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root));
+    return Status::Ok();
+  }
+  Status Allgather(const void*, void*, size_t count, ringrun_dtype, void*, bool) override {
+    log_->push_back("allgather " + std::to_string(count));
+    return Status::Ok();
+  }
+  void Abort(const std::string&) override {}
+
+ private:
+  std::vector<std::string>* log_;
+};
+
+TEST_CASE(
+    "engine: device tensors go through the same negotiation; the NCCL id is made at the "
+    "first device collective and broadcast over the CPU transport",
+    "[engine][gpu]") {
+  constexpr int np = 3;
+  static float device_mem[np][64];  // "device memory" for the fake seam
+  std::mutex mu;
+  std::vector<std::string> ids(np), logs[np];
+  std::atomic<int> id_calls{0}, backends{0};
+  std::vector<std::unique_ptr<Runtime>> rts;
+  std::vector<std::unique_ptr<Transport>> ts;
+  REQUIRE(MakeThreadTransports(Opts(np), &ts).empty());
+  for (int r = 0; r < np; ++r) {
+    EngineSettings s;
+    s.is_device = [](const void* p) {
+      const char* c = static_cast<const char*>(p);
+      const char* base = reinterpret_cast<const char*>(device_mem);
+      return c >= base && c < base + sizeof(device_mem);
+    };
+    s.make_nccl_id = [&] {
+      ++id_calls;
+      return std::string("fake-nccl-id\0with-zero", 22);
+    };
+    s.make_device = [&, r](const std::string& id) -> Result<std::unique_ptr<DeviceBackend>> {
+      std::lock_guard<std::mutex> lock(mu);
+      ids[r] = id;
+      ++backends;
+      return std::unique_ptr<DeviceBackend>(new FakeDevice(&logs[r]));
+    };
+    Shape shape;
+    shape.rank = r, shape.size = np, shape.local_rank = -1, shape.cross_rank = -1;
+    rts.push_back(std::make_unique<Runtime>(std::move(ts[r]), shape, 20000, s));
+  }
+  Failures f;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < np; ++r) {
+    threads.emplace_back([&, r] {
+      Runtime& rt = *rts[r];
+      // Host work first: no device backend, no NCCL id.
+      float x = 1;
+      if (!rt.Allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM).ok()) f.Add(r, "host");
+      if (id_calls != 0) f.Add(r, "an NCCL id was made for a host collective");
+      // Device tensors, in a different order per rank.
+      std::vector<std::shared_ptr<HandleState>> hs;
+      for (int k = 0; k < 2; ++k) {
+        const int t = (k + r) % 2;
+        float* p = device_mem[r] + 32 * t;
+        hs.push_back(Submit(rt, Allreduce("dev." + std::to_string(t), p, p, 8 + t)));
+      }
+      for (auto& h : hs) {
+        std::string err = h ? WaitOk(*h) : "refused";
+        if (!err.empty()) f.Add(r, err);
+      }
+      // Host on one rank, device on the others: a mismatch on the device field.
+      float host = 1;
+      float* dev = device_mem[r] + 16;
+      auto h = Submit(rt, Allreduce("mixed", r == 1 ? &host : dev, r == 1 ? &host : dev, 1));
+      auto [st, msg] = WaitStatus(*h);
+      if (st != RINGRUN_ERR_MISMATCH || msg.find("device") == std::string::npos ||
+          msg.find("rank 1 sent CPU") == std::string::npos) {
+        f.Add(r, "mixed: " + msg);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  INFO(f.Joined());
+  CHECK(f.list().empty());
+  CHECK(id_calls == 1);  // rank 0, once
+  CHECK(backends == np);
+  for (int r = 0; r < np; ++r) {
+    CHECK(ids[r] == std::string("fake-nccl-id\0with-zero", 22));
+    // Both ranks ran the device allreduces in the same agreed order.
+    CHECK(logs[r] == logs[0]);
+    CHECK(logs[r].size() == 2);
   }
 }
 

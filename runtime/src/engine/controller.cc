@@ -187,7 +187,7 @@ Response Controller::Build(Slot& s) {
     resp.last_joined = last_joined_;
     return resp;
   }
-  if (joined_count_ > 0 && NeedsAllRanks(resp.req.kind)) {
+  if (joined_count_ > 0 && (NeedsAllRanks(resp.req.kind) || resp.req.device)) {
     std::vector<int> joined;
     for (int r = 0; r < size_; ++r) {
       if (joined_[r]) joined.push_back(r);
@@ -195,8 +195,9 @@ Response Controller::Build(Slot& s) {
     resp.type = Response::kError;
     resp.error_code = RINGRUN_ERR_JOINED;
     resp.error = "tensor '" + name + "': " + KindName(resp.req.kind) +
+                 (resp.req.device ? " of device memory" : "") +
                  " is not possible while ranks have joined (" + RankList(joined) +
-                 "); only allreduce and barrier run until every rank has joined";
+                 "); only host allreduce and barrier run until every rank has joined";
     return resp;
   }
   if (resp.req.kind == Kind::kAllgather || resp.req.kind == Kind::kAlltoall) {

@@ -9,17 +9,8 @@
 #include <cstring>
 
 #include "engine/wire.h"
+#include "gpu/device_backend.h"  // the interface; its factories are linked with the seam
 #include "reduce.h"
-
-#if RINGRUN_WITH_GPU_SEAM
-#include "gpu/device_backend.h"
-#endif
-
-namespace ringrun::runtime {
-#if !RINGRUN_WITH_GPU_SEAM
-class DeviceBackend {};  // this build has no GPU path at all
-#endif
-}  // namespace ringrun::runtime
 
 namespace ringrun::runtime::engine {
 namespace {
@@ -29,7 +20,7 @@ namespace {
 constexpr size_t kFrameHeadBytes = 1024;
 constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
 
-bool IsDevice(const void* p) {
+bool BuildIsDevice(const void* p) {
 #if RINGRUN_WITH_GPU_SEAM
   return p != nullptr && IsDevicePointer(p);
 #else
@@ -73,7 +64,7 @@ void ScaleInPlace(void* buf, size_t count, ringrun_dtype dtype, double f) {
   }
 }
 
-Status Validate(const Entry& e, int size) {
+Status Validate(const Entry& e, int size, const std::function<bool(const void*)>& is_device) {
   const Request& r = e.req;
   if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
     return InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) + " bytes");
@@ -133,7 +124,7 @@ Status Validate(const Entry& e, int size) {
   if (r.kind == Kind::kAllreduce && PartialOverlap(e.send, e.recv, r.count * elem)) {
     return InvalidArgument("sendbuf and recvbuf overlap without being equal");
   }
-  if (e.send && e.recv && IsDevice(e.send) != IsDevice(e.recv)) {
+  if (e.send && e.recv && is_device(e.send) != is_device(e.recv)) {
     return InvalidArgument("one buffer is device memory and the other host memory");
   }
   if (r.device && (r.kind == Kind::kAlltoall || r.kind == Kind::kReduceScatter)) {
@@ -165,6 +156,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
         g.me = options_.rank;
         return g;
       }()),
+      is_device_(options_.is_device ? options_.is_device : BuildIsDevice),
       doorbell_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       noname_counter_(8, 0),
       transport_(std::move(transport)),
@@ -204,8 +196,8 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
   SubmitResult out;
   const int64_t now = Now();
   for (Entry& e : entries) {
-    e.req.device = IsDevice(e.send) || IsDevice(e.recv);
-    Status st = Validate(e, options_.size);
+    e.req.device = is_device_(e.send) || is_device_(e.recv);
+    Status st = Validate(e, options_.size, is_device_);
     if (!st.ok()) {
       out.status = RINGRUN_ERR_INVALID_ARGUMENT;
       out.message = (e.req.name.empty() ? std::string(KindName(e.req.kind)) : e.req.name) + ": " +
@@ -771,13 +763,20 @@ Status Engine::RunOther(const Response& r, Entry* e) {
 }
 
 Result<DeviceBackend*> Engine::Device() {
-#if RINGRUN_WITH_GPU_SEAM
   if (device_) return device_.get();
   if (!device_error_.ok()) return device_error_;
   // The NCCL id is made now, at the first device collective, and travels over the CPU
   // transport: a CPU-only job never loads the CUDA driver for it.
   std::string id;
-  if (options_.rank == 0) id = MaybeCreateNcclUniqueId();
+  if (options_.rank == 0) {
+    if (options_.make_nccl_id) {
+      id = options_.make_nccl_id();
+    } else {
+#if RINGRUN_WITH_GPU_SEAM
+      id = MaybeCreateNcclUniqueId();
+#endif
+    }
+  }
   if (transport_) {
     std::vector<char> buf(4 + 512, 0);
     uint32_t len = static_cast<uint32_t>(std::min<size_t>(id.size(), 512));
@@ -787,21 +786,24 @@ Result<DeviceBackend*> Engine::Device() {
     std::memcpy(&len, buf.data(), 4);
     id.assign(buf.data() + 4, std::min<uint32_t>(len, 512));
   }
-  Result<std::unique_ptr<DeviceBackend>> made =
-      MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id, options_.timeout_ms);
+  Result<std::unique_ptr<DeviceBackend>> made = InvalidArgument("this build has no GPU backend");
+  if (options_.make_device) {
+    made = options_.make_device(id);
+  } else {
+#if RINGRUN_WITH_GPU_SEAM
+    made = MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id,
+                             options_.timeout_ms);
+#endif
+  }
   if (!made.ok()) {
     device_error_ = made.status().Annotate("GPU backend");
     return device_error_;
   }
   device_ = std::move(made.value());
   return device_.get();
-#else
-  return InvalidArgument("this build has no GPU backend");
-#endif
 }
 
 Status Engine::RunDevice(const Response& r, Entry* e) {
-#if RINGRUN_WITH_GPU_SEAM
   Result<DeviceBackend*> dev = Device();
   if (!dev.ok()) return dev.status();
   if (!e) return InvalidArgument("device collective without a local entry");
@@ -827,10 +829,6 @@ Status Engine::RunDevice(const Response& r, Entry* e) {
                     "\"bytes\": " + std::to_string(q.count * q.ElemBytes()));
   }
   return st;
-#else
-  (void)r, (void)e;
-  return InvalidArgument("this build has no GPU backend");
-#endif
 }
 
 void Engine::Complete(const std::string& name, ringrun_status st, const std::string& message) {

@@ -59,6 +59,13 @@ struct EngineOptions {
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
   const EngineClock* clock = nullptr;  // default: the steady clock
+  // The GPU seam (tests inject fakes): whether a pointer is device memory, and the backend's
+  // factory, called on the engine thread at the first device collective with the NCCL id that
+  // rank 0 made (make_nccl_id, rank 0 only) and broadcast over the CPU transport. Unset: the
+  // build's own (gpu/device_backend.h), or none.
+  std::function<bool(const void*)> is_device;
+  std::function<std::string()> make_nccl_id;
+  std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string& nccl_id)> make_device;
 };
 
 // The object behind a ringrun_handle.
@@ -137,6 +144,7 @@ class Engine {
   SteadyClock steady_;
   const EngineClock* const clock_;
   const Group world_;
+  const std::function<bool(const void*)> is_device_;
   UniqueFd doorbell_;  // eventfd
 
   std::mutex mu_;

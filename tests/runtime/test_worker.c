@@ -17,6 +17,8 @@
  *   runtime_test_worker fused   steps of 64 named 16 KiB allreduces (fused) until one fails;
  *                               then every pending handle must have failed, not timed out,
  *                               naming a peer (exit 3), or exit 4
+ *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
+ *                               must fail with the stall report (exit 5), or exit 1
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <math.h>
 #include <pthread.h>
@@ -342,6 +344,22 @@ static int fused(void) {
   }
 }
 
+static int stall(void) {
+  float x = 1;
+  if (ringrun_rank() == 1) {
+    sleep(4);
+    return 0;
+  }
+  ringrun_handle h;
+  CHECK_RC(
+      ringrun_allreduce_submit("late", &x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+  ringrun_status st = ringrun_wait(h);
+  fprintf(stderr, "rank %d: %s: %s\n", g_rank, ringrun_status_name(st), ringrun_handle_message(h));
+  const int ok = st != RINGRUN_OK && strstr(ringrun_handle_message(h), "rank 1") != NULL;
+  ringrun_release(h);
+  return ok ? 5 : 1;
+}
+
 static int reinit(void) {
   for (int round = 0; round < 3; ++round) {
     if (round > 0) CHECK_RC(ringrun_init());
@@ -439,6 +457,7 @@ int main(int argc, char** argv) {
            : strcmp(mode, "late") == 0   ? late()
            : strcmp(mode, "engine") == 0 ? engine()
            : strcmp(mode, "fused") == 0  ? fused()
+           : strcmp(mode, "stall") == 0  ? stall()
                                          : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();

@@ -364,8 +364,13 @@ void Engine::Loop() {
       if (check >= 0 && Now() >= check) {
         Status sst = stall_.Check(controller_.Pending(), Now());
         if (!sst.ok()) {
-          if (transport_) transport_->Break(sst);
-          FailAll(RINGRUN_ERR_ABORTED, sst);
+          // Tell every rank in one more round, so that all fail with the report (not with
+          // "connection closed" by the first rank to give up), then break.
+          std::vector<Entry> none;
+          Status told = Round(std::move(none), sst.message());
+          Status why = told.code() == Code::kAborted ? told : sst;
+          if (transport_) transport_->Break(why);
+          FailAll(RINGRUN_ERR_ABORTED, why);
           continue;
         }
       }
@@ -454,7 +459,7 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
   return all;
 }
 
-Status Engine::Round(std::vector<Entry> fresh) {
+Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   const int64_t start = Now();
   std::vector<const Request*> announce;
   std::vector<std::string> names;
@@ -463,9 +468,19 @@ Status Engine::Round(std::vector<Entry> fresh) {
     auto [it, ok] = entries_.emplace(e.req.name, std::move(e));
     announce.push_back(&it->second.req);
   }
-  std::string frame = controller_.EncodeFrame(announce);
+  // A frame: the abort report (usually empty), then the controller's part.
+  std::string frame;
+  PutString(&frame, abort);
+  frame += controller_.EncodeFrame(announce);
   Result<std::vector<std::string>> frames = Exchange(frame);
   if (!frames.ok()) return frames.status();
+  for (std::string& f : *frames) {
+    size_t pos = 0;
+    std::string report;
+    if (!GetString(f, &pos, &report)) return Internal("malformed negotiation frame");
+    if (!report.empty()) return Aborted(report);
+    f.erase(0, pos);
+  }
   Result<std::vector<Response>> responses = controller_.Apply(*frames, Now());
   if (!responses.ok()) return responses.status();
   if (timeline_) {

@@ -123,7 +123,9 @@ class Engine {
   void Loop();
   void SleepOnDoorbell(Deadline deadline);
   Status Hello();
-  Status Round(std::vector<Entry> fresh);
+  // One negotiation round announcing `fresh`. A non-empty `abort` tells every rank to fail
+  // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
+  Status Round(std::vector<Entry> fresh, const std::string& abort = "");
   Result<std::vector<std::string>> Exchange(const std::string& mine);
   void Execute(std::vector<Response>& responses);
   Status RunBatch(Batch& b);

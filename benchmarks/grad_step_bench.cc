@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
   const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
 
   std::map<std::string, std::vector<double>> times;
-  const std::vector<std::string> modes = {"engine", "engine_nofuse", "blocking", "ceiling"};
+  std::vector<std::string> modes = {"engine", "engine_nofuse", "blocking", "ceiling"};
+  if (const char* only = std::getenv("GRAD_STEP_ONLY")) modes = {only};  // for a timeline
   // One warm-up pass of every mode (connections, caches, the fusion buffer).
   for (int round = -1; round < rounds; ++round) {
     for (size_t m = 0; m < modes.size(); ++m) {

@@ -536,13 +536,14 @@ void Engine::Execute(std::vector<Response>& responses) {
     }
     Status st = RunBatch(b);
     if (!st.ok() && transport_ && !transport_->status().ok()) {
-      FailAll(ToRingrunStatus(transport_->status()), transport_->status());
+      FailAll(ToRingrunStatus(transport_->status()), transport_->status());  // notifies all
       return;
     }
     for (const Response* r : b.responses) {
       Complete(r->req.name, ToRingrunStatus(st), st.message());
     }
   }
+  NotifyCompleted();
 }
 
 Status Engine::RunBatch(Batch& b) {
@@ -860,15 +861,28 @@ void Engine::Complete(const std::string& name, ringrun_status st, const std::str
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.erase(name);
   }
-  std::lock_guard<std::mutex> lock(h->mu);
-  if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
-    h->status = st;
-    h->message = message;
+  bool done;
+  {
+    std::lock_guard<std::mutex> lock(h->mu);
+    if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
+      h->status = st;
+      h->message = message;
+    }
+    done = --h->remaining == 0;
+    h->done = done;
   }
-  if (--h->remaining == 0) {
-    h->done = true;
+  // Waiters are woken after the whole round's handles are done (NotifyCompleted): a thread
+  // waiting on one handle after another then finds the next ones done instead of being woken,
+  // and preempting the engine, once per handle.
+  if (done) completed_.push_back(std::move(h));
+}
+
+void Engine::NotifyCompleted() {
+  for (const std::shared_ptr<HandleState>& h : completed_) {
+    std::lock_guard<std::mutex> lock(h->mu);  // pairs with the waiter's check of done
     h->cv.notify_all();
   }
+  completed_.clear();
 }
 
 void Engine::FailAll(ringrun_status code, const Status& st) {
@@ -885,6 +899,7 @@ void Engine::FailAll(ringrun_status code, const Status& st) {
   std::vector<std::string> names;
   for (const auto& [name, e] : entries_) names.push_back(name);
   for (const std::string& n : names) Complete(n, code, st.message());
+  NotifyCompleted();
 }
 
 }  // namespace ringrun::runtime::engine

@@ -137,6 +137,7 @@ class Engine {
                        int contributors);
   Result<DeviceBackend*> Device();
   void Complete(const std::string& name, ringrun_status st, const std::string& message);
+  void NotifyCompleted();
   // Fails everything pending and queued with st; later submissions fail with it too.
   void FailAll(ringrun_status code, const Status& st);
   CollectiveContext Context();
@@ -170,6 +171,7 @@ class Engine {
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
   std::vector<char> zeros_;
+  std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
 
   std::thread thread_;
 };

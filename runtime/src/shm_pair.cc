@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -86,8 +87,18 @@ Result<bool> ShmPair::Progress(OpState& st) {
 void ShmPair::Notify(int other) {
   ShmHeader* h = seg_->header();
   h->bell[other].v.fetch_add(1, std::memory_order_seq_cst);
-  if (h->waiting[other].v.load(std::memory_order_seq_cst)) {
+  uint32_t w = h->waiting[other].v.load(std::memory_order_seq_cst);
+  if (w == 1) {
     Futex(&h->bell[other].v, FUTEX_WAKE, 1, nullptr);
+  } else if (w == kIdleWaiting && h->waiting[other].v.compare_exchange_strong(w, 0)) {
+    const char c = 0;  // the peer sleeps in poll() on the lifeline: wake it (once)
+    (void)!::send(fd(), &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+}
+
+void DrainWakeBytes(int fd) {
+  char buf[64];
+  while (::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
   }
 }
 

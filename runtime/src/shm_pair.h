@@ -51,6 +51,12 @@ constexpr size_t ShmSegmentBytes(size_t ring_bytes) {
 }
 constexpr uint64_t kShmMagic = 0x72696e6772756e31ull;
 
+// waiting[s] while side s sleeps in Transport::WaitForInput (1: asleep on its bell).
+constexpr uint32_t kIdleWaiting = 2;
+
+// Reads and drops the wake-up bytes on a shared-memory pair's lifeline socket (never its EOF).
+void DrainWakeBytes(int fd);
+
 // One mapping of a segment.
 class ShmSegment {
  public:
@@ -88,6 +94,28 @@ class ShmPair final : public Pair {
     return bell()->load(std::memory_order_seq_cst);
   }
   void CancelWait() { seg_->header()->waiting[side_].v.store(0, std::memory_order_relaxed); }
+  // Idle waiting (Transport::WaitForInput) sleeps in poll(), not on the bell: while armed, the
+  // peer's next change writes one byte to the lifeline socket instead of waking a futex.
+  // Returns whether input is there already.
+  bool ArmIdleWake() {
+    seg_->header()->waiting[side_].v.store(kIdleWaiting, std::memory_order_seq_cst);
+    return HasInput();
+  }
+  void DisarmIdleWake() {
+    seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
+    DrainWakeBytes(fd());
+  }
+  bool HasInput() const {
+    ShmHeader* h = seg_->header();
+    for (bool small : {false, true}) {
+      const int l = GetLane(1 - side_, small).index;
+      if (h->head[l].v.load(std::memory_order_seq_cst) !=
+          h->tail[l].v.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
   // This side's bell: the peer bumps it (and wakes it when this side waits) on every change.
   std::atomic<uint32_t>* bell() const { return &seg_->header()->bell[side_].v; }
 

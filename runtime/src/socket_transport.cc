@@ -87,6 +87,7 @@ class SocketTransport final : public Transport {
     if (!st.ok()) Break(st);
     return st;
   }
+  Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) override;
   Status status() const override { return broken_; }
   void Break(const Status& st) override {
     if (!broken_.ok()) return;
@@ -448,7 +449,58 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
       *progressed = true;
       return Status::Ok();
     }
-    if (n > 0) return PeerError(fd_peer[i], Internal("unexpected bytes on a shared-memory pair"));
+    if (n > 0) {  // a late wake-up byte from the peer (see ShmPair::ArmIdleWake)
+      DrainWakeBytes(fds[i].fd);
+      *progressed = true;
+      return Status::Ok();
+    }
+  }
+  return Status::Ok();
+}
+
+Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer_input) {
+  *peer_input = false;
+  if (!broken_.ok()) return broken_;
+  std::vector<pollfd> fds{pollfd{doorbell, POLLIN, 0}};
+  std::vector<bool> is_shm{false};
+  std::vector<ShmPair*> shm;
+  bool ready = false;
+  for (const std::unique_ptr<Pair>& p : pairs_) {
+    if (!p) continue;
+    if (p->is_shm()) {
+      shm.push_back(static_cast<ShmPair*>(p.get()));
+      ready |= shm.back()->ArmIdleWake();
+    }
+    fds.push_back(pollfd{p->fd(), POLLIN, 0});
+    is_shm.push_back(p->is_shm());
+  }
+  // The listeners too: a connection (hostile ones included) is answered while this rank is
+  // idle, not left in the backlog until its next collective.
+  const size_t npairs = fds.size();
+  acceptor_.AddPollFds(&fds);
+  const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
+  int rc = ::poll(fds.data(), fds.size(), ms);
+  const int err = errno;
+  for (ShmPair* p : shm) {
+    p->DisarmIdleWake();
+    *peer_input |= p->HasInput();
+  }
+  if (rc < 0 && err != EINTR) return ErrnoStatus("poll", err);
+  for (size_t i = npairs; rc > 0 && i < fds.size(); ++i) {
+    if (fds[i].revents) {
+      RINGRUN_RETURN_IF_ERROR(ServeListeners());
+      break;
+    }
+  }
+  for (size_t i = 1; rc > 0 && i < npairs; ++i) {
+    if (!fds[i].revents) continue;
+    // TCP: bytes or EOF. A lifeline: only EOF (the peer is gone, which the next Run reports);
+    // bytes there are late wake-ups, and its data is in the rings (HasInput above).
+    char c;
+    ssize_t n = ::recv(fds[i].fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0 || (n > 0 && !is_shm[i]) || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      *peer_input = true;
+    }
   }
   return Status::Ok();
 }

@@ -11,6 +11,8 @@ pkgs=(
   openmpi-bin libopenmpi-dev libgloo-dev
   dataset-fashion-mnist
   python3-torch  # a real torch.distributed client for the env:// contract test
+  clang clang-14 llvm-14 libclang-rt-14-dev libfuzzer-14-dev  # sanitizer builds, libFuzzer, symbolizer
+  bc  # scripts/soak.sh and the cluster tests' timings
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -78,7 +78,7 @@ run_tsan() {
   echo "sanitize: tsan build $((SECONDS - t0)) s"
   local logs=$SRC/build-tsan/sanitizer-logs rc=0
   t0=$SECONDS
-  TSAN_OPTIONS="log_path=$logs/tsan:suppressions=$SRC/tests/sanitizers/tsan.supp:second_deadlock_stack=1:halt_on_error=0" \
+  TSAN_OPTIONS="log_path=$logs/tsan:ignore_noninstrumented_modules=1:allocator_may_return_null=1:suppressions=$SRC/tests/sanitizers/tsan.supp:second_deadlock_stack=1:halt_on_error=0" \
     run_ctest build-tsan "$logs" -L tsan -j"$jobs" --output-on-failure --timeout 900 "$@" || rc=$?
   echo "sanitize: tsan tests $((SECONDS - t0)) s"
   return $rc

@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "ringrun/common/peer_table.h"
+#include "ringrun/common/tsan.h"
 
 namespace ringrun::launcher {
 
@@ -32,9 +33,18 @@ struct Rendezvous::State {
 class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
  public:
   JoinReactor(std::shared_ptr<State> state, int rank, grpc::ByteBuffer* reply)
-      : state_(std::move(state)), rank_(rank), reply_(reply) {}
+      : state_(std::move(state)), rank_(rank), reply_(reply) {
+    RINGRUN_HAPPENS_BEFORE(this);  // gRPC calls OnCancel/OnDone on other threads
+  }
+
+  // Finish, telling ThreadSanitizer that gRPC hands the reactor on to OnDone's thread.
+  void Complete(const grpc::Status& status) {
+    RINGRUN_HAPPENS_BEFORE(this);
+    Finish(status);
+  }
 
   void OnCancel() override {
+    RINGRUN_HAPPENS_AFTER(this);
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       if (finished_) return;
@@ -45,9 +55,12 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
         --state_->joined;
       }
     }
-    Finish(grpc::Status::CANCELLED);
+    Complete(grpc::Status::CANCELLED);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    RINGRUN_HAPPENS_AFTER(this);
+    delete this;
+  }
 
   bool finished_ = false;  // guarded by State::mu
   const std::shared_ptr<State> state_;
@@ -85,7 +98,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
       std::lock_guard<std::mutex> lock(s.mu);
       reactor->finished_ = true;
     }
-    reactor->Finish(grpc::Status(code, msg));
+    reactor->Complete(grpc::Status(code, msg));
     return reactor;
   };
   if (!parsed_ok) return reject(grpc::StatusCode::INVALID_ARGUMENT, "malformed JoinRequest");
@@ -136,7 +149,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
                           "rank " + std::to_string(r) + " has already joined" +
                               (gen > 0 ? " round " + std::to_string(gen) : std::string()));
       }
-      reactor->Finish(st);
+      reactor->Complete(st);
       return reactor;
     }
     auto [it, inserted] =
@@ -168,7 +181,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
   grpc::Slice shared(bytes);
   for (JoinReactor* h : release) {
     *h->reply_ = grpc::ByteBuffer(&shared, 1);
-    h->Finish(grpc::Status::OK);
+    h->Complete(grpc::Status::OK);
   }
   return reactor;
 }
@@ -185,7 +198,7 @@ void Rendezvous::Abort(const std::string& reason) {
       h = nullptr;
     }
   }
-  for (JoinReactor* h : held) h->Finish(grpc::Status(grpc::StatusCode::ABORTED, reason));
+  for (JoinReactor* h : held) h->Complete(grpc::Status(grpc::StatusCode::ABORTED, reason));
 }
 
 int Rendezvous::joined() const {

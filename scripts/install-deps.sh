@@ -12,6 +12,8 @@ pkgs=(
   slurmctld slurmd slurm-client munge  # the slurm tests: a real Slurm 22.05 (scripts/test-slurm-cluster.sh)
   dataset-fashion-mnist
   python3-torch  # a real torch.distributed client for the env:// contract test
+  clang clang-14 llvm-14 libclang-rt-14-dev libfuzzer-14-dev  # sanitizer builds, libFuzzer, symbolizer
+  bc  # scripts/soak.sh and the cluster tests' timings
 )
 missing=()
 for p in "${pkgs[@]}"; do

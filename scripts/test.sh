@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs dependencies, builds both configurations (with and without NCCL),
-# then runs the unit, integration and cluster tests. Needs root (cluster tests create network
-# namespaces). Usage: scripts/test.sh [extra ctest args]
+# then runs the unit, integration and cluster tests (the 10-job soak among them), then the
+# sanitizer builds and the fuzzers (scripts/sanitize.sh, scripts/fuzz.sh). Needs root (cluster
+# tests create network namespaces). Usage: scripts/test.sh [extra ctest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${RINGRUN_BUILD_JOBS:-2}
@@ -19,3 +20,8 @@ cd build
 ctest -LE 'cluster|slurm' -j2 --output-on-failure --timeout 600 "$@"
 ctest -L cluster --output-on-failure --timeout 600 "$@"
 ctest -L slurm --output-on-failure --timeout 600 "$@"
+cd ..
+# ASan+UBSan over the unit and integration tests, TSan over the threaded ones (build-asan and
+# build-tsan), then each fuzz target for 25 s from its committed corpus (build-asan).
+scripts/sanitize.sh all
+scripts/fuzz.sh -t 25

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define RINGRUN_AVX2 __attribute__((target("avx2,f16c")))
 #endif
@@ -338,7 +339,10 @@ uint16_t FloatToBf16(float f) {
 
 bool HasAvx2() {
 #if defined(RINGRUN_AVX2)
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports knows no "f16c".
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
   return has;
 #else
   return false;

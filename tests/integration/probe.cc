@@ -104,7 +104,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: something went wrong\n", Rank());
       std::fflush(stderr);
       if (mode == "fail") return std::atoi(argv[3]);
-      raise(std::atoi(argv[3]));
+      // Die by the signal itself, whatever handler is installed (a sanitizer's SIGSEGV handler
+      // would report and exit 1 instead).
+      const int signo = std::atoi(argv[3]);
+      signal(signo, SIG_DFL);
+      raise(signo);
       return 99;
     }
     SleepReporting(60);

@@ -10,7 +10,9 @@ pkgs=(
   openssh-server openssh-client iproute2 procps util-linux
   openmpi-bin libopenmpi-dev libgloo-dev
   dataset-fashion-mnist
-  python3-torch  # a real torch.distributed client for the env:// contract test
+  python3-torch  # torch.distributed for the env:// contract test; ringrun.torch's framework
+  python3-numpy python3-pytest python3-venv  # the Python package, its tests (tests/python)
+  libopenblas0-pthread  # an optimized libblas.so.3 for torch (the reference BLAS is ~10x slower)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -224,6 +225,9 @@ void Job::BuildSpecsLocked() {
   std::vector<std::string> launcher_env;
   for (char** e = environ; *e; ++e) launcher_env.emplace_back(*e);
   const int host0 = placement_[0].host_index;
+  // The hosts of a job are taken to be alike: this machine's core count stands for each.
+  const int host_cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads_note = 0, threads_note_ranks = 0;
   for (const auto& p : placement_) {
     const HostState& hs = hosts_.at(p.host_index);
     JobContext ctx;
@@ -235,6 +239,12 @@ void Job::BuildSpecsLocked() {
     ctx.master_addr = AddressOfLocked(host0);
     ctx.master_port = hosts_.at(host0).free_port;
     ctx.size = static_cast<int>(placement_.size());
+    ctx.threads_per_rank =
+        DefaultThreadsPerRank(launcher_env, options_.exports, p.local_size, host_cores);
+    if (ctx.threads_per_rank > 0 && threads_note == 0) {
+      threads_note = ctx.threads_per_rank;
+      threads_note_ranks = p.local_size;
+    }
     v1::RankSpec spec;
     spec.set_rank(p.rank);
     spec.set_local_rank(p.local_rank);
@@ -244,6 +254,13 @@ void Job::BuildSpecsLocked() {
     }
     spec.set_cwd(cwd_);
     specs_[p.host_index].push_back(std::move(spec));
+  }
+  if (threads_note > 0) {
+    std::fprintf(stderr,
+                 "ringrun: %d ranks share a host's %d cores: OMP_NUM_THREADS, "
+                 "OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set to %d per rank (set one, or "
+                 "-x OMP_NUM_THREADS=N, to choose)\n",
+                 threads_note_ranks, host_cores, threads_note);
   }
 }
 

@@ -6,10 +6,22 @@
 #include <new>
 #include <string>
 
+#include "engine/engine.h"
 #include "job_client.h"
 #include "reduce.h"
 #include "ringrun/ringrun.h"
 #include "runtime.h"
+
+using ringrun::runtime::engine::Entry;
+using ringrun::runtime::engine::HandleState;
+using ringrun::runtime::engine::Kind;
+
+// What a ringrun_handle points at: the engine's state of the submission (shared with the
+// engine until it completes) and the wait bound.
+struct ringrun_handle_s {
+  std::shared_ptr<HandleState> state;
+  int timeout_ms;
+};
 
 namespace {
 
@@ -17,9 +29,10 @@ using ringrun::Status;
 using ringrun::runtime::Runtime;
 
 struct Process {
-  std::mutex mu;
+  std::mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
+  std::mutex mu;       // guards runtime only: never held while waiting for anything
   std::shared_ptr<Runtime> runtime;  // guarded by mu
-  uint32_t joins = 0;                // rendezvous rounds joined so far; guarded by mu
+  uint32_t joins = 0;                // rendezvous rounds joined so far; guarded by init_mu
 };
 Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -33,27 +46,64 @@ std::shared_ptr<Runtime> Current() {
   return TheProcess().runtime;
 }
 
-int Fail(const Status& st) {
+ringrun_status Fail(const Status& st) {
   t_error = st.message().empty() ? ringrun::CodeName(st.code()) : st.message();
-  return static_cast<int>(st.code()) == 0 ? -1 : static_cast<int>(st.code());
+  return st.ok() ? RINGRUN_ERR_INTERNAL : static_cast<ringrun_status>(st.code());
+}
+ringrun_status Fail(ringrun_status code, const std::string& message) {
+  t_error = message;
+  return code;
 }
 
+// Runs f(runtime) -> ringrun_status, turning "not initialized" and any exception into errors
+// (nothing may unwind through the C API; a failed submission has communicated nothing).
 template <typename F>
-int Call(F&& f) {
+ringrun_status Call(F&& f) {
   t_error.clear();
   std::shared_ptr<Runtime> rt = Current();
-  if (!rt)
-    return Fail(ringrun::Status(ringrun::Code::kInvalidArgument,
-                                "ringrun is not initialized (call ringrun_init first)"));
-  try {
-    Status st = f(*rt);
-    return st.ok() ? 0 : Fail(st);
-  } catch (const std::bad_alloc&) {
-    // Nothing may unwind through the C API. Peers may be mid-collective with this rank, so
-    // the runtime is broken from here on (they fail at their timeout at the latest).
-    return Fail(rt->Break(ringrun::Status(
-        ringrun::Code::kInternal, "out of memory (a scratch buffer could not be allocated)")));
+  if (!rt) {
+    return Fail(RINGRUN_ERR_NOT_INITIALIZED,
+                "ringrun is not initialized (call ringrun_init first)");
   }
+  try {
+    return f(*rt);
+  } catch (const std::bad_alloc&) {
+    return Fail(RINGRUN_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return Fail(RINGRUN_ERR_INTERNAL, std::string("unexpected exception: ") + e.what());
+  } catch (...) {
+    return Fail(RINGRUN_ERR_INTERNAL, "unexpected exception");
+  }
+}
+
+ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail(st); }
+
+// Submits and wraps the result in a new handle.
+ringrun_status SubmitEntries(Runtime& rt, std::vector<Entry> entries, ringrun_handle* handle,
+                             bool group = false) {
+  ringrun::runtime::engine::SubmitResult r = rt.Submit(std::move(entries), group);
+  if (r.status != RINGRUN_OK) return Fail(r.status, r.message);
+  *handle = new ringrun_handle_s{std::move(r.handle), rt.engine().timeout_ms()};
+  return RINGRUN_OK;
+}
+
+// Blocking: submit one entry and wait.
+ringrun_status Blocking(Entry e) {
+  return Call([&](Runtime& rt) {
+    std::string message;
+    ringrun_status st = rt.SubmitAndWait(std::move(e), &message);
+    return st == RINGRUN_OK ? st : Fail(st, message);
+  });
+}
+
+Entry MakeEntry(Kind kind, const char* name, const void* send, void* recv, size_t count,
+                ringrun_dtype dtype) {
+  Entry e;
+  e.req.kind = kind;
+  if (name) e.req.name = name;
+  e.req.dtype = dtype, e.req.count = count;
+  e.send = send, e.recv = recv;
+  return e;
 }
 
 template <typename F>
@@ -66,43 +116,51 @@ int Shape(F&& f) {
 
 extern "C" {
 
-int ringrun_init(void) {
+ringrun_status ringrun_init(void) {
   t_error.clear();
   Process& p = TheProcess();
-  std::lock_guard<std::mutex> lock(p.mu);
-  if (p.runtime) return 0;
+  std::lock_guard<std::mutex> init_lock(p.init_mu);
+  if (Current()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
   env->generation = p.joins;
-  std::unique_ptr<ringrun::runtime::JobClient> client;
-  if (env->in_job && env->size > 1) {
-    client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
-  }
   // A round of the rendezvous that was used up counts, even if a later step failed: the next
   // ringrun_init joins the next round, as the other ranks' will.
   bool joined = false;
   Status st;
   try {
+    std::unique_ptr<ringrun::runtime::JobClient> client;
+    if (env->in_job && env->size > 1) {
+      client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
+    }
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
-    if (rt.ok())
+    if (rt.ok()) {
+      std::lock_guard<std::mutex> lock(p.mu);
       p.runtime = std::move(rt.value());
-    else
+    } else {
       st = rt.status();
+    }
   } catch (const std::bad_alloc&) {
-    st = ringrun::Status(ringrun::Code::kInternal, "ringrun_init: out of memory");
+    st = ringrun::Internal("ringrun_init: out of memory");
+  } catch (const std::exception& e) {
+    st = ringrun::Internal(std::string("ringrun_init: unexpected exception: ") + e.what());
   }
   if (joined) ++p.joins;
-  return st.ok() ? 0 : Fail(st);
+  return st.ok() ? RINGRUN_OK : Fail(st);
 }
 
 void ringrun_shutdown(void) {
+  Process& p = TheProcess();
+  std::lock_guard<std::mutex> init_lock(p.init_mu);
   std::shared_ptr<Runtime> rt;
   {
-    std::lock_guard<std::mutex> lock(TheProcess().mu);
-    rt = std::move(TheProcess().runtime);
+    std::lock_guard<std::mutex> lock(p.mu);
+    rt = std::move(p.runtime);
   }
-  // The last in-flight call (if any) destroys it.
+  // Stops the engine now (pending handles fail), even while another thread still holds the
+  // runtime for a moment; the last holder destroys it.
+  if (rt) rt->engine().Shutdown();
 }
 
 int ringrun_rank(void) {
@@ -124,50 +182,280 @@ int ringrun_cross_size(void) {
   return Shape([](const auto& s) { return s.cross_size; });
 }
 
-int ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                      ringrun_op op) {
-  return Call([&](Runtime& rt) { return rt.Allreduce(sendbuf, recvbuf, count, dtype, op); });
+ringrun_status ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                 ringrun_dtype dtype, ringrun_op op) {
+  Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbuf, recvbuf, count, dtype);
+  e.req.op = op;
+  return Blocking(std::move(e));
 }
-int ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
-  return Call([&](Runtime& rt) { return rt.Broadcast(buf, count, dtype, root); });
+ringrun_status ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) {
+  Entry e = MakeEntry(Kind::kBroadcast, nullptr, buf, buf, count, dtype);
+  e.req.root = root;
+  return Blocking(std::move(e));
 }
-int ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype) {
-  return Call([&](Runtime& rt) { return rt.Allgather(sendbuf, recvbuf, count, dtype); });
-}
-int ringrun_allreduce_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                            ringrun_op op, void* cuda_stream) {
-  return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Allreduce(sendbuf, recvbuf, count, dtype, op, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_allreduce_async: cuda_stream is NULL");
-  });
-}
-int ringrun_broadcast_async(void* buf, size_t count, ringrun_dtype dtype, int root,
-                            void* cuda_stream) {
-  return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Broadcast(buf, count, dtype, root, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_broadcast_async: cuda_stream is NULL");
-  });
-}
-int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count, ringrun_dtype dtype,
-                            void* cuda_stream) {
-  return Call([&](Runtime& rt) {
-    return cuda_stream ? rt.Allgather(sendbuf, recvbuf, count, dtype, cuda_stream)
-                       : ringrun::InvalidArgument("ringrun_allgather_async: cuda_stream is NULL");
-  });
-}
-int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount, ringrun_dtype dtype,
-                          ringrun_op op) {
+ringrun_status ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count,
+                                 ringrun_dtype dtype) {
   return Call(
-      [&](Runtime& rt) { return rt.ReduceScatter(sendbuf, recvbuf, recvcount, dtype, op); });
+      [&](Runtime& rt) { return FromStatus(rt.Allgather(sendbuf, recvbuf, count, dtype)); });
 }
-int ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
-                     ringrun_dtype dtype) {
-  return Call([&](Runtime& rt) { return rt.Alltoall(sendbuf, recvbuf, count_per_rank, dtype); });
+ringrun_status ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     ringrun_dtype dtype, ringrun_op op) {
+  Entry e = MakeEntry(Kind::kReduceScatter, nullptr, sendbuf, recvbuf, recvcount, dtype);
+  e.req.op = op;
+  return Blocking(std::move(e));
 }
-int ringrun_barrier(void) {
-  return Call([](Runtime& rt) { return rt.Barrier(); });
+ringrun_status ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
+                                ringrun_dtype dtype) {
+  return Call([&](Runtime& rt) {
+    return FromStatus(rt.Alltoall(sendbuf, recvbuf, count_per_rank, dtype));
+  });
 }
+ringrun_status ringrun_barrier(void) {
+  return Blocking(MakeEntry(Kind::kBarrier, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8));
+}
+ringrun_status ringrun_join(int* last_joined_rank) {
+  return Call([&](Runtime& rt) {
+    std::string message;
+    std::shared_ptr<HandleState> h;
+    ringrun_status st = rt.SubmitAndWait(
+        MakeEntry(Kind::kJoin, "join", nullptr, nullptr, 0, RINGRUN_UINT8), &message, &h);
+    if (st != RINGRUN_OK) return Fail(st, message);
+    if (last_joined_rank) *last_joined_rank = h->last_joined;
+    return RINGRUN_OK;
+  });
+}
+
+namespace {
+ringrun_status OnStream(Entry e, void* cuda_stream, const char* what) {
+  if (!cuda_stream) {
+    t_error.clear();
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, std::string(what) + ": cuda_stream is NULL");
+  }
+  e.stream = cuda_stream;
+  return Blocking(std::move(e));
+}
+}  // namespace
+
+ringrun_status ringrun_allreduce_on_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                           ringrun_dtype dtype, ringrun_op op, void* cuda_stream) {
+  Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbuf, recvbuf, count, dtype);
+  e.req.op = op;
+  return OnStream(std::move(e), cuda_stream, "ringrun_allreduce_on_stream");
+}
+ringrun_status ringrun_broadcast_on_stream(void* buf, size_t count, ringrun_dtype dtype, int root,
+                                           void* cuda_stream) {
+  Entry e = MakeEntry(Kind::kBroadcast, nullptr, buf, buf, count, dtype);
+  e.req.root = root;
+  return OnStream(std::move(e), cuda_stream, "ringrun_broadcast_on_stream");
+}
+ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, size_t count,
+                                           ringrun_dtype dtype, void* cuda_stream) {
+  Entry e = MakeEntry(Kind::kAllgather, nullptr, sendbuf, recvbuf, count, dtype);
+  e.req.fixed = true;
+  return OnStream(std::move(e), cuda_stream, "ringrun_allgather_on_stream");
+}
+
+/* ---- handles ---- */
+
+ringrun_status ringrun_test(ringrun_handle h) {
+  if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  std::lock_guard<std::mutex> lock(h->state->mu);
+  return h->state->done ? h->state->status : RINGRUN_IN_PROGRESS;
+}
+ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
+  if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  return ringrun::runtime::engine::Engine::Wait(*h->state, timeout_ms < 0 ? 0 : timeout_ms);
+}
+ringrun_status ringrun_wait(ringrun_handle h) {
+  if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  return ringrun_wait_for(h, h->timeout_ms);
+}
+const char* ringrun_handle_message(ringrun_handle h) {
+  if (!h) return "";
+  std::lock_guard<std::mutex> lock(h->state->mu);
+  return h->state->done ? h->state->message.c_str() : "";  // written once, before done
+}
+const char* ringrun_handle_name(ringrun_handle h) { return h ? h->state->name.c_str() : ""; }
+ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t* count) {
+  if (!h || !data || !count) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
+  HandleState& s = *h->state;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                s.name + ": only allgather and alltoall have an output");
+  }
+  if (!s.done || s.status != RINGRUN_OK) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": has not completed successfully");
+  }
+  *data = s.output.data();
+  *count = s.elem ? s.output.size() / s.elem : 0;
+  return RINGRUN_OK;
+}
+ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
+  if (!h || (!rows && n)) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
+  HandleState& s = *h->state;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": only allgather and alltoall have rows");
+  }
+  if (!s.done || s.status != RINGRUN_OK) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": has not completed successfully");
+  }
+  if (n != s.rows.size()) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                "n must be the job's size (" + std::to_string(s.rows.size()) + ")");
+  }
+  for (size_t i = 0; i < n; ++i) rows[i] = s.rows[i];
+  return RINGRUN_OK;
+}
+int ringrun_handle_last_joined_rank(ringrun_handle h) {
+  if (!h) return -1;
+  std::lock_guard<std::mutex> lock(h->state->mu);
+  return h->state->done && h->state->kind == Kind::kJoin ? h->state->last_joined : -1;
+}
+void ringrun_release(ringrun_handle h) { delete h; }
+
+/* ---- submissions ---- */
+
+ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, void* recvbuf,
+                                        size_t count, ringrun_dtype dtype, ringrun_op op,
+                                        double prescale, double postscale, unsigned flags,
+                                        ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    Entry e = MakeEntry(Kind::kAllreduce, name, sendbuf, recvbuf, count, dtype);
+    e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
+    std::vector<Entry> v;
+    v.push_back(std::move(e));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_grouped_allreduce_submit(const char* name, size_t n,
+                                                const void* const* sendbufs, void* const* recvbufs,
+                                                const size_t* counts, ringrun_dtype dtype,
+                                                ringrun_op op, double prescale, double postscale,
+                                                unsigned flags, ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  if (n == 0 || !sendbufs || !recvbufs || !counts) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "grouped allreduce: empty group or NULL array");
+  }
+  return Call([&](Runtime& rt) {
+    std::vector<Entry> v;
+    for (size_t i = 0; i < n; ++i) {
+      Entry e = MakeEntry(Kind::kAllreduce, name, sendbufs[i], recvbufs[i], counts[i], dtype);
+      e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
+      v.push_back(std::move(e));
+    }
+    return SubmitEntries(rt, std::move(v), handle, /*group=*/true);
+  });
+}
+ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t count,
+                                        ringrun_dtype dtype, int root, ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    Entry e = MakeEntry(Kind::kBroadcast, name, buf, buf, count, dtype);
+    e.req.root = root;
+    std::vector<Entry> v;
+    v.push_back(std::move(e));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf, size_t rows,
+                                        size_t row_elems, ringrun_dtype dtype,
+                                        ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    Entry e = MakeEntry(Kind::kAllgather, name, sendbuf, nullptr, rows, dtype);
+    e.req.row_elems = row_elems;
+    std::vector<Entry> v;
+    v.push_back(std::move(e));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
+                                       const size_t* send_rows, size_t row_elems,
+                                       ringrun_dtype dtype, ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  if (!send_rows) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
+  return Call([&](Runtime& rt) {
+    Entry e = MakeEntry(Kind::kAlltoall, name, sendbuf, nullptr, 0, dtype);
+    e.req.row_elems = row_elems;
+    e.req.send_rows.assign(send_rows, send_rows + rt.shape().size);
+    for (size_t r : e.req.send_rows) e.req.count += r;
+    std::vector<Entry> v;
+    v.push_back(std::move(e));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf, void* recvbuf,
+                                            size_t recvcount, ringrun_dtype dtype, ringrun_op op,
+                                            ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    Entry e = MakeEntry(Kind::kReduceScatter, name, sendbuf, recvbuf, recvcount, dtype);
+    e.req.op = op;
+    std::vector<Entry> v;
+    v.push_back(std::move(e));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_barrier_submit(ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    std::vector<Entry> v;
+    v.push_back(MakeEntry(Kind::kBarrier, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+ringrun_status ringrun_join_submit(ringrun_handle* handle) {
+  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = nullptr;
+  return Call([&](Runtime& rt) {
+    std::vector<Entry> v;
+    v.push_back(MakeEntry(Kind::kJoin, "join", nullptr, nullptr, 0, RINGRUN_UINT8));
+    return SubmitEntries(rt, std::move(v), handle);
+  });
+}
+
 const char* ringrun_error_message(void) { return t_error.c_str(); }
+const char* ringrun_status_name(ringrun_status status) {
+  switch (status) {
+    case RINGRUN_OK:
+      return "RINGRUN_OK";
+    case RINGRUN_ERR_INVALID_ARGUMENT:
+      return "RINGRUN_ERR_INVALID_ARGUMENT";
+    case RINGRUN_ERR_NOT_FOUND:
+      return "RINGRUN_ERR_NOT_FOUND";
+    case RINGRUN_ERR_TIMEOUT:
+      return "RINGRUN_ERR_TIMEOUT";
+    case RINGRUN_ERR_UNAVAILABLE:
+      return "RINGRUN_ERR_UNAVAILABLE";
+    case RINGRUN_ERR_PERMISSION_DENIED:
+      return "RINGRUN_ERR_PERMISSION_DENIED";
+    case RINGRUN_ERR_ABORTED:
+      return "RINGRUN_ERR_ABORTED";
+    case RINGRUN_ERR_INTERNAL:
+      return "RINGRUN_ERR_INTERNAL";
+    case RINGRUN_ERR_MISMATCH:
+      return "RINGRUN_ERR_MISMATCH";
+    case RINGRUN_ERR_DUPLICATE_NAME:
+      return "RINGRUN_ERR_DUPLICATE_NAME";
+    case RINGRUN_ERR_NOT_INITIALIZED:
+      return "RINGRUN_ERR_NOT_INITIALIZED";
+    case RINGRUN_ERR_JOINED:
+      return "RINGRUN_ERR_JOINED";
+    case RINGRUN_IN_PROGRESS:
+      return "RINGRUN_IN_PROGRESS";
+  }
+  return "RINGRUN_ERR_UNKNOWN";
+}
 size_t ringrun_dtype_size(ringrun_dtype dtype) { return ringrun::runtime::DtypeSize(dtype); }
 
 }  // extern "C"

@@ -245,7 +245,7 @@ Status ReduceScatter(const CollectiveContext& c, const Group& g, const void* sen
 
 Status Alltoall(const CollectiveContext& c, const Group& g, const void* send, void* recv,
                 size_t b) {
-  const int n = g.size(), me = g.me;
+  const int n = g.size();
   const size_t total = b * n;
   if (b == 0) return Status::Ok();
   if (Overlap(send, total, recv, total)) {
@@ -253,20 +253,7 @@ Status Alltoall(const CollectiveContext& c, const Group& g, const void* send, vo
     std::memcpy(copy, send, total);
     send = copy;
   }
-  std::memcpy(At(recv, me * b), At(send, me * b), b);
-  // Pairwise exchange, a few steps in flight at once.
-  constexpr int kWindow = 8;
-  std::vector<Op> ops;
-  for (int k0 = 1; k0 < n; k0 += kWindow) {
-    ops.clear();
-    for (int k = k0; k < std::min(n, k0 + kWindow); ++k) {
-      const int to = (me + k) % n, from = (me - k + n) % n;
-      ops.push_back(Op::Send(g.peer(to), At(send, to * b), b));
-      ops.push_back(Op::Recv(g.peer(from), At(recv, from * b), b));
-    }
-    RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
-  }
-  return Status::Ok();
+  return Alltoallv(c, g, send, std::vector<size_t>(n, b), recv, std::vector<size_t>(n, b));
 }
 
 Status Barrier(const CollectiveContext& c, const Group& g) {
@@ -276,6 +263,60 @@ Status Barrier(const CollectiveContext& c, const Group& g) {
   std::vector<Op> ops;
   for (int d = 1; d < n; d <<= 1) {  // dissemination
     ops = {Op::Send(g.peer(g.me + d), &out, 1), Op::Recv(g.peer(g.me - d), in, 1)};
+    RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
+  }
+  return Status::Ok();
+}
+
+}  // namespace ringrun::runtime
+
+namespace ringrun::runtime {
+
+const char* AllreduceAlgorithm(const Transport& t, const Group& g, size_t count, size_t elem) {
+  if (g.size() == 1 || count == 0) return "local";
+  if (count * elem <= kSmallAllreduceBytes || count < static_cast<size_t>(g.size())) {
+    return "recursive_doubling";
+  }
+  Group local, cross;
+  return HierarchicalGroups(t, g, &local, &cross) ? "hierarchical" : "ring";
+}
+
+Status Allgatherv(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                  const std::vector<size_t>& bytes) {
+  const int n = g.size(), me = g.me;
+  std::vector<size_t> off(n + 1, 0);
+  for (int i = 0; i < n; ++i) off[i + 1] = off[i] + bytes[i];
+  if (bytes[me] > 0 && At(recv, off[me]) != send) std::memmove(At(recv, off[me]), send, bytes[me]);
+  std::vector<Op> ops;
+  for (int k = 0; k + 1 < n; ++k) {  // ring: pass on the block received in the step before
+    const int s = ((me - k) % n + n) % n, r = ((me - k - 1) % n + n) % n;
+    ops.clear();
+    AddSend(ops, g.peer(me + 1), At(recv, off[s]), bytes[s]);
+    AddRecv(ops, g.peer(me - 1), At(recv, off[r]), bytes[r]);
+    RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
+  }
+  return Status::Ok();
+}
+
+Status Alltoallv(const CollectiveContext& c, const Group& g, const void* send,
+                 const std::vector<size_t>& send_bytes, void* recv,
+                 const std::vector<size_t>& recv_bytes) {
+  const int n = g.size(), me = g.me;
+  std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    soff[i + 1] = soff[i] + send_bytes[i];
+    roff[i + 1] = roff[i] + recv_bytes[i];
+  }
+  if (send_bytes[me] > 0) std::memcpy(At(recv, roff[me]), At(send, soff[me]), send_bytes[me]);
+  constexpr int kWindow = 8;
+  std::vector<Op> ops;
+  for (int k0 = 1; k0 < n; k0 += kWindow) {
+    ops.clear();
+    for (int k = k0; k < std::min(n, k0 + kWindow); ++k) {
+      const int to = (me + k) % n, from = (me - k + n) % n;
+      AddSend(ops, g.peer(to), At(send, soff[to]), send_bytes[to]);
+      AddRecv(ops, g.peer(from), At(recv, roff[from]), recv_bytes[from]);
+    }
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
   }
   return Status::Ok();

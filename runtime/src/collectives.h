@@ -60,6 +60,16 @@ Status ReduceScatter(const CollectiveContext& c, const Group& g, const void* sen
 Status Alltoall(const CollectiveContext& c, const Group& g, const void* send, void* recv,
                 size_t bytes_per_rank);
 Status Barrier(const CollectiveContext& c, const Group& g);
+// Ragged forms. Allgatherv: recv holds every member's block (bytes[i] bytes) in member order;
+// send may be this member's block of recv. Alltoallv: send holds send_bytes[j] bytes for member
+// j in order, recv gets recv_bytes[i] bytes from member i in order; send and recv disjoint.
+Status Allgatherv(const CollectiveContext& c, const Group& g, const void* send, void* recv,
+                  const std::vector<size_t>& bytes);
+Status Alltoallv(const CollectiveContext& c, const Group& g, const void* send,
+                 const std::vector<size_t>& send_bytes, void* recv,
+                 const std::vector<size_t>& recv_bytes);
+// The algorithm Allreduce picks for `count` elements of `elem` bytes (for the timeline).
+const char* AllreduceAlgorithm(const Transport& t, const Group& g, size_t count, size_t elem);
 
 // The ring phases, exposed for the hierarchical path and tests. `count` elements are split in
 // size() blocks as BlockRange says; after RingReduceScatter member `me` holds block me of the

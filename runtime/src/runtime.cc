@@ -8,15 +8,7 @@
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
 
-#if RINGRUN_WITH_GPU_SEAM
-#include "gpu/device_backend.h"
-#endif
-
 namespace ringrun::runtime {
-
-#if !RINGRUN_WITH_GPU_SEAM
-class DeviceBackend {};  // this build has no GPU path at all
-#endif
 
 namespace {
 
@@ -32,36 +24,49 @@ Result<int> ParseInt(const char* name, const char* v, int lo, int hi) {
   return static_cast<int>(x);
 }
 
-Status CheckBuffers(const void* a, const void* b, size_t count) {
-  if (count > 0 && (a == nullptr || b == nullptr)) return InvalidArgument("buffer is NULL");
-  return Status::Ok();
-}
-
-Status CheckDtype(ringrun_dtype dtype) {
-  if (!IsValidDtype(dtype)) return InvalidArgument("invalid dtype " + std::to_string(dtype));
-  return Status::Ok();
-}
-
-Status CheckOp(ringrun_dtype dtype, ringrun_op op) {
-  RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
-  if (!IsValidOp(op)) return InvalidArgument("invalid op " + std::to_string(op));
-  if (op == RINGRUN_AVERAGE && !IsFloating(dtype)) {
-    return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") +
-                           NameOfDtype(dtype));
+Result<double> ParseNumber(const char* name, const char* v, double lo, double hi) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v, &end);
+  if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
+    return InvalidArgument(std::string("environment variable ") + name + "='" + v +
+                           "' is not a number in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "]");
   }
-  return Status::Ok();
+  return x;
 }
 
-Status CheckBytes(size_t count, size_t factor, ringrun_dtype dtype) {
-  const size_t elem = DtypeSize(dtype);
-  if (factor != 0 && count > SIZE_MAX / elem / factor) return InvalidArgument("count overflows");
+// The engine's knobs (ringrun.h lists them).
+Status ReadEngineEnv(const std::function<const char*(const char*)>& getenv, JobEnv* e) {
+  auto get_num = [&](const char* name, double lo, double hi, double* out) -> Result<bool> {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == '\0') return false;
+    Result<double> r = ParseNumber(name, v, lo, hi);
+    if (!r.ok()) return r.status();
+    *out = *r;
+    return true;
+  };
+  double x = 0;
+  Result<bool> got = get_num("RINGRUN_FUSION_THRESHOLD", 0, 1099511627776.0, &x);
+  if (!got.ok()) return got.status();
+  if (!*got) got = get_num("HOROVOD_FUSION_THRESHOLD", 0, 1099511627776.0, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->fusion_threshold = static_cast<size_t>(x);
+  got = get_num("RINGRUN_CACHE_CAPACITY", 0, 1 << 24, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->cache_capacity = static_cast<size_t>(x);
+  got = get_num("RINGRUN_STALL_CHECK", 0, 1, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->stall.enabled = x != 0;
+  got = get_num("RINGRUN_STALL_WARNING_SECONDS", 0.001, 1e7, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->stall.warning_us = static_cast<int64_t>(x * 1e6);
+  got = get_num("RINGRUN_STALL_SHUTDOWN_SECONDS", 0, 1e7, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->stall.shutdown_us = static_cast<int64_t>(x * 1e6);
+  const char* t = getenv("RINGRUN_TIMELINE");
+  if (t != nullptr && *t != '\0') e->timeline = t;
   return Status::Ok();
-}
-
-bool PartialOverlap(const void* a, const void* b, size_t bytes) {
-  const char* x = static_cast<const char*>(a);
-  const char* y = static_cast<const char*>(b);
-  return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
 }
 
 }  // namespace
@@ -86,6 +91,7 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   if (e.shm_ring_kib & (e.shm_ring_kib - 1)) {
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
   }
+  RINGRUN_RETURN_IF_ERROR(ReadEngineEnv(getenv, &e));
   if (rank == nullptr && size == nullptr) return e;  // not under ringrun
   if (rank == nullptr || size == nullptr) {
     return InvalidArgument(std::string("only one of ") + env::kRank + " and " + env::kSize +
@@ -133,12 +139,35 @@ Shape DeriveShape(const PeerTable& peers, int rank) {
   return s;
 }
 
+namespace {
+EngineSettings Settings(const JobEnv& env) {
+  EngineSettings s;
+  s.fusion_threshold = env.fusion_threshold;
+  s.cache_capacity = env.cache_capacity;
+  s.stall = env.stall;
+  s.timeline = env.timeline;
+  return s;
+}
+
+// "t.json" -> "t.<rank>.json" (rank files side by side; see docs/engine.md).
+std::string TimelinePath(const std::string& path, int rank, int size) {
+  if (path.empty() || size == 1) return path;
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  const std::string r = std::to_string(rank);
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return path + "." + r;
+  }
+  return path.substr(0, dot) + "." + r + path.substr(dot);
+}
+}  // namespace
+
 Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client, bool* joined) {
   if (joined) *joined = false;
   Shape shape;
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
-    return std::make_unique<Runtime>(nullptr, shape, env.timeout_ms);
+    return std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env));
   }
   Result<Listener> listener = Listen(env.host_addr);
   if (!listener.ok()) {
@@ -150,9 +179,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   info.address = env.host_addr;
   info.port = listener->port;
   info.generation = env.generation;
-#if RINGRUN_WITH_GPU_SEAM
-  if (env.rank == 0) info.nccl_id = MaybeCreateNcclUniqueId();
-#endif
+  // No NCCL id here: the engine makes one at the first device collective.
   Result<PeerTable> peers =
       client->Join(info, env.join_timeout_ms > 0 ? env.join_timeout_ms : kJoinTimeoutMs);
   if (!peers.ok()) return peers.status().Annotate("rank " + std::to_string(env.rank));
@@ -169,202 +196,136 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (env.local_size >= 0) shape.local_size = env.local_size;
   if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
   if (env.cross_size >= 0) shape.cross_size = env.cross_size;
-  std::string nccl_id = peers->nccl_id;
   Result<std::unique_ptr<Transport>> t =
       MakeSocketTransport(env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();
-  return std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, nccl_id);
+  return std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, Settings(env));
 }
 
 Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,
-                 std::string nccl_id)
+                 EngineSettings settings)
     : shape_([&] {
         if (transport && (shape.local_rank < 0 || shape.cross_rank < 0)) {
           return DeriveShape(transport->peers(), transport->rank());
         }
         return shape;
       }()),
-      timeout_ms_(timeout_ms),
-      nccl_id_(std::move(nccl_id)),
-      world_([&] {
-        Group g;
-        for (int r = 0; r < shape_.size; ++r) g.ranks.push_back(r);
-        g.me = shape_.rank;
-        return g;
-      }()),
-      transport_(std::move(transport)) {}
+      timeout_ms_(timeout_ms) {
+  engine::EngineOptions o;
+  o.rank = shape_.rank, o.size = shape_.size, o.local_rank = shape_.local_rank;
+  o.timeout_ms = timeout_ms;
+  o.fusion_threshold = settings.fusion_threshold;
+  o.cache_capacity = settings.cache_capacity;
+  o.stall = settings.stall;
+  o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
+  o.log = std::move(settings.log);
+  o.clock = settings.clock;
+  engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
+}
 
 Runtime::~Runtime() = default;
 
-Status Runtime::HostStatus() const { return transport_ ? transport_->status() : Status::Ok(); }
-
-Status Runtime::Break(Status st) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!transport_) return st;  // a job of one: no peers to leave mid-collective
-  transport_->Break(st);
-  return transport_->status();
-}
-
-CollectiveContext Runtime::Context() {
-  return CollectiveContext{transport_.get(), DeadlineAfter(timeout_ms_), &scratch_};
-}
-
-Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend** backend) {
-#if RINGRUN_WITH_GPU_SEAM
-  const bool da = a != nullptr && IsDevicePointer(a);
-  const bool db = b != nullptr && IsDevicePointer(b);
-  if (!da && !db) return false;
-  if (da != db) return InvalidArgument("one buffer is device memory and the other host memory");
-  if (!device_ && device_error_.ok()) {
-    Result<std::unique_ptr<DeviceBackend>> made =
-        MakeDeviceBackend(shape_.rank, shape_.size, shape_.local_rank, nccl_id_, timeout_ms_);
-    if (made.ok()) {
-      device_ = std::move(made.value());
-    } else {
-      device_error_ = made.status().Annotate("GPU backend");
-    }
+ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
+                                      std::shared_ptr<engine::HandleState>* handle) {
+  std::vector<engine::Entry> v;
+  v.push_back(std::move(entry));
+  engine::SubmitResult sub = engine_->Submit(std::move(v));
+  if (sub.status != RINGRUN_OK) {
+    *message = sub.message;
+    return sub.status;
   }
-  if (!device_) return device_error_;
-  *backend = device_.get();
-  return true;
-#else
-  (void)a, (void)b, (void)backend;
-  return false;
-#endif
+  engine::HandleState& h = *sub.handle;
+  ringrun_status st = engine::Engine::Wait(h, timeout_ms_);
+  if (st == RINGRUN_ERR_TIMEOUT) {
+    std::unique_lock<std::mutex> lock(h.mu);
+    if (!h.done) {
+      lock.unlock();
+      engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name +
+                             " did not complete within " + std::to_string(timeout_ms_) +
+                             " ms (RINGRUN_TIMEOUT_MS)"));
+      lock.lock();
+      // The engine fails it at once unless it is inside a collective, which is bounded by the
+      // same timeout.
+      h.cv.wait(lock, [&] { return h.done; });
+    }
+    st = h.status;
+  }
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    *message = h.message;
+  }
+  if (handle) *handle = std::move(sub.handle);
+  return st;
 }
-
-#if RINGRUN_WITH_GPU_SEAM
-#define RINGRUN_ROUTE_DEVICE(a, b, call)                 \
-  do {                                                   \
-    DeviceBackend* dev = nullptr;                        \
-    Result<bool> routed = RouteToDevice((a), (b), &dev); \
-    if (!routed.ok()) return routed.status();            \
-    if (*routed) return dev->call;                       \
-  } while (0)
-#else
-#define RINGRUN_ROUTE_DEVICE(a, b, call) \
-  do {                                   \
-  } while (0)
-#endif
 
 namespace {
-Status HostBufferOnStream() {
-  return InvalidArgument(
-      "the _async variants take CUDA device memory; these buffers are host memory");
+Status ToStatus(ringrun_status st, const std::string& message) {
+  if (st == RINGRUN_OK) return Status::Ok();
+  if (st == RINGRUN_ERR_MISMATCH || st == RINGRUN_ERR_DUPLICATE_NAME || st == RINGRUN_ERR_JOINED ||
+      st == RINGRUN_ERR_NOT_INITIALIZED) {
+    return InvalidArgument(message);
+  }
+  if (st >= RINGRUN_ERR_INVALID_ARGUMENT && st <= RINGRUN_ERR_INTERNAL) {
+    return Status(static_cast<Code>(st), message);
+  }
+  return Internal(message);
 }
 }  // namespace
 
+Status Runtime::Blocking(engine::Entry entry) {
+  std::string message;
+  ringrun_status st = SubmitAndWait(std::move(entry), &message);
+  return ToStatus(st, message);
+}
+
 Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, void* stream) {
-  RINGRUN_RETURN_IF_ERROR(CheckOp(dtype, op));
-  RINGRUN_RETURN_IF_ERROR(CheckBytes(count, 1, dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count));
-  if (PartialOverlap(send, recv, count * DtypeSize(dtype))) {
-    return InvalidArgument("sendbuf and recvbuf overlap without being equal");
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(send, recv, Allreduce(send, recv, count, dtype, op, stream, !stream));
-  if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
-  if (average && dtype == RINGRUN_FLOAT16 && count > 0) {  // see ScaleHalf
-    ScaleHalf(static_cast<uint16_t*>(recv), static_cast<const uint16_t*>(send), count,
-              1.0f / static_cast<float>(shape_.size));
-    return runtime::Allreduce(Context(), world_, recv, recv, count, dtype,
-                              GetReduceFn(dtype, RINGRUN_SUM));
-  }
-  RINGRUN_RETURN_IF_ERROR(
-      runtime::Allreduce(Context(), world_, send, recv, count, dtype, GetReduceFn(dtype, op)));
-  if (average) DivideInPlace(recv, count, dtype, shape_.size);
-  return Status::Ok();
+  engine::Entry e;
+  e.req.kind = engine::Kind::kAllreduce;
+  e.req.dtype = dtype, e.req.op = op, e.req.count = count;
+  e.send = send, e.recv = recv, e.stream = stream;
+  return Blocking(std::move(e));
 }
 
 Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream) {
-  RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBytes(count, 1, dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBuffers(buf, buf, count));
-  if (root < 0 || root >= shape_.size) {
-    return InvalidArgument("root " + std::to_string(root) + " is not a rank of a job of size " +
-                           std::to_string(shape_.size));
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(buf, buf, Broadcast(buf, count, dtype, root, stream, !stream));
-  if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  return runtime::Broadcast(Context(), world_, buf, count * DtypeSize(dtype), root);
+  engine::Entry e;
+  e.req.kind = engine::Kind::kBroadcast;
+  e.req.dtype = dtype, e.req.count = count, e.req.root = root;
+  e.send = buf, e.recv = buf, e.stream = stream;
+  return Blocking(std::move(e));
 }
 
 Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           void* stream) {
-  RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBytes(count, shape_.size, dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count));
-  std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_ROUTE_DEVICE(send, recv, Allgather(send, recv, count, dtype, stream, !stream));
-  if (stream) return HostBufferOnStream();
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  const size_t bytes = count * DtypeSize(dtype);
-  const char* mine = static_cast<char*>(recv) + static_cast<size_t>(shape_.rank) * bytes;
-  if (PartialOverlap(send, recv, bytes * shape_.size) && send != mine) {
-    char* copy = scratch_.Get(2, bytes);
-    std::memcpy(copy, send, bytes);
-    send = copy;
-  }
-  return runtime::Allgather(Context(), world_, send, recv, bytes);
+  engine::Entry e;
+  e.req.kind = engine::Kind::kAllgather;
+  e.req.dtype = dtype, e.req.count = count, e.req.row_elems = 1, e.req.fixed = true;
+  e.send = send, e.recv = recv, e.stream = stream;
+  return Blocking(std::move(e));
 }
 
 Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
                               ringrun_op op) {
-  RINGRUN_RETURN_IF_ERROR(CheckOp(dtype, op));
-  RINGRUN_RETURN_IF_ERROR(CheckBytes(recvcount, shape_.size, dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, recvcount));
-  std::lock_guard<std::mutex> lock(mu_);
-#if RINGRUN_WITH_GPU_SEAM
-  {
-    DeviceBackend* dev = nullptr;
-    Result<bool> routed = RouteToDevice(send, recv, &dev);
-    if (!routed.ok()) return routed.status();
-    if (*routed) return InvalidArgument("reducescatter on device memory is not supported yet");
-  }
-#endif
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
-  if (average && dtype == RINGRUN_FLOAT16 && recvcount > 0) {  // see ScaleHalf
-    const size_t total = recvcount * static_cast<size_t>(shape_.size);
-    uint16_t* scaled = reinterpret_cast<uint16_t*>(scratch_.Get(3, total * sizeof(uint16_t)));
-    ScaleHalf(scaled, static_cast<const uint16_t*>(send), total,
-              1.0f / static_cast<float>(shape_.size));
-    return runtime::ReduceScatter(Context(), world_, scaled, recv, recvcount, dtype,
-                                  GetReduceFn(dtype, RINGRUN_SUM));
-  }
-  RINGRUN_RETURN_IF_ERROR(runtime::ReduceScatter(Context(), world_, send, recv, recvcount, dtype,
-                                                 GetReduceFn(dtype, op)));
-  if (average) DivideInPlace(recv, recvcount, dtype, shape_.size);
-  return Status::Ok();
+  engine::Entry e;
+  e.req.kind = engine::Kind::kReduceScatter;
+  e.req.dtype = dtype, e.req.op = op, e.req.count = recvcount;
+  e.send = send, e.recv = recv;
+  return Blocking(std::move(e));
 }
 
 Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype) {
-  RINGRUN_RETURN_IF_ERROR(CheckDtype(dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBytes(count_per_rank, shape_.size, dtype));
-  RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count_per_rank));
-  std::lock_guard<std::mutex> lock(mu_);
-#if RINGRUN_WITH_GPU_SEAM
-  {
-    DeviceBackend* dev = nullptr;
-    Result<bool> routed = RouteToDevice(send, recv, &dev);
-    if (!routed.ok()) return routed.status();
-    if (*routed) return InvalidArgument("alltoall on device memory is not supported yet");
-  }
-#endif
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  return runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype));
+  engine::Entry e;
+  e.req.kind = engine::Kind::kAlltoall;
+  e.req.dtype = dtype, e.req.count = count_per_rank, e.req.row_elems = 1, e.req.fixed = true;
+  e.req.send_rows.assign(shape_.size, count_per_rank);
+  e.send = send, e.recv = recv;
+  return Blocking(std::move(e));
 }
 
 Status Runtime::Barrier() {
-  std::lock_guard<std::mutex> lock(mu_);
-  RINGRUN_RETURN_IF_ERROR(HostStatus());
-  if (shape_.size == 1) return Status::Ok();
-  return runtime::Barrier(Context(), world_);
+  engine::Entry e;
+  e.req.kind = engine::Kind::kBarrier;
+  return Blocking(std::move(e));
 }
 
 }  // namespace ringrun::runtime

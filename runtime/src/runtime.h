@@ -1,25 +1,24 @@
 // The runtime object behind the C API: one per process, built by ringrun_init(). It owns the
-// transport, the scratch memory, and the GPU backend (made on the first device-memory call).
+// engine (engine/engine.h), which owns the transport, the scratch memory and the GPU backend
+// (made on the first device-memory collective) and is the only thread that touches them.
 //
-// Thread-safety: every collective takes mu_, so calls from several threads are serialized (the
-// order in which they run must still match across ranks). Shape accessors are lock-free.
-// Failure: argument errors are returned before any communication and change nothing; a
-// communication failure breaks the transport, and later collectives fail with the same error.
+// Thread-safety: every method may be called from any thread. The blocking collectives submit
+// an unnamed request and wait for it, so their order must still match across ranks. Failure:
+// argument errors are returned before any communication and change nothing; a communication
+// failure breaks the runtime, and later collectives fail with the same error.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "collectives.h"
+#include "engine/engine.h"
 #include "job_client.h"
 #include "ringrun/ringrun.h"
 #include "transport.h"
 
 namespace ringrun::runtime {
-
-class DeviceBackend;
 
 inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS
 
@@ -36,6 +35,11 @@ struct JobEnv {
   int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
   bool use_shm = true;
   int shm_ring_kib = 0;  // RINGRUN_SHM_RING_KIB: 0 = the transport's default
+  // The engine's knobs (ringrun.h lists the variables).
+  size_t fusion_threshold = engine::kDefaultFusionThreshold;
+  size_t cache_capacity = engine::kDefaultCacheCapacity;
+  engine::StallOptions stall;
+  std::string timeline;
   // Not from the environment: how many times this process joined before (set by
   // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
   uint32_t generation = 0;
@@ -49,6 +53,16 @@ struct Shape {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
 };
 
+// Engine settings that do not come from the shape.
+struct EngineSettings {
+  size_t fusion_threshold = engine::kDefaultFusionThreshold;
+  size_t cache_capacity = engine::kDefaultCacheCapacity;
+  engine::StallOptions stall;
+  std::string timeline;  // path; "" for none
+  std::function<void(const std::string&)> log;
+  const engine::EngineClock* clock = nullptr;
+};
+
 class Runtime {
  public:
   // Binds the data-plane listener, joins through `client` (unused when !env.in_job), and
@@ -58,14 +72,26 @@ class Runtime {
                                                bool* joined = nullptr);
   // Over an existing transport (tests). Shape fields < 0 are derived from the peer table.
   Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,
-          std::string nccl_id = "");
+          EngineSettings settings = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
   const Shape& shape() const { return shape_; }
+  engine::Engine& engine() { return *engine_; }
 
-  // With a `stream` (a cudaStream_t), device memory only: enqueued on it, returns at once.
+  // Submits named requests (ringrun_*_submit).
+  engine::SubmitResult Submit(std::vector<engine::Entry> entries, bool group = false) {
+    return engine_->Submit(std::move(entries), group);
+  }
+  // Submits and waits; a request that has not completed within the collective timeout breaks
+  // the runtime (naming the ranks that did not submit it) and fails. The ringrun_status is
+  // what the C API returns; the Status carries the message.
+  ringrun_status SubmitAndWait(engine::Entry entry, std::string* message,
+                               std::shared_ptr<engine::HandleState>* handle = nullptr);
+
+  // The blocking collectives. With a `stream` (a cudaStream_t), device memory only: enqueued
+  // on it, returns once enqueued.
   Status Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype, ringrun_op op,
                    void* stream = nullptr);
   Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream = nullptr);
@@ -76,31 +102,12 @@ class Runtime {
   Status Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype);
   Status Barrier();
 
-  // Breaks the host data plane with `st` (as a failed collective would: connections close, so
-  // peers fail at once) and returns the status every later host collective fails with. For
-  // failures outside the transport, such as running out of memory mid-collective. In a job of
-  // one there is nothing to break: it returns `st`.
-  Status Break(Status st);
-
  private:
-  CollectiveContext Context();
-  // The host data plane's first failure (OK while it works): every later host collective,
-  // empty ones included, fails with it.
-  Status HostStatus() const;
-  // Device memory: both buffers on the device -> true with *backend set; mixed -> error.
-  Result<bool> RouteToDevice(const void* a, const void* b, DeviceBackend** backend);
+  Status Blocking(engine::Entry entry);
 
-  // Constant after construction.
   const Shape shape_;
   const int timeout_ms_;
-  const std::string nccl_id_;
-  const Group world_;
-
-  std::mutex mu_;  // serializes collectives; guards everything below
-  std::unique_ptr<Transport> transport_;
-  Scratch scratch_;
-  std::unique_ptr<DeviceBackend> device_;
-  Status device_error_;
+  std::unique_ptr<engine::Engine> engine_;
 };
 
 // The shape a peer table implies for `rank`: hosts are address indices in order of first use.

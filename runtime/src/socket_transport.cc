@@ -150,6 +150,16 @@ constexpr size_t ShmSegmentBytes(size_t ring_bytes) {
 }
 constexpr uint64_t kShmMagic = 0x72696e6772756e31ull;
 
+// waiting[s] while side s sleeps in Transport::WaitForInput (1: asleep on its bell).
+constexpr uint32_t kIdleWaiting = 2;
+
+// Reads and drops the wake-up bytes on a shared-memory pair's lifeline socket (never its EOF).
+void DrainWakeBytes(int fd) {
+  char buf[64];
+  while (::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  }
+}
+
 long Futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
 }
@@ -404,6 +414,28 @@ class ShmPair final : public Pair {
     return bell()->load(std::memory_order_seq_cst);
   }
   void CancelWait() { seg_->header()->waiting[side_].v.store(0, std::memory_order_relaxed); }
+  // Idle waiting (Transport::WaitForInput) sleeps in poll(), not on the bell: while armed, the
+  // peer's next change writes one byte to the lifeline socket instead of waking a futex.
+  // Returns whether input is there already.
+  bool ArmIdleWake() {
+    seg_->header()->waiting[side_].v.store(kIdleWaiting, std::memory_order_seq_cst);
+    return HasInput();
+  }
+  void DisarmIdleWake() {
+    seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
+    DrainWakeBytes(fd_.get());
+  }
+  bool HasInput() const {
+    ShmHeader* h = seg_->header();
+    for (bool small : {false, true}) {
+      const int l = GetLane(1 - side_, small).index;
+      if (h->head[l].v.load(std::memory_order_seq_cst) !=
+          h->tail[l].v.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
   // This side's bell: the peer bumps it (and wakes it when this side waits) on every change.
   std::atomic<uint32_t>* bell() const { return &seg_->header()->bell[side_].v; }
 
@@ -411,8 +443,12 @@ class ShmPair final : public Pair {
   void Notify(int other) {
     ShmHeader* h = seg_->header();
     h->bell[other].v.fetch_add(1, std::memory_order_seq_cst);
-    if (h->waiting[other].v.load(std::memory_order_seq_cst)) {
+    uint32_t w = h->waiting[other].v.load(std::memory_order_seq_cst);
+    if (w == 1) {
       Futex(&h->bell[other].v, FUTEX_WAKE, 1, nullptr);
+    } else if (w == kIdleWaiting && h->waiting[other].v.compare_exchange_strong(w, 0)) {
+      const char c = 0;  // the peer sleeps in poll() on the lifeline: wake it (once)
+      (void)!::send(fd_.get(), &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     }
   }
   struct Lane {
@@ -522,6 +558,7 @@ class SocketTransport final : public Transport {
     if (!st.ok()) Break(st);
     return st;
   }
+  Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) override;
   Status status() const override { return broken_; }
   void Break(const Status& st) override {
     if (!broken_.ok()) return;
@@ -783,7 +820,48 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
       *progressed = true;
       return Status::Ok();
     }
-    if (n > 0) return PeerError(fd_peer[i], Internal("unexpected bytes on a shared-memory pair"));
+    if (n > 0) {  // a late wake-up byte from the peer (see ShmPair::ArmIdleWake)
+      DrainWakeBytes(fds[i].fd);
+      *progressed = true;
+      return Status::Ok();
+    }
+  }
+  return Status::Ok();
+}
+
+Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer_input) {
+  *peer_input = false;
+  if (!broken_.ok()) return broken_;
+  std::vector<pollfd> fds{pollfd{doorbell, POLLIN, 0}};
+  std::vector<bool> is_shm{false};
+  std::vector<ShmPair*> shm;
+  bool ready = false;
+  for (const std::unique_ptr<Pair>& p : pairs_) {
+    if (!p) continue;
+    if (p->is_shm()) {
+      shm.push_back(static_cast<ShmPair*>(p.get()));
+      ready |= shm.back()->ArmIdleWake();
+    }
+    fds.push_back(pollfd{p->fd(), POLLIN, 0});
+    is_shm.push_back(p->is_shm());
+  }
+  const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
+  int rc = ::poll(fds.data(), fds.size(), ms);
+  const int err = errno;
+  for (ShmPair* p : shm) {
+    p->DisarmIdleWake();
+    *peer_input |= p->HasInput();
+  }
+  if (rc < 0 && err != EINTR) return ErrnoStatus("poll", err);
+  for (size_t i = 1; rc > 0 && i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    // TCP: bytes or EOF. A lifeline: only EOF (the peer is gone, which the next Run reports);
+    // bytes there are late wake-ups, and its data is in the rings (HasInput above).
+    char c;
+    ssize_t n = ::recv(fds[i].fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0 || (n > 0 && !is_shm[i]) || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      *peer_input = true;
+    }
   }
   return Status::Ok();
 }

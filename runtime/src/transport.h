@@ -93,6 +93,13 @@ class Transport {
   // waiting on this rank fail at once too) and every later Run fails with that status.
   virtual Status Run(std::vector<Op>& ops, Deadline deadline) = 0;
 
+  // Sleeps until a peer has sent this rank something it has not received yet (or closed its
+  // connection), `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes
+  // (Deadline::max(): no deadline). Returns at once when such input is there already; never
+  // reads it. *peer_input says whether a peer has input. Every pair must be connected already
+  // (a Run with each peer happened). Costs nothing while it sleeps: no timer, no polling.
+  virtual Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) = 0;
+
   // OK while the transport works; after a failure, that failure.
   virtual Status status() const = 0;
   // Breaks the transport with `st` as a failed Run does (unless it is broken already): for a

@@ -80,10 +80,10 @@ static int check(void) {
   {
     /* The stream variants refuse host memory and a NULL stream, before any communication. */
     float h[2] = {1, 2};
-    if (ringrun_allreduce_async(h, h, 2, RINGRUN_FLOAT32, RINGRUN_SUM, (void*)h) == 0 ||
-        ringrun_broadcast_async(h, 2, RINGRUN_FLOAT32, 0, (void*)0) == 0 ||
-        ringrun_allgather_async(h, h, 1, RINGRUN_FLOAT32, (void*)h) == 0) {
-      fprintf(stderr, "rank %d: an _async call accepted host memory\n", r);
+    if (ringrun_allreduce_on_stream(h, h, 2, RINGRUN_FLOAT32, RINGRUN_SUM, (void*)h) == 0 ||
+        ringrun_broadcast_on_stream(h, 2, RINGRUN_FLOAT32, 0, (void*)0) == 0 ||
+        ringrun_allgather_on_stream(h, h, 1, RINGRUN_FLOAT32, (void*)h) == 0) {
+      fprintf(stderr, "rank %d: an _on_stream call accepted host memory\n", r);
       return 1;
     }
   }

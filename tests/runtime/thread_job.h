@@ -49,9 +49,9 @@ class Failures {
   std::vector<std::string> list_;
 };
 
-// Builds np runtimes over one peer table. Returns an error string on setup failure.
-inline std::string MakeThreadJob(const ThreadJobOptions& o,
-                                 std::vector<std::unique_ptr<Runtime>>* out) {
+// Builds np transports over one peer table. Returns an error string on setup failure.
+inline std::string MakeThreadTransports(const ThreadJobOptions& o,
+                                        std::vector<std::unique_ptr<Transport>>* out) {
   PeerTable table;
   table.job_id = "thread-job";
   std::vector<Listener> listeners;
@@ -76,18 +76,33 @@ inline std::string MakeThreadJob(const ThreadJobOptions& o,
     Result<std::unique_ptr<Transport>> t =
         MakeSocketTransport(r, table, std::move(listeners[r]), o.transport);
     if (!t.ok()) return t.status().ToString();
+    out->push_back(std::move(t.value()));
+  }
+  return "";
+}
+
+// Builds np runtimes (each with its engine) over one peer table.
+inline std::string MakeThreadJob(const ThreadJobOptions& o,
+                                 std::vector<std::unique_ptr<Runtime>>* out,
+                                 const EngineSettings& settings = {}) {
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::string err = MakeThreadTransports(o, &transports);
+  if (!err.empty()) return err;
+  for (int r = 0; r < o.np; ++r) {
     Shape shape;
     shape.rank = r, shape.size = o.np, shape.local_rank = -1, shape.cross_rank = -1;
-    out->push_back(std::make_unique<Runtime>(std::move(t.value()), shape, o.timeout_ms));
+    out->push_back(
+        std::make_unique<Runtime>(std::move(transports[r]), shape, o.timeout_ms, settings));
   }
   return "";
 }
 
 // Runs body(rank, runtime) on np threads and returns the failures.
 inline std::string RunThreadJob(const ThreadJobOptions& o,
-                                const std::function<void(int, Runtime&, Failures&)>& body) {
+                                const std::function<void(int, Runtime&, Failures&)>& body,
+                                const EngineSettings& settings = {}) {
   std::vector<std::unique_ptr<Runtime>> runtimes;
-  std::string err = MakeThreadJob(o, &runtimes);
+  std::string err = MakeThreadJob(o, &runtimes, settings);
   if (!err.empty()) return "setup: " + err;
   Failures failures;
   std::vector<std::thread> threads;

@@ -4,23 +4,62 @@
  * environment (RINGRUN_RANK, RINGRUN_SIZE, RINGRUN_JOB_SERVICE, ...). Without that environment
  * the program is a job of size 1 and every collective is a local copy.
  *
- * Contract of every collective:
- *   - returns 0 on success and non-zero on failure; ringrun_error_message() then says why
- *     (per thread, valid until that thread's next ringrun call);
- *   - every rank calls the same collectives in the same order with matching arguments;
- *   - sendbuf == recvbuf means in place;
- *   - arguments are checked before any communication: a rejected call (bad dtype, op, root,
- *     NULL buffer, AVERAGE on an integer type, not initialized) communicates nothing and leaves
- *     the runtime usable;
- *   - a failure during communication (a peer died, the timeout passed) leaves the runtime
- *     broken: every later collective fails fast with the same message;
- *   - every wait is bounded by the collective timeout (RINGRUN_TIMEOUT_MS, default 60000);
- *     a peer that dies is reported by rank and host, at the latest when the timeout passes;
- *   - calls from several threads are serialized; buffers may be host or CUDA device memory
- *     (device memory is routed to the GPU backend when this build has one).
+ * Two ways to call a collective:
  *
- * Tuning environment (read by ringrun_init): RINGRUN_TIMEOUT_MS, RINGRUN_DISABLE_SHM=1
- * (same-host peers use TCP instead of shared memory).
+ *   - Named, asynchronous (ringrun_*_submit): the call returns a handle at once and never waits
+ *     for other ranks. A background engine (one thread per process) negotiates with the other
+ *     ranks: a tensor runs once every rank has submitted its name, in one order that all ranks
+ *     agree on, whatever the order (and the threads) of submission on each rank. Ready
+ *     allreduces that share dtype, op, scale factors and device are fused into one collective.
+ *     Submissions may come from any number of threads at once.
+ *   - Blocking (ringrun_allreduce, ...): submit an unnamed request and wait for it. They keep
+ *     the contract they always had: every rank calls the same blocking collectives in the same
+ *     order, with matching arguments.
+ *
+ * Names. A name identifies one tensor across ranks; every rank must submit it with the same
+ * collective, dtype, element count (allreduce, broadcast, reducescatter), op, scale factors,
+ * root and device (host or GPU). A difference is an error on every rank for that tensor
+ * (RINGRUN_ERR_MISMATCH; the message names the tensor, the field, and which ranks sent what):
+ * it never hangs and never produces a wrong result. Submitting a name that is still in flight
+ * on this rank fails at once (RINGRUN_ERR_DUPLICATE_NAME). name == NULL picks
+ * "<collective>.noname.<k>", where k counts this rank's unnamed submissions of that collective
+ * since ringrun_init(): the same on every rank as long as every rank submits its unnamed
+ * requests of each collective in the same order. Names are at most RINGRUN_MAX_NAME_BYTES bytes.
+ *
+ * Buffers. Everything a submission reads or writes (send and receive buffers, the count
+ * arrays are copied at submission) belongs to the library from the submission until the handle
+ * completes (ringrun_test/ringrun_wait return something other than RINGRUN_IN_PROGRESS): the
+ * caller must neither free nor write them, nor read the receive buffers, in between. A released
+ * handle that had not completed still owns its buffers until the collective completes or
+ * ringrun_shutdown() returns, whichever is first.
+ *
+ * Failure.
+ *   - Arguments are checked at submission: a rejected call returns an error, creates no handle
+ *     and communicates nothing; the runtime stays usable.
+ *   - A failure during communication (a peer died or was stopped, the collective timeout
+ *     passed, the stall shutdown fired) breaks the runtime: every pending handle on every rank
+ *     fails with a message (naming the peer, when one is to blame), and every later submission
+ *     or blocking call fails fast with the same message. Nothing hangs: every wait inside the
+ *     library is bounded by the collective timeout (RINGRUN_TIMEOUT_MS, default 60000).
+ *   - ringrun_shutdown() fails every pending handle with RINGRUN_ERR_ABORTED; the handles stay
+ *     valid (test, wait, message, release) after it.
+ *   - The status of a failed call is its return value; ringrun_error_message() says why (per
+ *     thread, valid until that thread's next ringrun call). A handle carries its own status and
+ *     message.
+ *
+ * Environment read by ringrun_init (the launcher sets these from its flags):
+ *   RINGRUN_TIMEOUT_MS                collective timeout (default 60000)
+ *   RINGRUN_DISABLE_SHM=1             same-host peers use TCP instead of shared memory
+ *   RINGRUN_FUSION_THRESHOLD          fusion buffer bytes (default 64 MiB; 0 disables fusion);
+ *                                     HOROVOD_FUSION_THRESHOLD is read when it is unset
+ *   RINGRUN_STALL_CHECK=0             no stall warnings
+ *   RINGRUN_STALL_WARNING_SECONDS     a tensor submitted by some ranks and not others this long
+ *                                     is reported, per missing rank (default 60)
+ *   RINGRUN_STALL_SHUTDOWN_SECONDS    ... and fails the job after this long (default: never)
+ *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md)
+ *
+ * Buffers may be host or CUDA device memory (device memory is routed to the GPU backend when
+ * this build has one); both buffers of a call are of the same kind.
  */
 #ifndef RINGRUN_RINGRUN_H_
 #define RINGRUN_RINGRUN_H_
@@ -37,15 +76,32 @@ extern "C" {
 #define RINGRUN_API
 #endif
 
+/* Every call that can fail returns one of these. The values are ABI: they never change. */
 typedef enum {
-  RINGRUN_INT8,
-  RINGRUN_UINT8,
-  RINGRUN_INT32,
-  RINGRUN_INT64,
-  RINGRUN_FLOAT16,
-  RINGRUN_BFLOAT16,
-  RINGRUN_FLOAT32,
-  RINGRUN_FLOAT64
+  RINGRUN_OK = 0,
+  RINGRUN_ERR_INVALID_ARGUMENT = 1, /* a rejected argument; nothing was communicated */
+  RINGRUN_ERR_NOT_FOUND = 2,        /* a file, host or service that is not there */
+  RINGRUN_ERR_TIMEOUT = 3,          /* a deadline passed (the collective or join timeout) */
+  RINGRUN_ERR_UNAVAILABLE = 4,      /* a peer or the job service is gone */
+  RINGRUN_ERR_PERMISSION_DENIED = 5,
+  RINGRUN_ERR_ABORTED = 6,          /* shut down, or the stall shutdown fired */
+  RINGRUN_ERR_INTERNAL = 7,         /* a bug or an unexpected system failure (out of memory) */
+  RINGRUN_ERR_MISMATCH = 8,         /* ranks submitted one name with different arguments */
+  RINGRUN_ERR_DUPLICATE_NAME = 9,   /* the name is still in flight on this rank */
+  RINGRUN_ERR_NOT_INITIALIZED = 10, /* outside ringrun_init() .. ringrun_shutdown() */
+  RINGRUN_ERR_JOINED = 11,  /* not possible while a rank has joined (see ringrun_join_submit) */
+  RINGRUN_IN_PROGRESS = 100 /* ringrun_test: the handle has not completed yet */
+} ringrun_status;
+
+typedef enum {
+  RINGRUN_INT8 = 0,
+  RINGRUN_UINT8 = 1,
+  RINGRUN_INT32 = 2,
+  RINGRUN_INT64 = 3,
+  RINGRUN_FLOAT16 = 4,
+  RINGRUN_BFLOAT16 = 5,
+  RINGRUN_FLOAT32 = 6,
+  RINGRUN_FLOAT64 = 7
 } ringrun_dtype;
 
 /* AVERAGE is the SUM divided by the job size; floating types only. For FLOAT16 the inputs
@@ -54,15 +110,26 @@ typedef enum {
  * MIN and MAX of floating types are IEEE 754-2019 minimum and maximum: NaN if any input is NaN,
  * and -0 below +0. Every rank gets the same bits for every op. Reductions of 16-bit floats
  * compute in float and round once per step, to nearest even. */
-typedef enum { RINGRUN_SUM, RINGRUN_AVERAGE, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT } ringrun_op;
+typedef enum {
+  RINGRUN_SUM = 0,
+  RINGRUN_AVERAGE = 1,
+  RINGRUN_MIN = 2,
+  RINGRUN_MAX = 3,
+  RINGRUN_PRODUCT = 4
+} ringrun_op;
+
+#define RINGRUN_MAX_NAME_BYTES 1024
 
 /* Joins the job described by the environment that ringrun sets. Calling it again while
- * initialized is a no-op returning 0. Blocks until every rank has joined, or fails at the join
- * timeout. */
-RINGRUN_API int ringrun_init(void);
-/* Leaves the job: closes connections and shared memory. Safe to call when not initialized.
- * ringrun_init() may be called again afterwards; in a job of more than one rank every rank
- * must, and they meet in a new round of the job service's rendezvous (new peer table). */
+ * initialized is a no-op returning RINGRUN_OK. Blocks until every rank has joined, or fails at
+ * the join timeout. Other threads' ringrun_rank() and friends return -1 meanwhile (they do not
+ * wait for it). */
+RINGRUN_API ringrun_status ringrun_init(void);
+/* Leaves the job: stops the engine (pending handles fail with RINGRUN_ERR_ABORTED), closes
+ * connections and shared memory. Safe to call when not initialized. Returns once the engine
+ * thread has stopped: no buffer is touched after it. ringrun_init() may be called again
+ * afterwards; in a job of more than one rank every rank must, and they meet in a new round of
+ * the job service's rendezvous (new peer table). */
 RINGRUN_API void ringrun_shutdown(void);
 
 /* The job's shape; -1 before ringrun_init(). local_* count the ranks on this host, cross_*
@@ -74,42 +141,147 @@ RINGRUN_API int ringrun_local_size(void);
 RINGRUN_API int ringrun_cross_rank(void);
 RINGRUN_API int ringrun_cross_size(void);
 
+/* ---- Handles ---------------------------------------------------------------------------- */
+
+/* One submitted collective. Opaque; every handle returned must be released exactly once. A
+ * handle may be tested, waited on and read from any thread. */
+typedef struct ringrun_handle_s* ringrun_handle;
+
+/* RINGRUN_IN_PROGRESS while pending, otherwise the handle's final status. Never blocks. */
+RINGRUN_API ringrun_status ringrun_test(ringrun_handle handle);
+/* Blocks until the handle completes and returns its final status, or returns
+ * RINGRUN_ERR_TIMEOUT after the collective timeout (the handle then stays pending and may be
+ * waited on again; a tensor that some rank never submits is reported by the stall
+ * inspector). */
+RINGRUN_API ringrun_status ringrun_wait(ringrun_handle handle);
+/* As ringrun_wait, with a timeout in milliseconds (0: as ringrun_test). */
+RINGRUN_API ringrun_status ringrun_wait_for(ringrun_handle handle, int timeout_ms);
+/* Why the handle failed ("" while pending or after success). Never NULL; valid until the
+ * handle is released. */
+RINGRUN_API const char* ringrun_handle_message(ringrun_handle handle);
+/* The tensor's name (as given, or the default one). Valid until the handle is released. */
+RINGRUN_API const char* ringrun_handle_name(ringrun_handle handle);
+/* Allgather and alltoall: the result, owned by the handle (valid until it is released):
+ * *data points at *count elements of the submission's dtype, the blocks of every rank in rank
+ * order. RINGRUN_ERR_INVALID_ARGUMENT for other collectives or a handle that has not
+ * completed successfully. */
+RINGRUN_API ringrun_status ringrun_handle_output(ringrun_handle handle, const void** data,
+                                                 size_t* count);
+/* Allgather and alltoall: rows[r] = the rows (first dimension) of the result that came from
+ * rank r, for r < n (n must be ringrun_size()). */
+RINGRUN_API ringrun_status ringrun_handle_rows(ringrun_handle handle, size_t* rows, size_t n);
+/* Join: the last rank that joined; -1 for other handles or before completion. */
+RINGRUN_API int ringrun_handle_last_joined_rank(ringrun_handle handle);
+/* Frees the handle. A pending handle is detached: its collective still runs (the other ranks
+ * expect this rank in it) and its buffers stay the library's until the collective completes or
+ * ringrun_shutdown() returns. NULL is ignored. */
+RINGRUN_API void ringrun_release(ringrun_handle handle);
+
+/* ---- Submissions (asynchronous, named) -------------------------------------------------- */
+/* Each returns RINGRUN_OK and sets *handle, or returns an error and leaves *handle NULL. */
+
+/* Average over the ranks that contributed (not joined) instead of over the job's size. */
+#define RINGRUN_AVERAGE_BY_CONTRIBUTORS 1u
+
+/* recvbuf[i] = postscale * op over ranks of (prescale * sendbuf[i]), for i < count.
+ * Scale factors of 1.0 cost nothing; other factors need a floating dtype. flags: 0 or
+ * RINGRUN_AVERAGE_BY_CONTRIBUTORS. sendbuf == recvbuf is in place. While ranks have joined,
+ * they contribute zeros; AVERAGE divides by the job's size unless the flag says otherwise. */
+RINGRUN_API ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf,
+                                                    void* recvbuf, size_t count,
+                                                    ringrun_dtype dtype, ringrun_op op,
+                                                    double prescale, double postscale,
+                                                    unsigned flags, ringrun_handle* handle);
+/* n allreduces submitted at once (atomically: they are negotiated in the same round and fused
+ * together, up to the fusion threshold), completing as one handle. Tensor i is named
+ * "<name>.<i>of<n>" (name NULL: a default as above). Arrays hold n entries each. */
+RINGRUN_API ringrun_status ringrun_grouped_allreduce_submit(
+    const char* name, size_t n, const void* const* sendbufs, void* const* recvbufs,
+    const size_t* counts, ringrun_dtype dtype, ringrun_op op, double prescale, double postscale,
+    unsigned flags, ringrun_handle* handle);
+/* buf on every rank becomes buf of root. Fails (RINGRUN_ERR_JOINED) while a rank has joined. */
+RINGRUN_API ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t count,
+                                                    ringrun_dtype dtype, int root,
+                                                    ringrun_handle* handle);
+/* Every rank's rows x row_elems elements of sendbuf, concatenated in rank order; rows may
+ * differ from rank to rank, row_elems must not. The result is owned by the handle
+ * (ringrun_handle_output, ringrun_handle_rows). Fails while a rank has joined. */
+RINGRUN_API ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf,
+                                                    size_t rows, size_t row_elems,
+                                                    ringrun_dtype dtype, ringrun_handle* handle);
+/* sendbuf holds, for each destination rank j in order, send_rows[j] rows of row_elems
+ * elements (send_rows has ringrun_size() entries). The result (owned by the handle) holds the
+ * blocks received from every rank, in rank order; ringrun_handle_rows says their sizes. Fails
+ * while a rank has joined. */
+RINGRUN_API ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
+                                                   const size_t* send_rows, size_t row_elems,
+                                                   ringrun_dtype dtype, ringrun_handle* handle);
+/* sendbuf holds size * recvcount elements; rank r gets block r of the reduction in recvbuf
+ * (recvcount elements). Fails while a rank has joined. */
+RINGRUN_API ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf,
+                                                        void* recvbuf, size_t recvcount,
+                                                        ringrun_dtype dtype, ringrun_op op,
+                                                        ringrun_handle* handle);
+/* Completes once every rank has submitted a barrier (matched by order, as unnamed requests). */
+RINGRUN_API ringrun_status ringrun_barrier_submit(ringrun_handle* handle);
+/* This rank has run out of work. Until every rank has joined, the other ranks' allreduces
+ * complete with this rank contributing zeros (its engine takes part on its own); broadcast,
+ * allgather, alltoall and reducescatter fail with RINGRUN_ERR_JOINED. Completes when every
+ * rank has joined; ringrun_handle_last_joined_rank then says which rank joined last. A rank
+ * submits nothing else between its join and the join's completion. */
+RINGRUN_API ringrun_status ringrun_join_submit(ringrun_handle* handle);
+
+/* ---- Blocking calls (submit, then wait) ------------------------------------------------- */
+
 /* recvbuf[i] = op over ranks of sendbuf[i], for i < count, on every rank. */
-RINGRUN_API int ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count,
-                                  ringrun_dtype dtype, ringrun_op op);
+RINGRUN_API ringrun_status ringrun_allreduce(const void* sendbuf, void* recvbuf, size_t count,
+                                             ringrun_dtype dtype, ringrun_op op);
 /* buf on every rank becomes buf of root. */
-RINGRUN_API int ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype, int root);
+RINGRUN_API ringrun_status ringrun_broadcast(void* buf, size_t count, ringrun_dtype dtype,
+                                             int root);
 /* recvbuf (size * count elements) holds every rank's sendbuf, in rank order. In place (as in
  * NCCL) means sendbuf == recvbuf + rank * count; any other overlap is handled by a copy. */
-RINGRUN_API int ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count,
-                                  ringrun_dtype dtype); /* rank order */
+RINGRUN_API ringrun_status ringrun_allgather(const void* sendbuf, void* recvbuf, size_t count,
+                                             ringrun_dtype dtype);
 /* sendbuf holds size * recvcount elements; rank r gets block r of the reduction in recvbuf
  * (recvcount elements). sendbuf == recvbuf is allowed (the result lands at the start), as is
  * NCCL's in place form recvbuf == sendbuf + rank * recvcount. */
-RINGRUN_API int ringrun_reducescatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                      ringrun_dtype dtype, ringrun_op op);
+RINGRUN_API ringrun_status ringrun_reducescatter(const void* sendbuf, void* recvbuf,
+                                                 size_t recvcount, ringrun_dtype dtype,
+                                                 ringrun_op op);
 /* Block j (count_per_rank elements) of sendbuf goes to rank j, which stores it as block r of
  * its recvbuf, where r is the sender. Both hold size * count_per_rank elements; in place
  * (sendbuf == recvbuf) is allowed. */
-RINGRUN_API int ringrun_alltoall(const void* sendbuf, void* recvbuf, size_t count_per_rank,
-                                 ringrun_dtype dtype);
+RINGRUN_API ringrun_status ringrun_alltoall(const void* sendbuf, void* recvbuf,
+                                            size_t count_per_rank, ringrun_dtype dtype);
 /* Returns once every rank has entered it. */
-RINGRUN_API int ringrun_barrier(void);
+RINGRUN_API ringrun_status ringrun_barrier(void);
+/* ringrun_join_submit and wait; *last_joined_rank (if not NULL) gets the last rank that
+ * joined. */
+RINGRUN_API ringrun_status ringrun_join(int* last_joined_rank);
 
-/* GPU streams. The calls above are synchronous on device memory too: the result is in place
- * when they return. These variants take CUDA device memory only and a cudaStream_t (passed as
- * void* so that this header needs no CUDA header): they enqueue the NCCL collective on
- * `cuda_stream` and return at once; the result is ready when the stream reaches it. Host
- * buffers or a NULL stream are rejected before any communication. */
-RINGRUN_API int ringrun_allreduce_async(const void* sendbuf, void* recvbuf, size_t count,
-                                        ringrun_dtype dtype, ringrun_op op, void* cuda_stream);
-RINGRUN_API int ringrun_broadcast_async(void* buf, size_t count, ringrun_dtype dtype, int root,
-                                        void* cuda_stream);
-RINGRUN_API int ringrun_allgather_async(const void* sendbuf, void* recvbuf, size_t count,
-                                        ringrun_dtype dtype, void* cuda_stream);
+/* ---- GPU streams ------------------------------------------------------------------------ */
+/* These take CUDA device memory only and a cudaStream_t (passed as void* so that this header
+ * needs no CUDA header): they enqueue the NCCL collective on `cuda_stream` and return at once;
+ * the result is ready when the stream reaches it. They are unnamed requests, ordered like the
+ * blocking calls (every rank calls them in the same order); each returns once its NCCL
+ * collective is enqueued, not when it completes. Host buffers or a NULL stream are rejected
+ * before any communication. */
+RINGRUN_API ringrun_status ringrun_allreduce_on_stream(const void* sendbuf, void* recvbuf,
+                                                       size_t count, ringrun_dtype dtype,
+                                                       ringrun_op op, void* cuda_stream);
+RINGRUN_API ringrun_status ringrun_broadcast_on_stream(void* buf, size_t count, ringrun_dtype dtype,
+                                                       int root, void* cuda_stream);
+RINGRUN_API ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf,
+                                                       size_t count, ringrun_dtype dtype,
+                                                       void* cuda_stream);
+
+/* ---- Misc ------------------------------------------------------------------------------- */
 
 /* Why this thread's last failing call failed ("" when it did not fail). Never NULL. */
 RINGRUN_API const char* ringrun_error_message(void);
+/* "RINGRUN_ERR_TIMEOUT", ...; never NULL. */
+RINGRUN_API const char* ringrun_status_name(ringrun_status status);
 
 /* Bytes of one element of dtype; 0 for a value that is not a ringrun_dtype. */
 RINGRUN_API size_t ringrun_dtype_size(ringrun_dtype dtype);

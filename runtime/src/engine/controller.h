@@ -1,0 +1,85 @@
+// Negotiation: which named tensors run, in what order, and which fail.
+//
+// The controller is replicated: every rank holds one and feeds it the same input, every rank's
+// frame of every round, so every rank computes the same responses in the same order without a
+// coordinator. A frame lists the requests a rank announces in that round; a request whose name
+// and arguments are in the response cache travels as a 5-byte cache id, else in full.
+//
+// A name is ready when every rank that has not joined has announced it. Names that become ready
+// in one round run in the order of their first announcement (round, then rank, then position
+// in that rank's frame). Ready requests that disagree on any field that must match fail on
+// every rank with a message naming the tensor, the field and which ranks sent what.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/response_cache.h"
+
+namespace ringrun::runtime::engine {
+
+struct Response {
+  enum Type { kRun, kError, kJoinDone };
+  Type type = kRun;
+  Request req;  // the agreed request (the first announcing rank's)
+  // allgather, alltoall: every rank's request (rows differ); empty for other kinds. A joined
+  // rank's slot holds nothing.
+  std::vector<std::optional<Request>> by_rank;
+  ringrun_status error_code = RINGRUN_OK;
+  std::string error;
+  int contributors = 0;  // ranks that had not joined when it became ready
+  int last_joined = -1;  // kJoinDone
+  // When each rank's announcement reached this rank (local clock, microseconds; -1: joined).
+  std::vector<int64_t> announced_us;
+};
+
+// A name some ranks have announced and others not (for the stall inspector).
+struct PendingView {
+  const std::string* name;
+  int64_t first_us;             // when this rank first saw it announced
+  std::vector<bool> announced;  // by rank
+};
+
+class Controller {
+ public:
+  Controller(int size, size_t cache_capacity);
+
+  // Encodes this rank's frame for the requests it announces now.
+  std::string EncodeFrame(const std::vector<const Request*>& announce) const;
+  // Applies one round: frames[r] is rank r's frame. Returns the responses that are ready, in
+  // the agreed order, or kInternal on a malformed frame.
+  Result<std::vector<Response>> Apply(const std::vector<std::string>& frames, int64_t now_us);
+
+  // Names announced by some ranks and not all (joined ranks count as announced).
+  std::vector<PendingView> Pending() const;
+  bool has_pending() const { return !table_.empty(); }
+  int joined_count() const { return joined_count_; }
+  uint64_t round() const { return round_; }
+
+ private:
+  struct Slot {
+    std::vector<std::optional<Request>> by_rank;
+    std::vector<int64_t> announced_us;
+    int count = 0;
+    uint64_t first_round = 0;
+    int first_rank = 0;
+    uint32_t first_index = 0;
+    int64_t first_us = 0;
+  };
+  bool Ready(const Slot& s) const;
+  Response Build(Slot& s);
+
+  const int size_;
+  ResponseCache cache_;
+  std::unordered_map<std::string, Slot> table_;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+  uint64_t round_ = 0;
+};
+
+}  // namespace ringrun::runtime::engine

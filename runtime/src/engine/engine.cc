@@ -1,0 +1,872 @@
+#include "engine/engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/wire.h"
+#include "reduce.h"
+
+#if RINGRUN_WITH_GPU_SEAM
+#include "gpu/device_backend.h"
+#endif
+
+namespace ringrun::runtime {
+#if !RINGRUN_WITH_GPU_SEAM
+class DeviceBackend {};  // this build has no GPU path at all
+#endif
+}  // namespace ringrun::runtime
+
+namespace ringrun::runtime::engine {
+namespace {
+
+// A frame travels as a fixed-size head (its length and first bytes) and, when longer, a tail:
+// steady-state frames fit the head, so a round is one exchange.
+constexpr size_t kFrameHeadBytes = 1024;
+constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
+
+bool IsDevice(const void* p) {
+#if RINGRUN_WITH_GPU_SEAM
+  return p != nullptr && IsDevicePointer(p);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+bool PartialOverlap(const void* a, const void* b, size_t bytes) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
+}
+
+// buf[i] *= f for a floating dtype.
+void ScaleInPlace(void* buf, size_t count, ringrun_dtype dtype, double f) {
+  switch (dtype) {
+    case RINGRUN_FLOAT32: {
+      float* p = static_cast<float*>(buf);
+      const float g = static_cast<float>(f);
+      for (size_t i = 0; i < count; ++i) p[i] *= g;
+      break;
+    }
+    case RINGRUN_FLOAT64: {
+      double* p = static_cast<double*>(buf);
+      for (size_t i = 0; i < count; ++i) p[i] *= f;
+      break;
+    }
+    case RINGRUN_FLOAT16:
+      ScaleHalf(static_cast<uint16_t*>(buf), static_cast<uint16_t*>(buf), count,
+                static_cast<float>(f));
+      break;
+    case RINGRUN_BFLOAT16: {
+      uint16_t* p = static_cast<uint16_t*>(buf);
+      const float g = static_cast<float>(f);
+      for (size_t i = 0; i < count; ++i) p[i] = FloatToBf16(Bf16ToFloat(p[i]) * g);
+      break;
+    }
+    default:
+      break;  // integers never get here (rejected at submission)
+  }
+}
+
+Status Validate(const Entry& e, int size) {
+  const Request& r = e.req;
+  if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
+    return InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) + " bytes");
+  }
+  if (r.kind == Kind::kBarrier || r.kind == Kind::kJoin) return Status::Ok();
+  if (!IsValidDtype(r.dtype)) return InvalidArgument("invalid dtype " + std::to_string(r.dtype));
+  const size_t elem = DtypeSize(r.dtype);
+  if (r.kind == Kind::kAllreduce || r.kind == Kind::kReduceScatter) {
+    if (!IsValidOp(r.op)) return InvalidArgument("invalid op " + std::to_string(r.op));
+    if (r.op == RINGRUN_AVERAGE && !IsFloating(r.dtype)) {
+      return InvalidArgument(std::string("AVERAGE needs a floating dtype, not ") +
+                             NameOfDtype(r.dtype));
+    }
+  }
+  if (r.kind == Kind::kAllreduce && (r.prescale != 1.0 || r.postscale != 1.0)) {
+    if (!IsFloating(r.dtype)) {
+      return InvalidArgument(std::string("scale factors need a floating dtype, not ") +
+                             NameOfDtype(r.dtype));
+    }
+    if (r.device) return InvalidArgument("scale factors on device memory are not supported yet");
+  }
+  if (r.kind == Kind::kAllreduce && (r.flags & ~RINGRUN_AVERAGE_BY_CONTRIBUTORS)) {
+    return InvalidArgument("unknown flags " + std::to_string(r.flags));
+  }
+  if (r.kind == Kind::kBroadcast && (r.root < 0 || r.root >= size)) {
+    return InvalidArgument("root " + std::to_string(r.root) + " is not a rank of a job of size " +
+                           std::to_string(size));
+  }
+  uint64_t factor = r.kind == Kind::kReduceScatter ? static_cast<uint64_t>(size) : 1;
+  if (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) factor = size;
+  if (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) {
+    if (r.row_elems == 0 && !r.fixed) return InvalidArgument("row_elems is 0");
+    if (r.row_elems > SIZE_MAX / elem) return InvalidArgument("row_elems overflows");
+  }
+  const uint64_t unit = (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) ? r.row_elems : 1;
+  if (r.count > SIZE_MAX / elem / factor / std::max<uint64_t>(unit, 1)) {
+    return InvalidArgument("count overflows");
+  }
+  uint64_t total_rows = r.count;
+  if (r.kind == Kind::kAlltoall) {
+    if (r.send_rows.size() != static_cast<size_t>(size)) {
+      return InvalidArgument("send_rows needs one entry per rank");
+    }
+    total_rows = 0;
+    for (uint64_t x : r.send_rows) {
+      if (x > SIZE_MAX / elem / std::max<uint64_t>(unit, 1) - total_rows) {
+        return InvalidArgument("send_rows overflow");
+      }
+      total_rows += x;
+    }
+  }
+  const bool has_data = total_rows > 0;
+  if (has_data && e.send == nullptr) return InvalidArgument("buffer is NULL");
+  const bool needs_recv = r.kind == Kind::kAllreduce || r.kind == Kind::kBroadcast ||
+                          r.kind == Kind::kReduceScatter || r.fixed;
+  if (has_data && needs_recv && e.recv == nullptr) return InvalidArgument("buffer is NULL");
+  if (r.kind == Kind::kAllreduce && PartialOverlap(e.send, e.recv, r.count * elem)) {
+    return InvalidArgument("sendbuf and recvbuf overlap without being equal");
+  }
+  if (e.send && e.recv && IsDevice(e.send) != IsDevice(e.recv)) {
+    return InvalidArgument("one buffer is device memory and the other host memory");
+  }
+  if (r.device && (r.kind == Kind::kAlltoall || r.kind == Kind::kReduceScatter)) {
+    return InvalidArgument(std::string(KindName(r.kind)) +
+                           " on device memory is not supported yet");
+  }
+  if (r.device && r.kind == Kind::kAllgather && !r.fixed) {
+    return InvalidArgument("ragged allgather on device memory is not supported yet");
+  }
+  if (e.stream && !r.device) {
+    return InvalidArgument(
+        "the _on_stream calls take CUDA device memory; these buffers are host memory");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+ringrun_status ToRingrunStatus(const Status& st) {
+  return st.ok() ? RINGRUN_OK : static_cast<ringrun_status>(st.code());
+}
+
+Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : &steady_),
+      world_([&] {
+        Group g;
+        for (int r = 0; r < options_.size; ++r) g.ranks.push_back(r);
+        g.me = options_.rank;
+        return g;
+      }()),
+      doorbell_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      noname_counter_(8, 0),
+      transport_(std::move(transport)),
+      controller_(options_.size, options_.cache_capacity),
+      stall_(
+          options_.stall, options_.rank,
+          options_.log
+              ? options_.log
+              : [](const std::string& m) { std::fprintf(stderr, "ringrun: %s\n", m.c_str()); }),
+      fusion_(options_.fusion_threshold) {
+  if (!options_.timeline_path.empty()) {
+    Result<std::unique_ptr<Timeline>> t =
+        Timeline::Open(options_.timeline_path, options_.rank, clock_);
+    if (t.ok()) {
+      timeline_ = std::move(t.value());
+    } else {
+      std::fprintf(stderr, "ringrun: rank %d: %s (no timeline)\n", options_.rank,
+                   t.status().ToString().c_str());
+    }
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!::write(doorbell_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
+  SubmitResult out;
+  const int64_t now = Now();
+  for (Entry& e : entries) {
+    e.req.device = IsDevice(e.send) || IsDevice(e.recv);
+    Status st = Validate(e, options_.size);
+    if (!st.ok()) {
+      out.status = RINGRUN_ERR_INVALID_ARGUMENT;
+      out.message = (e.req.name.empty() ? std::string(KindName(e.req.kind)) : e.req.name) + ": " +
+                    st.message();
+      return out;
+    }
+    e.submit_us = now;
+  }
+  auto h = std::make_shared<HandleState>();
+  h->kind = entries[0].req.kind;
+  h->elem = entries[0].req.kind == Kind::kBarrier || entries[0].req.kind == Kind::kJoin
+                ? 0
+                : DtypeSize(entries[0].req.dtype);
+  h->remaining = static_cast<int>(entries.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      out.status = RINGRUN_ERR_ABORTED;
+      out.message = "ringrun is shutting down";
+      return out;
+    }
+    if (failed_code_ != RINGRUN_OK) {
+      out.status = failed_code_;
+      out.message = failed_message_;
+      return out;
+    }
+    // Default names, then duplicates (all or nothing).
+    if (group) {
+      std::string base = entries[0].req.name;
+      if (base.empty()) base = "grouped_allreduce.noname." + std::to_string(noname_counter_[7]++);
+      for (size_t i = 0; i < entries.size(); ++i) {
+        entries[i].req.name =
+            base + "." + std::to_string(i) + "of" + std::to_string(entries.size());
+      }
+      h->name = base;
+    } else if (entries[0].req.name.empty()) {
+      const size_t k = static_cast<size_t>(entries[0].req.kind);
+      entries[0].req.name = std::string(KindName(entries[0].req.kind)) + ".noname." +
+                            std::to_string(noname_counter_[k]++);
+    }
+    if (!group) h->name = entries[0].req.name;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& n = entries[i].req.name;
+      bool dup = in_flight_.count(n) > 0;
+      for (size_t j = 0; j < i && !dup; ++j) dup = entries[j].req.name == n;
+      if (dup) {
+        out.status = RINGRUN_ERR_DUPLICATE_NAME;
+        out.message = "tensor '" + n +
+                      "' is still in flight on this rank (submitted again before it completed)";
+        return out;
+      }
+    }
+    for (Entry& e : entries) {
+      in_flight_.insert(e.req.name);
+      e.handle = h;
+      queue_.push_back(std::move(e));
+    }
+  }
+  if (sleeping_.exchange(false)) {
+    const uint64_t one = 1;
+    (void)!::write(doorbell_.get(), &one, sizeof(one));
+  }
+  out.handle = std::move(h);
+  return out;
+}
+
+ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(h.mu);
+  if (!h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return h.done; })) {
+    return RINGRUN_ERR_TIMEOUT;
+  }
+  return h.status;
+}
+
+void Engine::SleepOnDoorbell(Deadline deadline) {
+  pollfd p{doorbell_.get(), POLLIN, 0};
+  int ms = -1;
+  if (deadline != Deadline::max()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    ms = std::max<int>(0, static_cast<int>(left.count()) + 1);
+  }
+  (void)::poll(&p, 1, ms);
+}
+
+void Engine::Abort(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_code_ != RINGRUN_OK || !abort_.ok()) return;
+    abort_ = st;
+  }
+  const uint64_t one = 1;
+  (void)!::write(doorbell_.get(), &one, sizeof(one));
+}
+
+void Engine::Loop() {
+  Status st = Hello();
+  if (!st.ok()) FailAll(ToRingrunStatus(st), st);
+  for (;;) {
+    std::vector<Entry> fresh;
+    bool failed;
+    Status abort;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+      fresh.swap(queue_);
+      failed = failed_code_ != RINGRUN_OK;
+      abort = std::exchange(abort_, Status::Ok());
+    }
+    if (!abort.ok() && !failed) {
+      // A blocking call gave up waiting: name who is missing, then break (no buffer of a
+      // returning call may stay in use).
+      std::string who = stall_.Report(controller_.Pending(), Now(), 0);
+      Status why(abort.code(), abort.message() + (who.empty() ? "" : ": " + who));
+      if (transport_) transport_->Break(why);
+      for (Entry& e : fresh) entries_.emplace(e.req.name, std::move(e));
+      FailAll(ToRingrunStatus(why), why);
+      continue;
+    }
+    if (failed) {
+      // Broken: what was queued before the failure fails with it; then sleep until shutdown.
+      for (Entry& e : fresh) entries_.emplace(e.req.name, std::move(e));
+      if (!entries_.empty()) {
+        std::string m;
+        ringrun_status c;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          c = failed_code_, m = failed_message_;
+        }
+        FailAll(c, Status(Code::kUnavailable, m));
+      }
+      SleepOnDoorbell(Deadline::max());
+      uint64_t drained;
+      (void)!::read(doorbell_.get(), &drained, sizeof(drained));
+      continue;
+    }
+    bool peer_input = false;
+    if (fresh.empty()) {
+      sleeping_.store(true);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ || !queue_.empty() || !abort_.ok()) {
+          sleeping_.store(false);
+          continue;
+        }
+      }
+      const int64_t check = stall_.NextCheckUs(controller_.Pending());
+      Deadline deadline = Deadline::max();
+      if (check >= 0) {
+        deadline = Clock::now() + std::chrono::microseconds(std::max<int64_t>(0, check - Now()));
+      }
+      Status wst;
+      if (transport_) {
+        wst = transport_->WaitForInput(doorbell_.get(), deadline, &peer_input);
+      } else {
+        SleepOnDoorbell(deadline);
+      }
+      sleeping_.store(false);
+      uint64_t drained;
+      (void)!::read(doorbell_.get(), &drained, sizeof(drained));
+      if (!wst.ok()) {
+        FailAll(ToRingrunStatus(wst), wst);
+        continue;
+      }
+      if (check >= 0 && Now() >= check) {
+        Status sst = stall_.Check(controller_.Pending(), Now());
+        if (!sst.ok()) {
+          if (transport_) transport_->Break(sst);
+          FailAll(RINGRUN_ERR_ABORTED, sst);
+          continue;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) break;
+        fresh.swap(queue_);
+      }
+      if (fresh.empty() && !peer_input) continue;
+    }
+    try {
+      st = Round(std::move(fresh));
+    } catch (const std::bad_alloc&) {
+      st = Internal("out of memory in the engine");
+    } catch (const std::exception& ex) {
+      st = Internal(std::string("unexpected exception in the engine: ") + ex.what());
+    }
+    if (!st.ok()) {
+      if (transport_) transport_->Break(st);
+      FailAll(ToRingrunStatus(st), st);
+    }
+  }
+  FailAll(RINGRUN_ERR_ABORTED, Aborted("ringrun_shutdown was called with the collective pending"));
+  if (timeline_) timeline_->Flush();
+}
+
+Status Engine::Hello() {
+  if (!transport_) return Status::Ok();
+  // Meets every peer once: connects all pairs (WaitForInput needs them) and checks that the
+  // settings every rank must share agree.
+  std::string mine;
+  Put<uint32_t>(&mine, kHelloMagic);
+  Put<uint64_t>(&mine, options_.fusion_threshold);
+  Put<uint64_t>(&mine, options_.cache_capacity);
+  Result<std::vector<std::string>> all = Exchange(mine);
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < options_.size; ++r) {
+    if ((*all)[r] != mine) {
+      return InvalidArgument(
+          "rank " + std::to_string(r) + " runs with other engine settings than rank " +
+          std::to_string(options_.rank) +
+          " (RINGRUN_FUSION_THRESHOLD and RINGRUN_CACHE_CAPACITY must be the same on every rank)");
+    }
+  }
+  return Status::Ok();
+}
+
+CollectiveContext Engine::Context() {
+  return CollectiveContext{transport_.get(), DeadlineAfter(options_.timeout_ms), &scratch_};
+}
+
+Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
+  const int n = options_.size, me = options_.rank;
+  std::vector<std::string> all(n);
+  all[me] = mine;
+  if (n == 1) return all;
+  std::string head(kFrameHeadBytes, '\0');
+  const uint32_t len = static_cast<uint32_t>(mine.size());
+  std::memcpy(head.data(), &len, 4);
+  std::memcpy(head.data() + 4, mine.data(), std::min(mine.size(), kFrameHeadBytes - 4));
+  std::vector<std::string> heads(n, std::string(kFrameHeadBytes, '\0'));
+  std::vector<Op> ops;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    ops.push_back(Op::Send(p, head.data(), kFrameHeadBytes));
+    ops.push_back(Op::Recv(p, heads[p].data(), kFrameHeadBytes));
+  }
+  RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, DeadlineAfter(options_.timeout_ms)));
+  ops.clear();
+  const size_t inline_bytes = kFrameHeadBytes - 4;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    uint32_t plen;
+    std::memcpy(&plen, heads[p].data(), 4);
+    all[p].assign(heads[p].data() + 4, std::min<size_t>(plen, inline_bytes));
+    if (plen > inline_bytes) {
+      all[p].resize(plen);
+      ops.push_back(Op::Recv(p, all[p].data() + inline_bytes, plen - inline_bytes));
+    }
+    if (mine.size() > inline_bytes) {
+      ops.push_back(Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
+    }
+  }
+  if (!ops.empty())
+    RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, DeadlineAfter(options_.timeout_ms)));
+  return all;
+}
+
+Status Engine::Round(std::vector<Entry> fresh) {
+  const int64_t start = Now();
+  std::vector<const Request*> announce;
+  std::vector<std::string> names;
+  for (Entry& e : fresh) names.push_back(e.req.name);
+  for (Entry& e : fresh) {
+    auto [it, ok] = entries_.emplace(e.req.name, std::move(e));
+    announce.push_back(&it->second.req);
+  }
+  std::string frame = controller_.EncodeFrame(announce);
+  Result<std::vector<std::string>> frames = Exchange(frame);
+  if (!frames.ok()) return frames.status();
+  Result<std::vector<Response>> responses = controller_.Apply(*frames, Now());
+  if (!responses.ok()) return responses.status();
+  if (timeline_) {
+    timeline_->Mark("ROUND", start,
+                    "\"round\": " + std::to_string(controller_.round()) +
+                        ", \"announced\": " + std::to_string(announce.size()) +
+                        ", \"ready\": " + std::to_string(responses->size()));
+  }
+  Execute(*responses);
+  if (timeline_) timeline_->Flush();
+  return Status::Ok();
+}
+
+struct Engine::Batch {
+  std::vector<const Response*> responses;
+  size_t bytes = 0;
+};
+
+void Engine::Execute(std::vector<Response>& responses) {
+  // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
+  // every rank builds the same plan from the same responses.
+  std::vector<Batch> plan;
+  std::vector<size_t> open;
+  const size_t threshold = fusion_.threshold();
+  for (const Response& r : responses) {
+    const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
+    const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
+                         !r.req.device && threshold > 0 && bytes <= threshold;
+    if (fusable) {
+      bool placed = false;
+      for (size_t i : open) {
+        Batch& b = plan[i];
+        if (b.responses[0]->req.Fusable(r.req) && b.bytes + bytes <= threshold) {
+          b.responses.push_back(&r), b.bytes += bytes, placed = true;
+          break;
+        }
+      }
+      if (placed) continue;
+      open.push_back(plan.size());
+    }
+    plan.push_back(Batch{{&r}, bytes});
+  }
+  for (Batch& b : plan) {
+    const Response& first = *b.responses[0];
+    if (first.type == Response::kError) {
+      Complete(first.req.name, first.error_code, first.error);
+      continue;
+    }
+    Status st = RunBatch(b);
+    if (!st.ok() && transport_ && !transport_->status().ok()) {
+      FailAll(ToRingrunStatus(transport_->status()), transport_->status());
+      return;
+    }
+    for (const Response* r : b.responses) {
+      Complete(r->req.name, ToRingrunStatus(st), st.message());
+    }
+  }
+}
+
+Status Engine::RunBatch(Batch& b) {
+  const Response& r = *b.responses[0];
+  if (timeline_) {
+    const int64_t now = Now();
+    for (const Response* x : b.responses) {
+      auto it = entries_.find(x->req.name);
+      if (it == entries_.end()) continue;
+      std::string who;
+      for (size_t k = 0; k < x->announced_us.size(); ++k) {
+        if (x->announced_us[k] < 0) continue;
+        who += (who.empty() ? "" : ", ") + std::string("\"rank ") + std::to_string(k) +
+               "\": " + std::to_string(x->announced_us[k] - it->second.submit_us);
+      }
+      timeline_->Span(x->req.name, "NEGOTIATE", it->second.submit_us, now,
+                      "\"announced_after_us\": {" + who + "}");
+    }
+  }
+  if (b.responses.size() > 1) return RunFused(b);
+  auto it = entries_.find(r.req.name);
+  Entry* e = it == entries_.end() ? nullptr : &it->second;
+  if (r.req.device) return RunDevice(r, e);
+  if (r.type == Response::kJoinDone) {
+    if (e) e->handle->last_joined = r.last_joined;
+    return Status::Ok();
+  }
+  if (r.req.kind == Kind::kAllreduce) return RunAllreduce(r, e);
+  return RunOther(r, e);
+}
+
+Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
+                             int contributors) {
+  const int n = options_.size;
+  if (count == 0) return Status::Ok();
+  const ringrun_dtype dtype = req.dtype;
+  const int divisor = (req.flags & RINGRUN_AVERAGE_BY_CONTRIBUTORS) ? std::max(contributors, 1) : n;
+  const bool average = req.op == RINGRUN_AVERAGE && divisor > 1;
+  const ReduceFn fn = GetReduceFn(dtype, req.op);
+  double pre = req.prescale;
+  if (average && dtype == RINGRUN_FLOAT16) pre /= divisor;  // see ScaleHalf
+  if (pre != 1.0) {
+    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
+    if (dtype == RINGRUN_FLOAT16) {
+      ScaleHalf(static_cast<uint16_t*>(recv), static_cast<const uint16_t*>(recv), count,
+                static_cast<float>(pre));
+    } else {
+      ScaleInPlace(recv, count, dtype, pre);
+    }
+    send = recv;
+  }
+  const int64_t t0 = Now();
+  if (transport_) {
+    RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype, fn));
+  } else if (send != recv) {
+    std::memcpy(recv, send, count * DtypeSize(dtype));
+  }
+  if (timeline_) {
+    const char* algo =
+        transport_ ? AllreduceAlgorithm(*transport_, world_, count, DtypeSize(dtype)) : "local";
+    timeline_->Span(req.name, "ALLREDUCE", t0, Now(),
+                    "\"bytes\": " + std::to_string(count * DtypeSize(dtype)) +
+                        ", \"algorithm\": \"" + algo + "\"");
+  }
+  if (average && dtype != RINGRUN_FLOAT16) DivideInPlace(recv, count, dtype, divisor);
+  if (req.postscale != 1.0) ScaleInPlace(recv, count, dtype, req.postscale);
+  return Status::Ok();
+}
+
+Status Engine::RunAllreduce(const Response& r, Entry* e) {
+  const size_t bytes = r.req.count * r.req.ElemBytes();
+  if (e) return HostAllreduce(e->send, e->recv, r.req.count, r.req, r.contributors);
+  // Joined: contribute zeros.
+  if (zeros_.size() < bytes) zeros_.resize(bytes);
+  std::memset(zeros_.data(), 0, bytes);
+  return HostAllreduce(zeros_.data(), zeros_.data(), r.req.count, r.req, r.contributors);
+}
+
+Status Engine::RunFused(Batch& b) {
+  char* buf = fusion_.data();
+  const Request& key = b.responses[0]->req;
+  const size_t elem = key.ElemBytes();
+  size_t off = 0;
+  const int64_t t0 = Now();
+  std::string label;
+  for (const Response* r : b.responses) {
+    const size_t bytes = r->req.count * elem;
+    auto it = entries_.find(r->req.name);
+    if (it != entries_.end() && bytes > 0) {
+      std::memcpy(buf + off, it->second.send, bytes);
+    } else if (bytes > 0) {
+      std::memset(buf + off, 0, bytes);
+    }
+    off += bytes;
+  }
+  const int64_t t1 = Now();
+  Request fused = key;
+  fused.name = "fused:" + std::to_string(b.responses.size()) + " tensors";
+  RINGRUN_RETURN_IF_ERROR(HostAllreduce(buf, buf, off / elem, fused, b.responses[0]->contributors));
+  const int64_t t2 = Now();
+  off = 0;
+  for (const Response* r : b.responses) {
+    const size_t bytes = r->req.count * elem;
+    auto it = entries_.find(r->req.name);
+    if (it != entries_.end() && bytes > 0) std::memcpy(it->second.recv, buf + off, bytes);
+    off += bytes;
+  }
+  if (timeline_) {
+    const int64_t t3 = Now();
+    const char* algo =
+        transport_ ? AllreduceAlgorithm(*transport_, world_, off / elem, elem) : "local";
+    for (const Response* r : b.responses) {
+      const std::string args = "\"fused_bytes\": " + std::to_string(off) +
+                               ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
+                               ", \"algorithm\": \"" + algo + "\"";
+      timeline_->Span(r->req.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+      timeline_->Span(r->req.name, "ALLREDUCE", t1, t2, args);
+      timeline_->Span(r->req.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::RunOther(const Response& r, Entry* e) {
+  const Request& q = r.req;
+  const int n = options_.size, me = options_.rank;
+  const size_t elem = q.kind == Kind::kBarrier ? 1 : q.ElemBytes();
+  const int64_t t0 = Now();
+  size_t moved = 0;
+  Status st;
+  switch (q.kind) {
+    case Kind::kBarrier:
+      break;  // every rank has entered it: that is what made it ready
+    case Kind::kBroadcast:
+      moved = q.count * elem;
+      if (transport_) st = runtime::Broadcast(Context(), world_, e->recv, moved, q.root);
+      break;
+    case Kind::kAllgather: {
+      std::vector<size_t> bytes(n);
+      size_t total = 0;
+      for (int k = 0; k < n; ++k) {
+        bytes[k] = r.by_rank[k]->count * r.by_rank[k]->row_elems * elem;
+        total += bytes[k];
+      }
+      moved = total;
+      void* out;
+      if (q.fixed) {
+        out = e->recv;
+        const char* mine = static_cast<char*>(out) + me * bytes[me];
+        if (PartialOverlap(e->send, out, total) && e->send != mine) {
+          char* copy = scratch_.Get(2, bytes[me]);
+          std::memcpy(copy, e->send, bytes[me]);
+          e->send = copy;
+        }
+      } else {
+        e->handle->output.resize(total);
+        out = e->handle->output.data();
+        e->handle->rows.assign(n, 0);
+        for (int k = 0; k < n; ++k) e->handle->rows[k] = r.by_rank[k]->count;
+      }
+      if (transport_) {
+        st = Allgatherv(Context(), world_, e->send, out, bytes);
+      } else if (bytes[me] > 0 && out != e->send) {
+        std::memmove(out, e->send, bytes[me]);
+      }
+      break;
+    }
+    case Kind::kAlltoall: {
+      const Request& mine = *r.by_rank[me];
+      std::vector<size_t> send_bytes(n), recv_bytes(n);
+      size_t total = 0, send_total = 0;
+      for (int k = 0; k < n; ++k) {
+        send_bytes[k] = mine.send_rows[k] * mine.row_elems * elem;
+        recv_bytes[k] = r.by_rank[k]->send_rows[me] * r.by_rank[k]->row_elems * elem;
+        total += recv_bytes[k];
+        send_total += send_bytes[k];
+      }
+      moved = total;
+      void* out;
+      const void* send = e->send;
+      if (q.fixed) {
+        out = e->recv;
+        if (PartialOverlap(send, out, total) || send == out) {
+          char* copy = scratch_.Get(1, send_total);
+          std::memcpy(copy, send, send_total);
+          send = copy;
+        }
+      } else {
+        e->handle->output.resize(total);
+        out = e->handle->output.data();
+        e->handle->rows.assign(n, 0);
+        for (int k = 0; k < n; ++k) e->handle->rows[k] = r.by_rank[k]->send_rows[me];
+      }
+      if (transport_) {
+        st = Alltoallv(Context(), world_, send, send_bytes, out, recv_bytes);
+      } else if (total > 0) {
+        std::memmove(out, send, total);
+      }
+      break;
+    }
+    case Kind::kReduceScatter: {
+      const size_t recvcount = q.count;
+      moved = recvcount * elem * n;
+      if (recvcount == 0) break;
+      const bool average = q.op == RINGRUN_AVERAGE && n > 1;
+      const void* send = e->send;
+      ringrun_op op = q.op;
+      if (average && q.dtype == RINGRUN_FLOAT16) {  // see ScaleHalf
+        const size_t total = recvcount * static_cast<size_t>(n);
+        uint16_t* scaled = reinterpret_cast<uint16_t*>(scratch_.Get(3, total * sizeof(uint16_t)));
+        ScaleHalf(scaled, static_cast<const uint16_t*>(send), total, 1.0f / static_cast<float>(n));
+        send = scaled, op = RINGRUN_SUM;
+      }
+      if (transport_) {
+        st = runtime::ReduceScatter(Context(), world_, send, e->recv, recvcount, q.dtype,
+                                    GetReduceFn(q.dtype, op));
+      } else if (send != e->recv) {
+        std::memmove(e->recv, send, recvcount * elem);
+      }
+      if (st.ok() && average && q.dtype != RINGRUN_FLOAT16) {
+        DivideInPlace(e->recv, recvcount, q.dtype, n);
+      }
+      break;
+    }
+    case Kind::kAllreduce:
+    case Kind::kJoin:
+      break;
+  }
+  if (timeline_ && q.kind != Kind::kBarrier) {
+    timeline_->Span(q.name,
+                    std::string(KindName(q.kind)) == "broadcast" ? "BROADCAST"
+                    : q.kind == Kind::kAllgather                 ? "ALLGATHER"
+                    : q.kind == Kind::kAlltoall                  ? "ALLTOALL"
+                                                                 : "REDUCESCATTER",
+                    t0, Now(), "\"bytes\": " + std::to_string(moved));
+  }
+  return st;
+}
+
+Result<DeviceBackend*> Engine::Device() {
+#if RINGRUN_WITH_GPU_SEAM
+  if (device_) return device_.get();
+  if (!device_error_.ok()) return device_error_;
+  // The NCCL id is made now, at the first device collective, and travels over the CPU
+  // transport: a CPU-only job never loads the CUDA driver for it.
+  std::string id;
+  if (options_.rank == 0) id = MaybeCreateNcclUniqueId();
+  if (transport_) {
+    std::vector<char> buf(4 + 512, 0);
+    uint32_t len = static_cast<uint32_t>(std::min<size_t>(id.size(), 512));
+    std::memcpy(buf.data(), &len, 4);
+    std::memcpy(buf.data() + 4, id.data(), len);
+    RINGRUN_RETURN_IF_ERROR(runtime::Broadcast(Context(), world_, buf.data(), buf.size(), 0));
+    std::memcpy(&len, buf.data(), 4);
+    id.assign(buf.data() + 4, std::min<uint32_t>(len, 512));
+  }
+  Result<std::unique_ptr<DeviceBackend>> made =
+      MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id, options_.timeout_ms);
+  if (!made.ok()) {
+    device_error_ = made.status().Annotate("GPU backend");
+    return device_error_;
+  }
+  device_ = std::move(made.value());
+  return device_.get();
+#else
+  return InvalidArgument("this build has no GPU backend");
+#endif
+}
+
+Status Engine::RunDevice(const Response& r, Entry* e) {
+#if RINGRUN_WITH_GPU_SEAM
+  Result<DeviceBackend*> dev = Device();
+  if (!dev.ok()) return dev.status();
+  if (!e) return InvalidArgument("device collective without a local entry");
+  const Request& q = r.req;
+  const bool sync = e->stream == nullptr;
+  const int64_t t0 = Now();
+  Status st;
+  switch (q.kind) {
+    case Kind::kAllreduce:
+      st = (*dev)->Allreduce(e->send, e->recv, q.count, q.dtype, q.op, e->stream, sync);
+      break;
+    case Kind::kBroadcast:
+      st = (*dev)->Broadcast(e->recv, q.count, q.dtype, q.root, e->stream, sync);
+      break;
+    case Kind::kAllgather:
+      st = (*dev)->Allgather(e->send, e->recv, q.count, q.dtype, e->stream, sync);
+      break;
+    default:
+      st = InvalidArgument(std::string(KindName(q.kind)) + " on device memory is not supported");
+  }
+  if (timeline_) {
+    timeline_->Span(q.name, "NCCL", t0, Now(),
+                    "\"bytes\": " + std::to_string(q.count * q.ElemBytes()));
+  }
+  return st;
+#else
+  (void)r, (void)e;
+  return InvalidArgument("this build has no GPU backend");
+#endif
+}
+
+void Engine::Complete(const std::string& name, ringrun_status st, const std::string& message) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;  // joined: this rank had nothing under that name
+  std::shared_ptr<HandleState> h = std::move(it->second.handle);
+  entries_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(name);
+  }
+  std::lock_guard<std::mutex> lock(h->mu);
+  if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
+    h->status = st;
+    h->message = message;
+  }
+  if (--h->remaining == 0) {
+    h->done = true;
+    h->cv.notify_all();
+  }
+}
+
+void Engine::FailAll(ringrun_status code, const Status& st) {
+  std::vector<Entry> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_code_ == RINGRUN_OK) {
+      failed_code_ = code;
+      failed_message_ = st.message();
+    }
+    queued.swap(queue_);
+  }
+  for (Entry& e : queued) entries_.emplace(e.req.name, std::move(e));
+  std::vector<std::string> names;
+  for (const auto& [name, e] : entries_) names.push_back(name);
+  for (const std::string& n : names) Complete(n, code, st.message());
+}
+
+}  // namespace ringrun::runtime::engine

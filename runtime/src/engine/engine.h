@@ -1,0 +1,170 @@
+// The engine: one background thread per process that negotiates, fuses and runs the named
+// collectives that any thread submits (ringrun.h states the user contract; docs/engine.md the
+// design).
+//
+// Threads. Submit, Wait and Shutdown may be called from any thread. The engine thread is the
+// only one that touches the Transport, the controller, the fusion buffer and the device backend
+// (confined to it, not locked). mu_ guards the submission queue, the names in flight and the
+// failure state.
+//
+// Idle. With nothing submitted and nothing arriving, the engine thread sleeps in
+// Transport::WaitForInput on its doorbell (an eventfd that a submission rings only when the
+// engine sleeps) and on every peer: no timer, no polling, no traffic. It wakes early only for
+// the stall inspector, and only while some tensor is pending.
+//
+// Rounds. A round starts when this rank has new submissions or a peer has started one: every
+// rank sends every other its frame (the requests it announces; see controller.h) and receives
+// theirs, so every rank learns the same facts and computes the same responses. Work submitted
+// while a round or its collectives run waits for the next round: the batch grows with the load
+// and never waits for a timer.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "collectives.h"
+#include "engine/clock.h"
+#include "engine/controller.h"
+#include "engine/fusion_buffer.h"
+#include "engine/request.h"
+#include "engine/stall_inspector.h"
+#include "engine/timeline.h"
+#include "ringrun/common/fd.h"
+#include "transport.h"
+
+namespace ringrun::runtime {
+class DeviceBackend;
+}
+
+namespace ringrun::runtime::engine {
+
+inline constexpr size_t kDefaultFusionThreshold = size_t{64} << 20;
+inline constexpr size_t kDefaultCacheCapacity = 1024;
+
+struct EngineOptions {
+  int rank = 0, size = 1, local_rank = 0;
+  int timeout_ms = 60000;
+  size_t fusion_threshold = kDefaultFusionThreshold;  // 0: no fusion
+  size_t cache_capacity = kDefaultCacheCapacity;
+  StallOptions stall;
+  std::string timeline_path;  // "": no timeline
+  // Where stall warnings go (default: stderr).
+  std::function<void(const std::string&)> log;
+  const EngineClock* clock = nullptr;  // default: the steady clock
+};
+
+// The object behind a ringrun_handle.
+struct HandleState {
+  std::mutex mu;
+  std::condition_variable cv;
+  // Guarded by mu.
+  bool done = false;
+  ringrun_status status = RINGRUN_OK;
+  std::string message;
+  int remaining = 0;  // entries not complete yet
+  // Constant after submission.
+  std::string name;
+  Kind kind = Kind::kAllreduce;
+  size_t elem = 0;
+  // Written by the engine before done is set; read after.
+  std::vector<char> output;
+  std::vector<size_t> rows;
+  int last_joined = -1;
+};
+
+struct SubmitResult {
+  ringrun_status status = RINGRUN_OK;
+  std::string message;
+  std::shared_ptr<HandleState> handle;
+};
+
+class Engine {
+ public:
+  // transport may be null (a job of one). Starts the engine thread, which first meets every
+  // peer once (connecting all pairs and checking that their settings agree).
+  Engine(std::unique_ptr<Transport> transport, EngineOptions options);
+  ~Engine();  // Shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues entries atomically (one handle for all of them); an empty name gets
+  // the default. A group's entries (group: a grouped allreduce) are named
+  // "<name>.<i>of<n>" after entries[0]'s name. Never waits for other ranks.
+  SubmitResult Submit(std::vector<Entry> entries, bool group = false);
+  // Waits for `h` up to timeout_ms (< 0: the collective timeout); RINGRUN_ERR_TIMEOUT if it
+  // has not completed by then.
+  static ringrun_status Wait(HandleState& h, int timeout_ms);
+  int timeout_ms() const { return options_.timeout_ms; }
+  // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
+  // it, naming the ranks that have not submitted what is pending. For a blocking call that
+  // gave up waiting.
+  void Abort(const Status& st);
+  // Stops the engine thread; pending handles fail with RINGRUN_ERR_ABORTED. Idempotent.
+  void Shutdown();
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  struct Batch;
+  void Loop();
+  void SleepOnDoorbell(Deadline deadline);
+  Status Hello();
+  Status Round(std::vector<Entry> fresh);
+  Result<std::vector<std::string>> Exchange(const std::string& mine);
+  void Execute(std::vector<Response>& responses);
+  Status RunBatch(Batch& b);
+  Status RunAllreduce(const Response& r, Entry* e);
+  Status RunFused(Batch& b);
+  Status RunOther(const Response& r, Entry* e);
+  Status RunDevice(const Response& r, Entry* e);
+  Status HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
+                       int contributors);
+  Result<DeviceBackend*> Device();
+  void Complete(const std::string& name, ringrun_status st, const std::string& message);
+  // Fails everything pending and queued with st; later submissions fail with it too.
+  void FailAll(ringrun_status code, const Status& st);
+  CollectiveContext Context();
+  int64_t Now() const { return clock_->NowMicros(); }
+
+  const EngineOptions options_;
+  SteadyClock steady_;
+  const EngineClock* const clock_;
+  const Group world_;
+  UniqueFd doorbell_;  // eventfd
+
+  std::mutex mu_;
+  std::vector<Entry> queue_;                   // guarded by mu_
+  std::unordered_set<std::string> in_flight_;  // names submitted and not complete; mu_
+  std::vector<uint64_t> noname_counter_;       // by Kind; mu_
+  bool stop_ = false;                          // mu_
+  Status abort_;                               // mu_
+  ringrun_status failed_code_ = RINGRUN_OK;    // mu_
+  std::string failed_message_;                 // mu_
+  std::atomic<bool> sleeping_{false};
+
+  // The engine thread's own.
+  std::unique_ptr<Transport> transport_;
+  Controller controller_;
+  StallInspector stall_;
+  FusionBuffer fusion_;
+  Scratch scratch_;
+  std::unique_ptr<Timeline> timeline_;
+  std::unordered_map<std::string, Entry> entries_;  // announced, by name
+  std::unique_ptr<DeviceBackend> device_;
+  Status device_error_;
+  std::vector<char> zeros_;
+
+  std::thread thread_;
+};
+
+// The ringrun_status of a Status (Code values 1..7 are the same numbers).
+ringrun_status ToRingrunStatus(const Status& st);
+
+}  // namespace ringrun::runtime::engine

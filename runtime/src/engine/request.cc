@@ -1,0 +1,122 @@
+#include "engine/request.h"
+
+#include <sstream>
+#include <vector>
+
+#include "engine/wire.h"
+#include "reduce.h"
+
+namespace ringrun::runtime::engine {
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce:
+      return "allreduce";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kAllgather:
+      return "allgather";
+    case Kind::kAlltoall:
+      return "alltoall";
+    case Kind::kReduceScatter:
+      return "reducescatter";
+    case Kind::kBarrier:
+      return "barrier";
+    case Kind::kJoin:
+      return "join";
+  }
+  return "?";
+}
+
+namespace {
+std::string Num(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+}  // namespace
+
+std::string Request::FieldValue(const std::string& field) const {
+  if (field == "collective") return KindName(kind);
+  if (field == "device") return device ? "GPU" : "CPU";
+  if (field == "dtype") return NameOfDtype(dtype);
+  if (field == "op") return NameOfOp(op);
+  if (field == "scale factors") return "(" + Num(prescale) + ", " + Num(postscale) + ")";
+  if (field == "flags") return std::to_string(flags);
+  if (field == "root") return std::to_string(root);
+  if (field == "count") return std::to_string(count);
+  if (field == "row size") return std::to_string(row_elems);
+  return "?";
+}
+
+std::string Request::Differs(const Request& o) const {
+  std::vector<const char*> fields = {"collective", "device"};
+  if (kind != o.kind) return "collective";
+  switch (kind) {
+    case Kind::kAllreduce:
+      fields.insert(fields.end(), {"dtype", "op", "scale factors", "flags", "count"});
+      break;
+    case Kind::kReduceScatter:
+      fields.insert(fields.end(), {"dtype", "op", "count"});
+      break;
+    case Kind::kBroadcast:
+      fields.insert(fields.end(), {"dtype", "root", "count"});
+      break;
+    case Kind::kAllgather:
+    case Kind::kAlltoall:
+      fields.insert(fields.end(), {"dtype", "row size"});
+      if (fixed || o.fixed) fields.push_back("count");
+      break;
+    case Kind::kBarrier:
+    case Kind::kJoin:
+      break;
+  }
+  for (const char* f : fields) {
+    if (FieldValue(f) != o.FieldValue(f)) return f;
+  }
+  return "";
+}
+
+bool Request::Fusable(const Request& o) const {
+  return kind == Kind::kAllreduce && o.kind == Kind::kAllreduce && dtype == o.dtype && op == o.op &&
+         device == o.device && prescale == o.prescale && postscale == o.postscale &&
+         flags == o.flags;
+}
+
+size_t Request::ElemBytes() const { return DtypeSize(dtype); }
+
+void Request::Encode(std::string* out) const {
+  PutString(out, name);
+  Put<uint8_t>(out, static_cast<uint8_t>(kind));
+  Put<uint8_t>(out, static_cast<uint8_t>(dtype));
+  Put<uint8_t>(out, static_cast<uint8_t>(op));
+  Put<uint8_t>(out, static_cast<uint8_t>((device ? 1 : 0) | (fixed ? 2 : 0)));
+  Put<int32_t>(out, root);
+  Put<uint64_t>(out, count);
+  Put<uint64_t>(out, row_elems);
+  Put<double>(out, prescale);
+  Put<double>(out, postscale);
+  Put<uint32_t>(out, flags);
+  Put<uint32_t>(out, static_cast<uint32_t>(send_rows.size()));
+  for (uint64_t r : send_rows) Put<uint64_t>(out, r);
+}
+
+bool Request::Decode(const std::string& in, size_t* pos) {
+  uint8_t k, d, o, bits;
+  uint32_t n;
+  if (!GetString(in, pos, &name) || !Get(in, pos, &k) || !Get(in, pos, &d) || !Get(in, pos, &o) ||
+      !Get(in, pos, &bits) || !Get(in, pos, &root) || !Get(in, pos, &count) ||
+      !Get(in, pos, &row_elems) || !Get(in, pos, &prescale) || !Get(in, pos, &postscale) ||
+      !Get(in, pos, &flags) || !Get(in, pos, &n)) {
+    return false;
+  }
+  if (k > static_cast<uint8_t>(Kind::kJoin) || !IsValidDtype(d) || !IsValidOp(o)) return false;
+  kind = static_cast<Kind>(k), dtype = static_cast<ringrun_dtype>(d);
+  op = static_cast<ringrun_op>(o), device = bits & 1, fixed = bits & 2;
+  if (n > (in.size() - *pos) / 8) return false;
+  send_rows.resize(n);
+  for (uint64_t& r : send_rows) Get(in, pos, &r);
+  return true;
+}
+
+}  // namespace ringrun::runtime::engine

@@ -1,0 +1,68 @@
+// What one rank asks for under one name (Request: the part every rank must agree on, which
+// travels in negotiation), and the local side of it (Entry: buffers and the handle).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringrun/common/status.h"
+#include "ringrun/ringrun.h"
+
+namespace ringrun::runtime::engine {
+
+enum class Kind : uint8_t {
+  kAllreduce = 0,
+  kBroadcast = 1,
+  kAllgather = 2,
+  kAlltoall = 3,
+  kReduceScatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+};
+const char* KindName(Kind k);
+
+// The negotiated description of one tensor on one rank. Every field but `rows` and
+// `send_rows` (allgather and alltoall, which may differ per rank) must be equal on every rank.
+struct Request {
+  std::string name;
+  Kind kind = Kind::kAllreduce;
+  ringrun_dtype dtype = RINGRUN_FLOAT32;
+  ringrun_op op = RINGRUN_SUM;
+  bool device = false;  // CUDA memory
+  int32_t root = 0;     // broadcast
+  uint64_t count = 0;   // elements: allreduce, broadcast, reducescatter (per rank); allgather rows
+  uint64_t row_elems = 1;  // allgather, alltoall
+  double prescale = 1.0, postscale = 1.0;
+  uint32_t flags = 0;               // RINGRUN_AVERAGE_BY_CONTRIBUTORS
+  bool fixed = false;               // blocking allgather/alltoall: equal blocks, caller's buffer
+  std::vector<uint64_t> send_rows;  // alltoall: rows to each rank
+
+  // The first field that must match and differs from o's ("collective", "dtype", "count",
+  // ...), or "" when they match.
+  std::string Differs(const Request& o) const;
+  // This request's value of such a field, for messages ("float32", "(1, 0.5)", ...).
+  std::string FieldValue(const std::string& field) const;
+  // Allreduces fuse when these are equal.
+  bool Fusable(const Request& o) const;
+  size_t ElemBytes() const;
+  void Encode(std::string* out) const;
+  // Reads one request at *pos; false on malformed input.
+  bool Decode(const std::string& in, size_t* pos);
+};
+
+// The state a caller holds: one per submission (a grouped allreduce has one for n entries).
+struct HandleState;
+
+// One tensor of a submission on this rank.
+struct Entry {
+  Request req;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  void* stream = nullptr;  // _on_stream: enqueue on this cudaStream_t and return
+  std::shared_ptr<HandleState> handle;
+  int64_t submit_us = 0;
+};
+
+}  // namespace ringrun::runtime::engine

@@ -1,0 +1,38 @@
+// The response cache: requests that negotiated successfully before, by id, so that a step that
+// repeats the previous one's names announces each as a 5-byte id instead of the full request.
+// Replicated like the controller: every rank adds the same entries in the same order, so ids
+// agree without being sent. Names made up for unnamed requests ("*.noname.*") are never
+// cached (they do not repeat). When full, nothing more is added (no eviction: ids stay valid).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace ringrun::runtime::engine {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
+  // The id under which `encoded` (Request::Encode) is cached, or -1.
+  int64_t Find(const std::string& name, const std::string& encoded) const;
+  const Request* Get(uint32_t id) const {
+    return id < entries_.size() ? &entries_[id].req : nullptr;
+  }
+  // Caches (or re-caches, if its arguments changed) a request that ran on every rank alike.
+  void Put(const Request& req);
+
+ private:
+  struct Item {
+    Request req;
+    std::string encoded;
+  };
+  const size_t capacity_;
+  std::vector<Item> entries_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+};
+
+}  // namespace ringrun::runtime::engine

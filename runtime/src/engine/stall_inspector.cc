@@ -1,0 +1,69 @@
+#include "engine/stall_inspector.h"
+
+#include <algorithm>
+
+namespace ringrun::runtime::engine {
+
+int64_t StallInspector::NextCheckUs(const std::vector<PendingView>& pending) const {
+  if (!options_.enabled) return -1;
+  int64_t next = -1;
+  auto consider = [&](int64_t t) { next = next < 0 ? t : std::min(next, t); };
+  for (const PendingView& p : pending) {
+    if (!warned_.count(*p.name)) consider(p.first_us + options_.warning_us);
+    if (options_.shutdown_us > 0) consider(p.first_us + options_.shutdown_us);
+  }
+  return next;
+}
+
+std::string StallInspector::Report(const std::vector<PendingView>& pending, int64_t now_us,
+                                   int64_t min_us) const {
+  if (pending.empty()) return "";
+  const int size = static_cast<int>(pending[0].announced.size());
+  std::vector<std::vector<std::string>> missing(size);
+  for (const PendingView& p : pending) {
+    if (now_us - p.first_us < min_us) continue;
+    for (int r = 0; r < size; ++r) {
+      if (!p.announced[r]) missing[r].push_back(*p.name);
+    }
+  }
+  std::string out;
+  for (int r = 0; r < size; ++r) {
+    if (missing[r].empty()) continue;
+    std::sort(missing[r].begin(), missing[r].end());
+    const size_t n = missing[r].size();
+    out += "\n  rank " + std::to_string(r) + " has not submitted " + std::to_string(n) +
+           (n == 1 ? " tensor: " : " tensors: ");
+    for (size_t i = 0; i < std::min(n, options_.names_per_rank); ++i) {
+      out += (i ? ", " : "") + missing[r][i];
+    }
+    if (n > options_.names_per_rank) {
+      out += " and " + std::to_string(n - options_.names_per_rank) + " more";
+    }
+  }
+  if (out.empty()) return "";
+  return "stalled for more than " + std::to_string(min_us / 1000000) +
+         " s: tensors submitted by some ranks and not by others:" + out;
+}
+
+Status StallInspector::Check(const std::vector<PendingView>& pending, int64_t now_us) {
+  if (!options_.enabled) return Status::Ok();
+  if (options_.shutdown_us > 0) {
+    std::string report = Report(pending, now_us, options_.shutdown_us);
+    if (!report.empty()) {
+      return Aborted("stall shutdown (RINGRUN_STALL_SHUTDOWN_SECONDS): " + report);
+    }
+  }
+  bool fresh = false;
+  for (const PendingView& p : pending) {
+    if (now_us - p.first_us >= options_.warning_us && warned_.insert(*p.name).second) {
+      fresh = true;
+    }
+  }
+  if (fresh && rank_ == 0) {
+    std::string report = Report(pending, now_us, options_.warning_us);
+    if (!report.empty()) sink_("warning: " + report);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ringrun::runtime::engine

@@ -17,6 +17,7 @@ SIGINT (Ctrl-C) raises KeyboardInterrupt in the waiting thread; the C call itsel
 by the collective timeout (RINGRUN_TIMEOUT_MS).
 """
 import collections
+import os
 import ctypes
 import threading
 
@@ -398,3 +399,213 @@ def barrier(name=None):
         _announce(_BARRIER, 0, 0, 0, name)
         _lib.check(_lib.lib.ringrun_barrier(), "barrier")
     return submit(fn, name)
+
+
+# ---- libringrun's engine -------------------------------------------------------------------
+# When the library has the engine (ringrun_*_submit), the collectives above are replaced by
+# submissions to it: named tensors negotiated across ranks (any order on each rank), fused
+# allreduces, join in the runtime. RINGRUN_PY_ENGINE=0 keeps the blocking-call path above.
+
+class NativeHandle:
+    """A libringrun handle; `finish(handle)` turns a successful completion into the result."""
+    __slots__ = ("ptr", "name", "_finish", "_keep", "_done", "_result", "_error")
+
+    def __init__(self, ptr, name, finish, keep):
+        self.ptr, self.name, self._finish, self._keep = ptr, name, finish, keep
+        self._done = False
+        self._result = self._error = None
+
+    def _complete(self, status):
+        if status == 0:
+            try:
+                self._result = self._finish(self) if self._finish else None
+            except BaseException as e:  # noqa: B902 - delivered to the waiter
+                self._error = e
+        else:
+            msg = _lib.lib.ringrun_handle_message(self.ptr).decode("utf-8", "replace")
+            self._error = _lib.RingrunError(msg or f"collective '{self.name}' failed ({status})")
+        _lib.lib.ringrun_release(self.ptr)
+        self.ptr = None
+        self._keep = self._finish = None
+        self._done = True
+
+    def __del__(self):
+        if self.ptr is not None and _lib is not None:
+            _lib.lib.ringrun_release(self.ptr)  # detached: the collective still runs
+
+
+class _Done:
+    """An already completed operation (stream-ordered CUDA calls return once enqueued)."""
+    __slots__ = ("_result",)
+
+    def __init__(self, result=None):
+        self._result = result
+
+
+def _native_submit(what, call, name, finish=None, keep=()):
+    h = ctypes.c_void_p()
+    status = call(ctypes.byref(h))
+    if status != 0:
+        message = f"{what}: {_lib.error_message() or 'failed (%d)' % status}"
+        if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME):
+            raise ValueError(message)
+        raise _lib.RingrunError(message)
+    return NativeHandle(h.value, name, finish, keep)
+
+
+def _native_poll(h):
+    if h._done:
+        return True
+    status = _lib.lib.ringrun_test(h.ptr)
+    if status == _lib.IN_PROGRESS:
+        return False
+    h._complete(status)
+    return True
+
+
+def _native_wait(h):
+    while not h._done:
+        status = _lib.lib.ringrun_test(h.ptr)
+        if status != _lib.IN_PROGRESS:
+            h._complete(status)
+            break
+        _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
+    if h._error is not None:
+        raise h._error
+    return h._result
+
+
+def _name(name):
+    return name.encode() if name is not None else None
+
+
+def _native_allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0,
+                      keep=(), stream=None):
+    _check_scales(dtype, prescale, postscale, f"allreduce '{name}'")
+    if stream is not None and "allreduce" in _lib.STREAM_CALLS:
+        _scale_unsupported_on_stream(prescale, postscale)
+        _lib.check(_lib.STREAM_CALLS["allreduce"](send, recv, count, dtype, op, stream),
+                   f"allreduce '{name}'")
+        return _Done()
+    return _native_submit(f"allreduce '{name}'", lambda h: _lib.lib.ringrun_allreduce_submit(
+        _name(name), send, recv, count, dtype, op, prescale, postscale, 0, h), name, keep=keep)
+
+
+def _scale_unsupported_on_stream(prescale, postscale):
+    if prescale != 1.0 or postscale != 1.0:
+        raise ValueError("prescale/postscale factors are not supported on CUDA streams")
+
+
+def _native_grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0,
+                              keep=()):
+    _check_scales(dtype, prescale, postscale, f"grouped allreduce '{name}'")
+    n = len(entries)
+    sends = (ctypes.c_void_p * n)(*[s for s, _, _ in entries])
+    recvs = (ctypes.c_void_p * n)(*[r for _, r, _ in entries])
+    counts = (ctypes.c_size_t * n)(*[c for _, _, c in entries])
+    return _native_submit(
+        f"grouped allreduce '{name}'", lambda h: _lib.lib.ringrun_grouped_allreduce_submit(
+            _name(name), n, sends, recvs, counts, dtype, op, prescale, postscale, 0, h),
+        name, keep=(keep, sends, recvs, counts))
+
+
+def _native_broadcast(send, recv, count, dtype, root, name=None, keep=(), stream=None):
+    if recv != send:
+        ctypes.memmove(recv, send, count * _lib.dtype_size(dtype))
+    if stream is not None and "broadcast" in _lib.STREAM_CALLS:
+        _lib.check(_lib.STREAM_CALLS["broadcast"](recv, count, dtype, root, stream),
+                   f"broadcast '{name}'")
+        return _Done()
+    return _native_submit(f"broadcast '{name}'", lambda h: _lib.lib.ringrun_broadcast_submit(
+        _name(name), recv, count, dtype, root, h), name, keep=keep)
+
+
+def _copy_output(h, row_elems, dtype, alloc):
+    n = _lib.lib.ringrun_size()
+    rows = (ctypes.c_size_t * n)()
+    _lib.check(_lib.lib.ringrun_handle_rows(h.ptr, rows, n), f"'{h.name}': rows")
+    data, count = ctypes.c_void_p(), ctypes.c_size_t()
+    _lib.check(_lib.lib.ringrun_handle_output(h.ptr, ctypes.byref(data), ctypes.byref(count)),
+               f"'{h.name}': output")
+    result, recv = alloc(list(rows))
+    if count.value:
+        ctypes.memmove(recv, data.value, count.value * _lib.dtype_size(dtype))
+    return result
+
+
+def _native_allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=()):
+    return _native_submit(
+        f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
+            _name(name), send, rows, row_elems, dtype, h), name,
+        lambda h: _copy_output(h, row_elems, dtype, alloc), keep)
+
+
+def _native_alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=()):
+    rows = (ctypes.c_size_t * len(splits))(*splits)
+    return _native_submit(
+        f"alltoall '{name}'", lambda h: _lib.lib.ringrun_alltoall_submit(
+            _name(name), send, rows, row_elems, dtype, h), name,
+        lambda h: _copy_output(h, row_elems, dtype, alloc), (keep, rows))
+
+
+def _native_reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
+    n, me = _lib.lib.ringrun_size(), _lib.lib.ringrun_rank()
+    what = f"reducescatter '{name}'"
+    if rows % n == 0:
+        return _native_submit(what, lambda h: _lib.lib.ringrun_reducescatter_submit(
+            _name(name), send, recv, rows // n * row_elems, dtype, op, h), name, keep=keep)
+    # Uneven shares: the full reduction, then this rank's rows.
+    esize = _lib.dtype_size(dtype)
+    tmp = _buffer(rows * row_elems * esize)
+    q, rem = divmod(rows, n)
+    first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
+
+    def finish(_):
+        ctypes.memmove(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
+    return _native_submit(what, lambda h: _lib.lib.ringrun_allreduce_submit(
+        _name(name), send, _addr(tmp), rows * row_elems, dtype, op, 1.0, 1.0, 0, h), name,
+        finish, (keep, tmp))
+
+
+def _native_barrier(name=None):
+    return _native_submit("barrier", _lib.lib.ringrun_barrier_submit, name)
+
+
+def _native_join(name=None):
+    return _native_submit("join", _lib.lib.ringrun_join_submit, name,
+                          lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr))
+
+
+_fallback_poll, _fallback_wait = poll, wait
+
+
+def poll(h):  # noqa: F811 - one entry point for every kind of handle
+    if isinstance(h, NativeHandle):
+        return _native_poll(h)
+    if isinstance(h, _Done):
+        return True
+    return _fallback_poll(h)
+
+
+def wait(h):  # noqa: F811
+    if isinstance(h, NativeHandle):
+        return _native_wait(h)
+    if isinstance(h, _Done):
+        return h._result
+    return _fallback_wait(h)
+
+
+def run(fn, name=None, keep=()):  # noqa: F811
+    return wait(submit(fn, name, keep))
+
+
+USING_ENGINE = _lib.HAS_ENGINE and os.environ.get("RINGRUN_PY_ENGINE", "1") != "0"
+if USING_ENGINE:
+    allreduce = _native_allreduce  # noqa: F811
+    grouped_allreduce = _native_grouped_allreduce  # noqa: F811
+    broadcast = _native_broadcast  # noqa: F811
+    allgatherv = _native_allgatherv  # noqa: F811
+    alltoallv = _native_alltoallv  # noqa: F811
+    reducescatter = _native_reducescatter  # noqa: F811
+    barrier = _native_barrier  # noqa: F811
+    join = _native_join  # noqa: F811

@@ -102,3 +102,36 @@ def check(rc, what):
 
 def dtype_size(dtype):
     return lib.ringrun_dtype_size(dtype)
+
+
+# ---- libringrun's engine: named, negotiated asynchronous collectives (ringrun.h "Handles") ---
+IN_PROGRESS = 100
+ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_JOINED = 1, 9, 11
+HAS_ENGINE = hasattr(lib, "ringrun_allreduce_submit")
+if HAS_ENGINE:
+    _hp = ctypes.POINTER(_vp)
+    _sizep = ctypes.POINTER(_c_size)
+    _c_double, _c_uint, _cstr = ctypes.c_double, ctypes.c_uint, ctypes.c_char_p
+    _ENGINE_SIGNATURES = {
+        "ringrun_test": (_c_int, [_vp]),
+        "ringrun_wait_for": (_c_int, [_vp, _c_int]),
+        "ringrun_handle_message": (_cstr, [_vp]),
+        "ringrun_handle_output": (_c_int, [_vp, ctypes.POINTER(_vp), _sizep]),
+        "ringrun_handle_rows": (_c_int, [_vp, _sizep, _c_size]),
+        "ringrun_handle_last_joined_rank": (_c_int, [_vp]),
+        "ringrun_release": (None, [_vp]),
+        "ringrun_allreduce_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _c_double,
+                                              _c_double, _c_uint, _hp]),
+        "ringrun_grouped_allreduce_submit": (_c_int, [_cstr, _c_size, ctypes.POINTER(_vp),
+                                                      ctypes.POINTER(_vp), _sizep, _c_int, _c_int,
+                                                      _c_double, _c_double, _c_uint, _hp]),
+        "ringrun_broadcast_submit": (_c_int, [_cstr, _vp, _c_size, _c_int, _c_int, _hp]),
+        "ringrun_allgather_submit": (_c_int, [_cstr, _vp, _c_size, _c_size, _c_int, _hp]),
+        "ringrun_alltoall_submit": (_c_int, [_cstr, _vp, _sizep, _c_size, _c_int, _hp]),
+        "ringrun_reducescatter_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _hp]),
+        "ringrun_barrier_submit": (_c_int, [_hp]),
+        "ringrun_join_submit": (_c_int, [_hp]),
+    }
+    for _name, (_res, _args) in _ENGINE_SIGNATURES.items():
+        _fn = getattr(lib, _name)
+        _fn.restype, _fn.argtypes = _res, _args

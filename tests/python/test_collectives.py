@@ -309,3 +309,15 @@ def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch():
     assert torch.allclose(sbn.running_var, bn.running_var, atol=1e-5)
     gw = hvd.allreduce(sbn.weight.grad, op=hvd.Sum)
     assert torch.allclose(gw, bn.weight.grad, atol=1e-4)
+
+
+def test_named_tensors_in_a_different_order_on_each_rank():
+    if not _engine.USING_ENGINE:
+        pytest.skip("the blocking path needs the same order on every rank")
+    names = [f"order.{i}" for i in range(5)]
+    if hvd.rank() % 2:
+        names.reverse()
+    handles = {nm: hvd.allreduce_async(torch.full((3,), float(int(nm[-1]))), name=nm, op=hvd.Sum)
+               for nm in names}
+    for nm, h in handles.items():
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(int(nm[-1]) * hvd.size())))

@@ -1,7 +1,7 @@
 """A CNN on Fashion-MNIST, data parallel with ringrun.torch (Horovod's API).
 
     ringrun -np 2 /usr/bin/python3 examples/pytorch/train_fashion_mnist.py [--epochs N]
-        [--checkpoint PATH] [--data DIR]
+        [--checkpoint PATH] [--data DIR] [--max-batches N]
 
 Each rank trains on its shard of the training set (DistributedSampler); gradients are averaged
 by hvd.DistributedOptimizer while backward runs; rank 0's initial weights are broadcast; the
@@ -59,7 +59,16 @@ class Net(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+def average_buffers(model):
+    """BatchNorm's running statistics are per rank: average them, so that every rank (and the
+    checkpoint) evaluates the same model."""
+    for name, buf in model.named_buffers():
+        if buf.dtype.is_floating_point:
+            hvd.allreduce_(buf, op=hvd.Average, name=f"buffer.{name}")
+
+
 def evaluate(model, loader):
+    average_buffers(model)
     model.eval()
     correct = total = 0
     with torch.no_grad():
@@ -78,6 +87,7 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3, help="for the job (not scaled by size)")
     ap.add_argument("--checkpoint", default="", help="file to write after each epoch and resume")
     ap.add_argument("--data", default=DATA)
+    ap.add_argument("--max-batches", type=int, default=0, help="per epoch (0: all; for tests)")
     args = ap.parse_args()
 
     hvd.init()
@@ -92,28 +102,30 @@ def main():
         test, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False))
 
     model = Net()
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    start_epoch = 0
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
+                                         named_parameters=model.named_parameters())
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimizer, T_max=args.epochs * len(train_loader))
+    start_epoch, schedule = 0, scheduler.state_dict()
     if args.checkpoint and hvd.rank() == 0 and os.path.exists(args.checkpoint):
         state = torch.load(args.checkpoint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start_epoch = state["epoch"]
+        start_epoch, schedule = state["epoch"], state["scheduler"]
         print(f"resuming from {args.checkpoint} after epoch {start_epoch}", flush=True)
-    start_epoch = hvd.broadcast_object(start_epoch, root_rank=0, name="start_epoch")
+    # Every rank starts from rank 0's weights, optimizer state, epoch and schedule.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
-        optimizer, T_max=args.epochs * len(train_loader))
-    for _ in range(start_epoch * len(train_loader)):
-        scheduler.step()
+    start_epoch, schedule = hvd.broadcast_object((start_epoch, schedule), root_rank=0)
+    scheduler.load_state_dict(schedule)
 
     t0 = time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         model.train()
         sampler.set_epoch(epoch)
-        for x, y in train_loader:
+        for i, (x, y) in enumerate(train_loader):
+            if args.max_batches and i == args.max_batches:
+                break
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
@@ -125,7 +137,7 @@ def main():
             if args.checkpoint:
                 tmp = args.checkpoint + ".tmp"
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "epoch": epoch + 1}, tmp)
+                            "scheduler": scheduler.state_dict(), "epoch": epoch + 1}, tmp)
                 os.replace(tmp, args.checkpoint)
     accuracy = evaluate(model, test_loader)
     if hvd.rank() == 0:

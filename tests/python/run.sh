@@ -4,6 +4,7 @@
 #   pytest FILE NP   run tests/python/FILE.py with pytest on every rank of `ringrun -np NP`
 #   interrupt        Ctrl-C (SIGINT) during a collective's wait raises KeyboardInterrupt at once
 #   rank_raises      a rank raising mid-training ends the job with its exit code and traceback
+#   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
 #   install          cmake --install, then import ringrun.torch from a new shell, system-wide
 #                    and in a --system-site-packages venv
 set -uo pipefail
@@ -39,8 +40,23 @@ rank_raises)
   grep -q '^\[1\]<stderr>:RuntimeError: boom at step 3 on rank 1' "$WORK/out" || fail "no traceback of rank 1"
   grep -q 'exited with code 1' "$WORK/out" || fail "the launcher did not report the exit code"
   ((secs < 30)) || fail "took $secs s (a rank hung)" ;;
+example)
+  [[ -d /usr/share/datasets/fashion-mnist ]] || { echo "needs dataset-fashion-mnist"; exit 77; }
+  ex=$here/../../examples/pytorch/train_fashion_mnist.py
+  timeout 200 "$BIN/ringrun" -np 2 $PY "$ex" --epochs 2 --max-batches 40 \
+    --checkpoint "$WORK/ckpt" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "example"; }
+  cat "$WORK/out"
+  acc=$(grep -o 'test_accuracy=[0-9.]*' "$WORK/out" | cut -d= -f2)
+  [[ -n $acc && -f $WORK/ckpt ]] || fail "no test_accuracy or checkpoint"
+  awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }' || fail "accuracy $acc after 80 batches"
+  [[ $(grep -c 'test_accuracy=' "$WORK/out") == 1 ]] || fail "test_accuracy printed by more than rank 0"
+  timeout 200 "$BIN/ringrun" -np 2 $PY "$ex" --epochs 2 --max-batches 40 \
+    --checkpoint "$WORK/ckpt" >"$WORK/out2" 2>&1 || { cat "$WORK/out2"; fail "resume"; }
+  cat "$WORK/out2"
+  grep -q 'resuming from .* after epoch 2' "$WORK/out2" || fail "did not resume"
+  grep -q "test_accuracy=$acc" "$WORK/out2" || fail "resumed model differs: $(grep test_accuracy "$WORK/out2")" ;;
 install)
-  src=$(cd "$here/../.." && pwd) build=$(cd "$BIN/.." && pwd)
+  build=$(cd "$BIN/.." && pwd)
   prefix=$WORK/prefix
   cmake --install "$build" --prefix "$prefix" >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; fail "cmake --install"; }
   site=$(find "$prefix" -type d -name dist-packages | head -1)

@@ -55,6 +55,12 @@ enum class FlagId {
   kCheckGpu,
   kAllreduce,
   kCheckBuild,
+  kFusionThresholdMb,
+  kCacheCapacity,
+  kNoStallCheck,
+  kStallWarningTime,
+  kStallShutdownTime,
+  kTimelineFilename,
 };
 
 struct FlagDef {
@@ -113,6 +119,23 @@ constexpr FlagDef kFlags[] = {
      "ADDR", "Address agents use to reach the launcher."},
     {FlagId::kNetworkInterface, "--network-interface", "--network-interface", "", true, false,
      "SSH", "IFACE", "Take the launcher's address from this interface."},
+    {FlagId::kFusionThresholdMb, "--fusion-threshold-mb", "--fusion-threshold-mb", "", true, false,
+     "Engine", "MB",
+     "Fusion buffer size in MiB (default 64; 0 disables fusion). Sets RINGRUN_FUSION_THRESHOLD."},
+    {FlagId::kCacheCapacity, "--cache-capacity", "--cache-capacity", "", true, false, "Engine", "N",
+     "Response cache entries (default 1024; 0 disables). Sets RINGRUN_CACHE_CAPACITY."},
+    {FlagId::kNoStallCheck, "--no-stall-check", "--no-stall-check", "", false, false, "Engine", "",
+     "No stall warnings. Sets RINGRUN_STALL_CHECK=0."},
+    {FlagId::kStallWarningTime, "--stall-check-warning-time-seconds",
+     "--stall-check-warning-time-seconds", "", true, false, "Engine", "SECONDS",
+     "Warn about tensors some ranks submitted and others not after this long (default 60)."},
+    {FlagId::kStallShutdownTime, "--stall-check-shutdown-time-seconds",
+     "--stall-check-shutdown-time-seconds", "", true, false, "Engine", "SECONDS",
+     "Fail the job when such a stall lasts this long (default: never)."},
+    {FlagId::kTimelineFilename, "--timeline-filename", "--timeline-filename", "", true, false,
+     "Engine", "FILE",
+     "Write a Chrome trace per rank: FILE with the rank before its extension (t.json -> "
+     "t.0.json)."},
     {FlagId::kCheckGpu, "--check-gpu", "--check-gpu", "", false, false, "Diagnostics", "",
      "Report the CUDA driver, devices and NCCL of every host; run no command."},
     {FlagId::kAllreduce, "--allreduce", "--allreduce", "", false, false, "Diagnostics", "",
@@ -506,6 +529,47 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
       if (e.first == kv->first) e.second = kv->second, replaced = true;
     }
     if (!replaced) o.exports.push_back(std::move(kv.value()));
+  }
+
+  // The engine's flags reach the ranks as the variables they set (after -x: the flag wins).
+  auto set_env = [&](const char* name, const std::string& v) {
+    for (auto& e : o.exports) {
+      if (e.first == name) {
+        e.second = v;
+        return;
+      }
+    }
+    o.exports.emplace_back(name, v);
+  };
+  if (given(FlagId::kFusionThresholdMb)) {
+    Result<int> mb = ParseIntFlag(name_of(FlagId::kFusionThresholdMb),
+                                  value(FlagId::kFusionThresholdMb), 0, 1 << 20, " of MiB");
+    if (!mb.ok()) return UsageError(mb.status().message());
+    set_env("RINGRUN_FUSION_THRESHOLD", std::to_string(static_cast<long long>(*mb) << 20));
+  }
+  if (given(FlagId::kCacheCapacity)) {
+    Result<int> n =
+        ParseIntFlag(name_of(FlagId::kCacheCapacity), value(FlagId::kCacheCapacity), 0, 1 << 24);
+    if (!n.ok()) return UsageError(n.status().message());
+    set_env("RINGRUN_CACHE_CAPACITY", std::to_string(*n));
+  }
+  if (flag(FlagId::kNoStallCheck)) set_env("RINGRUN_STALL_CHECK", "0");
+  if (given(FlagId::kStallWarningTime)) {
+    Result<double> t = ParseSecondsFlag(name_of(FlagId::kStallWarningTime),
+                                        value(FlagId::kStallWarningTime), 0.001, 1e7);
+    if (!t.ok()) return UsageError(t.status().message());
+    set_env("RINGRUN_STALL_WARNING_SECONDS", value(FlagId::kStallWarningTime));
+  }
+  if (given(FlagId::kStallShutdownTime)) {
+    Result<double> t = ParseSecondsFlag(name_of(FlagId::kStallShutdownTime),
+                                        value(FlagId::kStallShutdownTime), 0, 1e7);
+    if (!t.ok()) return UsageError(t.status().message());
+    set_env("RINGRUN_STALL_SHUTDOWN_SECONDS", value(FlagId::kStallShutdownTime));
+  }
+  if (given(FlagId::kTimelineFilename)) {
+    std::string path = value(FlagId::kTimelineFilename);
+    if (path.empty()) return UsageError(name_of(FlagId::kTimelineFilename) + ": empty file name");
+    set_env("RINGRUN_TIMELINE", path);
   }
 
   // Combinations.

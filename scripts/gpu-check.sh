@@ -9,6 +9,9 @@
 #      other rank must fail (NCCL aborted) within the collective timeout;
 #   6. ringrun.torch on CUDA tensors at np=1 and np=2 (tests/gpu/torch_cuda_check.py; SKIP when
 #      the machine's torch has no CUDA);
+#   (1 and 2 include the engine's device checks: named device allreduces submitted in a
+#   different order per rank, negotiated and run on NCCL, the NCCL id made at the first device
+#   collective and broadcast over the CPU transport; and a CPU-only job must not load CUDA.)
 # and prints a short table last. Designed to fit in 10 minutes (the build is most of it).
 #
 #   scripts/gpu-check.sh [BUILD_DIR]      default build-gpu; JOBS=N for the build's parallelism
@@ -41,7 +44,7 @@ t=$(now)
 if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
      >"$TMP/cmake.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
-     ringrun-bench gpu_collectives ringrun_python >"$TMP/build.log" 2>&1; then
+     ringrun-bench gpu_collectives runtime_test_worker ringrun_python >"$TMP/build.log" 2>&1; then
   row "build (RINGRUN_WITH_NCCL=ON)" PASS "$(since "$t")" "$(grep -m1 'NCCL backend' "$TMP/cmake.log" | sed 's/^-- //')"
 else
   tail -30 "$TMP/cmake.log" "$TMP/build.log"
@@ -81,6 +84,15 @@ rc=$?
 echo "$out" | tail -8
 row "2 ranks, 1 GPU, every dtype" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "$(since "$t")" \
   "exit $rc; $(grep -o 'rank [0-9]/2 checks=[0-9]* failures=[0-9]*' <<<"$out" | tr '\n' ' ')"
+
+# 2b. A CPU-only job through the engine: the NCCL id is made at the first device collective,
+# so a host-only job never looks for libcuda (rank 0 used to make an NCCL id at every init).
+t=$(now)
+out=$(timeout 120 "$BIN/ringrun" -np 2 -x LD_DEBUG=libs "$BIN/runtime_test_worker" check 2>&1)
+rc=$?
+cuda_loads=$(grep -c 'find library=libcuda\.so' <<<"$out")
+row "CPU-only job loads no libcuda" "$([[ $rc == 0 && $cuda_loads == 0 ]] && echo PASS || echo FAIL)" \
+  "$(since "$t")" "exit $rc; libcuda lookups: $cuda_loads"
 
 # 3. --check-gpu --allreduce.
 t=$(now)

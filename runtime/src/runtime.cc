@@ -223,6 +223,9 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
   o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
   o.log = std::move(settings.log);
   o.clock = settings.clock;
+  o.is_device = std::move(settings.is_device);
+  o.make_nccl_id = std::move(settings.make_nccl_id);
+  o.make_device = std::move(settings.make_device);
   engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
 }
 

@@ -61,6 +61,10 @@ struct EngineSettings {
   std::string timeline;  // path; "" for none
   std::function<void(const std::string&)> log;
   const engine::EngineClock* clock = nullptr;
+  // The GPU seam (engine::EngineOptions).
+  std::function<bool(const void*)> is_device;
+  std::function<std::string()> make_nccl_id;
+  std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string&)> make_device;
 };
 
 class Runtime {

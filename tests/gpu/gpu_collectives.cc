@@ -1,6 +1,7 @@
 // Allreduce (every op), broadcast and allgather on CUDA device memory, for every dtype, in place
-// and out of place, through the public C API. Run it under ringrun (scripts/gpu-check.sh runs it
-// at np=2 on one GPU with a distinct NCCL_HOSTID per rank), or alone as a job of size 1.
+// and out of place, through the public C API; then named device allreduces through the engine's
+// handles, submitted in a different order on every rank. Run it under ringrun (scripts/gpu-check.sh
+// runs it at np=2 on one GPU with a distinct NCCL_HOSTID per rank), or alone as a job of size 1.
 // Exits 0 when every check passed, 1 on a wrong result or a failed call, 77 without a device.
 #include <cuda_runtime_api.h>
 
@@ -287,6 +288,38 @@ int main() {
         c.Fail("mixed host/device allreduce was accepted");
       }
       cudaFree(dev);
+    }
+  }
+
+  // The engine: named device allreduces submitted in a different order on every rank, from
+  // the handles' API (negotiated like host tensors, run on the backend's stream).
+  {
+    constexpr int kNamed = 16;
+    constexpr size_t kLen = 4099;
+    std::vector<void*> bufs(kNamed);
+    std::vector<ringrun_handle> hs(kNamed, nullptr);
+    for (int k = 0; k < kNamed; ++k) {
+      const int t = (k * 7 + c.rank * 3) % kNamed;  // a per-rank permutation
+      bufs[t] = DeviceFill(c, RINGRUN_FLOAT32, kLen, Value, c.rank, kLen);
+      const std::string name = "engine.dev." + std::to_string(t);
+      if (bufs[t] != nullptr) {
+        c.Call(ringrun_allreduce_submit(name.c_str(), bufs[t], bufs[t], kLen, RINGRUN_FLOAT32,
+                                        RINGRUN_SUM, 1.0, 1.0, 0, &hs[t]),
+               name + " submit");
+      }
+    }
+    for (int t = 0; t < kNamed; ++t) {
+      const std::string what = "engine.dev." + std::to_string(t);
+      if (hs[t] == nullptr) continue;
+      ++c.checks;
+      if (ringrun_wait(hs[t]) != RINGRUN_OK) {
+        c.Fail(what + ": " + ringrun_handle_message(hs[t]));
+      } else {
+        c.Compare(what, RINGRUN_FLOAT32, bufs[t], kLen,
+                  [&](size_t i) { return Expected(RINGRUN_SUM, size, i); });
+      }
+      ringrun_release(hs[t]);
+      cudaFree(bufs[t]);
     }
   }
 

@@ -234,6 +234,27 @@ PY
   expect_no_orphans
 }
 
+t_engine_under_ringrun() {
+  # The engine through the launcher: named submissions, the timeline flag (one strict-JSON
+  # Chrome trace per rank), and the stall flags (a rank that never submits fails the job).
+  local worker="$BIN/runtime_test_worker" r rc
+  "$RINGRUN" -np 3 --timeline-filename "$WORK/tl.json" --fusion-threshold-mb 1 "$worker" engine \
+    >"$WORK/out" 2>"$WORK/err" || fail "engine mode: $(tail -5 "$WORK/err")"
+  for r in 0 1 2; do
+    expect_contains "$WORK/out" "[$r]<stdout>:ok rank=$r size=3"
+    [[ -s $WORK/tl.$r.json ]] || fail "no timeline for rank $r"
+    /usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); n={x["name"] for x in e}; assert {"NEGOTIATE","ALLREDUCE","ROUND"} <= n, n' \
+      "$WORK/tl.$r.json" || fail "timeline of rank $r is not the expected JSON"
+  done
+  "$RINGRUN" -np 2 --stall-check-warning-time-seconds 0.5 --stall-check-shutdown-time-seconds 1 \
+    "$worker" stall >"$WORK/out" 2>"$WORK/err"
+  rc=$?
+  [[ $rc != 0 ]] || fail "a stalled job succeeded"
+  expect_contains "$WORK/err" "stall shutdown"
+  expect_contains "$WORK/err" "rank 1 has not submitted 1 tensor: late"
+  expect_no_orphans
+}
+
 t_runtime_under_ringrun() {
   # libringrun joined through the launcher's real job service: TCP and shared memory.
   local worker="$BIN/runtime_test_worker" np shm

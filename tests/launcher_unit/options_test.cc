@@ -436,3 +436,23 @@ TEST_CASE("cli: option values keep odd bytes", "[options][integrity]") {
   CHECK(o.wdir == odd);
   CHECK(o.output_dir == odd);
 }
+
+TEST_CASE("cli: engine flags become the ranks' variables", "[options]") {
+  Options o =
+      Ok({"-np", "2", "-x", "RINGRUN_FUSION_THRESHOLD=1", "--fusion-threshold-mb", "32",
+          "--cache-capacity", "0", "--no-stall-check", "--stall-check-warning-time-seconds", "2.5",
+          "--stall-check-shutdown-time-seconds", "10", "--timeline-filename", "t.json", "prog"});
+  using Pairs = std::vector<std::pair<std::string, std::string>>;
+  CHECK(o.exports == Pairs{{"RINGRUN_FUSION_THRESHOLD", "33554432"},
+                           {"RINGRUN_CACHE_CAPACITY", "0"},
+                           {"RINGRUN_STALL_CHECK", "0"},
+                           {"RINGRUN_STALL_WARNING_SECONDS", "2.5"},
+                           {"RINGRUN_STALL_SHUTDOWN_SECONDS", "10"},
+                           {"RINGRUN_TIMELINE", "t.json"}});
+  CHECK(Ok({"-np", "1", "--fusion-threshold-mb", "0", "prog"}).exports ==
+        Pairs{{"RINGRUN_FUSION_THRESHOLD", "0"}});
+  CHECK_THAT(Usage({"-np", "1", "--fusion-threshold-mb", "x", "prog"}),
+             Contains("--fusion-threshold-mb x: not a whole number of MiB"));
+  CHECK_THAT(Usage({"-np", "1", "--stall-check-warning-time-seconds", "soon", "prog"}),
+             Contains("--stall-check-warning-time-seconds soon"));
+}

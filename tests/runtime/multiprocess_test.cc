@@ -276,4 +276,41 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
   }
 }
 
+TEST_CASE("processes: the engine through the C API", "[multiprocess][engine]") {
+  for (int np : {1, 2, 3}) {
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {}, "engine"); }
+  }
+  RunMode(3, {"RINGRUN_DISABLE_SHM=1"}, "engine");
+}
+
+TEST_CASE("processes: a peer killed mid fused collective fails every pending handle",
+          "[multiprocess][dead-peer][engine]") {
+  for (const char* shm : {"0", "1"}) {
+    DYNAMIC_SECTION("disable_shm=" << shm) {
+      constexpr int kTimeoutMs = 8000;
+      Job job(3,
+              {"RINGRUN_TIMEOUT_MS=" + std::to_string(kTimeoutMs),
+               std::string("RINGRUN_DISABLE_SHM=") + shm},
+              "fused");
+      REQUIRE(job.server_ok());
+      REQUIRE(job.WaitJoined(30000));
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const auto t0 = Clock::now();
+      job.Kill(1);
+      const bool done = job.WaitAll(kTimeoutMs + 5000);
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      REQUIRE(done);
+      CHECK(ms < kTimeoutMs);
+      // A rank that loses rank 1 closes its own connections, so the other may see that rank
+      // leave instead; at least one names rank 1.
+      for (int r : {0, 2}) {
+        INFO("rank " << r << " stderr: " << job.Stderr(r));
+        CHECK(job.ExitCode(r) == 3);
+      }
+      CHECK((job.Stderr(0) + job.Stderr(2)).find("peer rank 1 ") != std::string::npos);
+    }
+  }
+}
+
 }  // namespace ringrun::runtime::testing

@@ -11,6 +11,14 @@
  *                               error, not abort, and leave the runtime failing; rank 0 then
  *                               stays alive 3 s, and the others' reduce-scatter must fail within
  *                               2 s naming it (its connections closed); exit 0 when all that holds
+ *   runtime_test_worker engine  named submissions from two threads in a per-rank order, some
+ *                               handles released unwaited, ragged allgather, alltoall with
+ *                               splits, a mismatch, a duplicate, join with uneven steps
+ *   runtime_test_worker fused   steps of 64 named 16 KiB allreduces (fused) until one fails;
+ *                               then every pending handle must have failed, not timed out,
+ *                               naming a peer (exit 3), or exit 4
+ *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
+ *                               must fail with the stall report (exit 5), or exit 1
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <math.h>
 #include <pthread.h>
@@ -177,6 +185,181 @@ static int loop(void) {
   }
 }
 
+#define kTensors 40
+#define kLen 33
+static float g_bufs[kTensors][kLen];
+static ringrun_handle g_handles[kTensors];
+static int g_order[kTensors];
+
+static void* submit_half(void* arg) {
+  const int parity = *(const int*)arg;
+  for (int i = parity; i < kTensors; i += 2) {
+    const int t = g_order[i];
+    char name[32];
+    snprintf(name, sizeof(name), "grad.%d", t);
+    if (ringrun_allreduce_submit(name, g_bufs[t], g_bufs[t], kLen, RINGRUN_FLOAT32, RINGRUN_SUM,
+                                 1.0, 1.0, 0, &g_handles[t]) != RINGRUN_OK) {
+      fprintf(stderr, "rank %d: submit %s: %s\n", g_rank, name, ringrun_error_message());
+      g_handles[t] = NULL;
+    }
+  }
+  return NULL;
+}
+
+static int engine(void) {
+  const int r = ringrun_rank(), n = ringrun_size();
+  /* Named allreduces, per-rank order, two submitting threads. */
+  for (int t = 0; t < kTensors; ++t) {
+    g_order[t] = t;
+    for (int i = 0; i < kLen; ++i) g_bufs[t][i] = (float)(t + r);
+  }
+  srand(1234u + (unsigned)r);
+  for (int i = kTensors - 1; i > 0; --i) {
+    int j = rand() % (i + 1), x = g_order[i];
+    g_order[i] = g_order[j], g_order[j] = x;
+  }
+  pthread_t th[2];
+  int parity[2] = {0, 1};
+  for (int k = 0; k < 2; ++k) pthread_create(&th[k], NULL, submit_half, &parity[k]);
+  for (int k = 0; k < 2; ++k) pthread_join(th[k], NULL);
+  for (int t = 0; t < kTensors; ++t) {
+    EXPECT(g_handles[t] != NULL, "grad.%d was refused", t);
+    if (t % 2) { /* released unwaited: the engine still completes it */
+      ringrun_release(g_handles[t]);
+      continue;
+    }
+    ringrun_status st = ringrun_wait(g_handles[t]);
+    EXPECT(st == RINGRUN_OK, "grad.%d: %s: %s", t, ringrun_status_name(st),
+           ringrun_handle_message(g_handles[t]));
+    EXPECT(strcmp(ringrun_handle_name(g_handles[t]), "") != 0, "no name");
+    ringrun_release(g_handles[t]);
+  }
+  CHECK_RC(ringrun_barrier()); /* after every allreduce above, released ones included */
+  for (int t = 0; t < kTensors; ++t) {
+    const float want = (float)(n * t + n * (n - 1) / 2);
+    EXPECT(g_bufs[t][kLen - 1] == want, "grad.%d = %g, want %g", t, g_bufs[t][kLen - 1], want);
+  }
+  /* Ragged allgather: rank q sends q+1 rows of 3. */
+  int32_t rows[64 * 3];
+  for (int i = 0; i < 3 * (r + 1); ++i) rows[i] = r;
+  ringrun_handle h;
+  CHECK_RC(ringrun_allgather_submit("ragged", rows, (size_t)r + 1, 3, RINGRUN_INT32, &h));
+  EXPECT(ringrun_wait(h) == RINGRUN_OK, "ragged: %s", ringrun_handle_message(h));
+  const void* out;
+  size_t count, per_rank[64];
+  CHECK_RC(ringrun_handle_output(h, &out, &count));
+  CHECK_RC(ringrun_handle_rows(h, per_rank, (size_t)n));
+  EXPECT(count == (size_t)3 * n * (n + 1) / 2, "ragged: %zu elements", count);
+  for (int q = 0, at = 0; q < n; at += 3 * (q + 1), ++q) {
+    EXPECT(per_rank[q] == (size_t)q + 1 && ((const int32_t*)out)[at] == q, "ragged block %d", q);
+  }
+  ringrun_release(h);
+  /* Alltoall with splits: rank q sends j+1 values 100q+j to rank j. */
+  size_t split[64];
+  int32_t a2a[64 * 65];
+  int k = 0;
+  for (int j = 0; j < n; ++j) {
+    split[j] = (size_t)j + 1;
+    for (int i = 0; i <= j; ++i) a2a[k++] = 100 * r + j;
+  }
+  CHECK_RC(ringrun_alltoall_submit(NULL, a2a, split, 1, RINGRUN_INT32, &h));
+  EXPECT(ringrun_wait(h) == RINGRUN_OK, "alltoall: %s", ringrun_handle_message(h));
+  CHECK_RC(ringrun_handle_output(h, &out, &count));
+  EXPECT(count == (size_t)n * (r + 1), "alltoall: %zu elements", count);
+  for (int q = 0; q < n; ++q) {
+    EXPECT(((const int32_t*)out)[q * (r + 1)] == 100 * q + r, "alltoall block %d", q);
+  }
+  ringrun_release(h);
+  /* A mismatch (count) fails on every rank; a duplicate is refused at once. */
+  float m[4] = {1, 1, 1, 1};
+  CHECK_RC(ringrun_allreduce_submit("m", m, m, r == 0 ? 4 : 3, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0,
+                                    1.0, 0, &h));
+  ringrun_handle dup = NULL;
+  EXPECT(ringrun_allreduce_submit("m", m, m, 1, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &dup) ==
+                 RINGRUN_ERR_DUPLICATE_NAME &&
+             dup == NULL,
+         "duplicate accepted: %s", ringrun_error_message());
+  if (n > 1) {
+    EXPECT(ringrun_wait(h) == RINGRUN_ERR_MISMATCH &&
+               strstr(ringrun_handle_message(h), "disagree on the count") != NULL,
+           "mismatch: %s", ringrun_handle_message(h));
+  }
+  ringrun_release(h);
+  /* Join: rank q runs q+1 steps, then joins. */
+  for (int step = 0; step <= r; ++step) {
+    float g = 2.0f;
+    CHECK_RC(ringrun_allreduce(&g, &g, 1, RINGRUN_FLOAT32, RINGRUN_SUM));
+    int contributors = n - step;
+    EXPECT(g == 2.0f * (float)contributors, "join step %d: %g", step, g);
+  }
+  int last = -2;
+  CHECK_RC(ringrun_join(&last));
+  EXPECT(last == n - 1, "last joined %d", last);
+  return 0;
+}
+
+static int fused(void) {
+  enum { kCount = 64, kElems = 4096 };
+  float* bufs = malloc((size_t)kCount * kElems * sizeof(float));
+  ringrun_handle hs[kCount];
+  for (size_t i = 0; i < (size_t)kCount * kElems; ++i) bufs[i] = 1.0f;
+  printf("looping rank=%d\n", ringrun_rank());
+  fflush(stdout);
+  for (;;) {
+    for (int t = 0; t < kCount; ++t) {
+      char name[32];
+      snprintf(name, sizeof(name), "layer.%d", t);
+      if (ringrun_allreduce_submit(name, bufs + (size_t)t * kElems, bufs + (size_t)t * kElems,
+                                   kElems, RINGRUN_FLOAT32, RINGRUN_MAX, 1.0, 1.0, 0,
+                                   &hs[t]) != RINGRUN_OK) {
+        fprintf(stderr, "rank %d: submit failed: %s\n", g_rank, ringrun_error_message());
+        for (int u = 0; u < t; ++u) ringrun_release(hs[u]);
+        free(bufs);
+        return strstr(ringrun_error_message(), "peer rank") ? 3 : 4;
+      }
+    }
+    int failed = 0, bad = 0;
+    for (int t = 0; t < kCount; ++t) {
+      ringrun_status st = ringrun_wait(hs[t]);
+      if (st != RINGRUN_OK) {
+        ++failed;
+        if (failed == 1) {
+          fprintf(stderr, "rank %d: %s: %s\n", g_rank, ringrun_handle_name(hs[t]),
+                  ringrun_handle_message(hs[t]));
+        }
+        if (st == RINGRUN_ERR_TIMEOUT || !strstr(ringrun_handle_message(hs[t]), "peer rank")) {
+          fprintf(stderr, "rank %d: BAD %s: %s\n", g_rank, ringrun_handle_name(hs[t]),
+                  ringrun_handle_message(hs[t]));
+          ++bad;
+        }
+      }
+      ringrun_release(hs[t]);
+    }
+    if (failed) {
+      fprintf(stderr, "rank %d: %d handles failed, %d without naming a peer\n", g_rank, failed,
+              bad);
+      free(bufs);
+      return bad ? 4 : 3;
+    }
+  }
+}
+
+static int stall(void) {
+  float x = 1;
+  if (ringrun_rank() == 1) {
+    sleep(4);
+    return 0;
+  }
+  ringrun_handle h;
+  CHECK_RC(
+      ringrun_allreduce_submit("late", &x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+  ringrun_status st = ringrun_wait(h);
+  fprintf(stderr, "rank %d: %s: %s\n", g_rank, ringrun_status_name(st), ringrun_handle_message(h));
+  const int ok = st != RINGRUN_OK && strstr(ringrun_handle_message(h), "rank 1") != NULL;
+  ringrun_release(h);
+  return ok ? 5 : 1;
+}
+
 static int reinit(void) {
   for (int round = 0; round < 3; ++round) {
     if (round > 0) CHECK_RC(ringrun_init());
@@ -272,6 +455,9 @@ int main(int argc, char** argv) {
            : strcmp(mode, "oom") == 0    ? oom()
            : strcmp(mode, "reinit") == 0 ? reinit()
            : strcmp(mode, "late") == 0   ? late()
+           : strcmp(mode, "engine") == 0 ? engine()
+           : strcmp(mode, "fused") == 0  ? fused()
+           : strcmp(mode, "stall") == 0  ? stall()
                                          : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();

@@ -195,7 +195,8 @@ RINGRUN_API ringrun_status ringrun_allreduce_submit(const char* name, const void
                                                     double prescale, double postscale,
                                                     unsigned flags, ringrun_handle* handle);
 /* n allreduces submitted at once (atomically: they are negotiated in the same round and fused
- * together, up to the fusion threshold), completing as one handle. Tensor i is named
+ * together, up to the fusion threshold; tensors of 256 KiB or more run straight from their
+ * buffers, where a copy would cost more than it saves), completing as one handle. Tensor i is named
  * "<name>.<i>of<n>" (name NULL: a default as above). Arrays hold n entries each. */
 RINGRUN_API ringrun_status ringrun_grouped_allreduce_submit(
     const char* name, size_t n, const void* const* sendbufs, void* const* recvbufs,

@@ -1,6 +1,7 @@
 #include "engine/controller.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "engine/wire.h"
 
@@ -94,31 +95,33 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
       s.by_rank[r] = std::move(req);
       s.announced_us[r] = now_us;
       ++s.count;
-      if (!fresh) touched.push_back(it->first);
+      if (!fresh) touched.push_back(it->first);  // duplicates are dropped below
     }
   }
   // Which names are ready now, in their agreed order.
-  std::vector<Slot*> ready;
-  std::vector<std::string> ready_names;
-  auto consider = [&](const std::string& name) {
-    auto it = table_.find(name);
-    if (it == table_.end() || !Ready(it->second)) return;
-    if (std::find(ready_names.begin(), ready_names.end(), name) != ready_names.end()) return;
-    ready_names.push_back(name);
+  std::vector<std::pair<const std::string*, Slot*>> ready;
+  std::unordered_set<const Slot*> seen;
+  auto consider = [&](const std::string& name, Slot& s) {
+    if (Ready(s) && seen.insert(&s).second) ready.emplace_back(&name, &s);
   };
   if (joins_changed) {
-    for (auto& [name, s] : table_) consider(name);
+    for (auto& [name, s] : table_) consider(name, s);
   } else {
-    for (const std::string& name : touched) consider(name);
+    for (const std::string& name : touched) {
+      auto it = table_.find(name);
+      if (it != table_.end()) consider(it->first, it->second);
+    }
   }
-  std::sort(ready_names.begin(), ready_names.end(),
-            [&](const std::string& a, const std::string& b) {
-              const Slot& x = table_[a];
-              const Slot& y = table_[b];
-              if (x.first_round != y.first_round) return x.first_round < y.first_round;
-              if (x.first_rank != y.first_rank) return x.first_rank < y.first_rank;
-              return x.first_index < y.first_index;
-            });
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) {
+    const Slot& x = *a.second;
+    const Slot& y = *b.second;
+    if (x.first_round != y.first_round) return x.first_round < y.first_round;
+    if (x.first_rank != y.first_rank) return x.first_rank < y.first_rank;
+    return x.first_index < y.first_index;
+  });
+  std::vector<std::string> ready_names;
+  ready_names.reserve(ready.size());
+  for (const auto& [name, slot] : ready) ready_names.push_back(*name);
   std::vector<Response> out;
   std::optional<Response> join_done;
   for (const std::string& name : ready_names) {
@@ -187,7 +190,7 @@ Response Controller::Build(Slot& s) {
     resp.last_joined = last_joined_;
     return resp;
   }
-  if (joined_count_ > 0 && NeedsAllRanks(resp.req.kind)) {
+  if (joined_count_ > 0 && (NeedsAllRanks(resp.req.kind) || resp.req.device)) {
     std::vector<int> joined;
     for (int r = 0; r < size_; ++r) {
       if (joined_[r]) joined.push_back(r);
@@ -195,8 +198,9 @@ Response Controller::Build(Slot& s) {
     resp.type = Response::kError;
     resp.error_code = RINGRUN_ERR_JOINED;
     resp.error = "tensor '" + name + "': " + KindName(resp.req.kind) +
+                 (resp.req.device ? " of device memory" : "") +
                  " is not possible while ranks have joined (" + RankList(joined) +
-                 "); only allreduce and barrier run until every rank has joined";
+                 "); only host allreduce and barrier run until every rank has joined";
     return resp;
   }
   if (resp.req.kind == Kind::kAllgather || resp.req.kind == Kind::kAlltoall) {

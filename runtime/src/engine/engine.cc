@@ -9,17 +9,8 @@
 #include <cstring>
 
 #include "engine/wire.h"
+#include "gpu/device_backend.h"  // the interface; its factories are linked with the seam
 #include "reduce.h"
-
-#if RINGRUN_WITH_GPU_SEAM
-#include "gpu/device_backend.h"
-#endif
-
-namespace ringrun::runtime {
-#if !RINGRUN_WITH_GPU_SEAM
-class DeviceBackend {};  // this build has no GPU path at all
-#endif
-}  // namespace ringrun::runtime
 
 namespace ringrun::runtime::engine {
 namespace {
@@ -28,8 +19,12 @@ namespace {
 // steady-state frames fit the head, so a round is one exchange.
 constexpr size_t kFrameHeadBytes = 1024;
 constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
+// Allreduces at least this large run straight from the caller's buffers instead of through
+// the fusion buffer: copying a tensor in and out costs more than the per-collective latency
+// that fusing it saves (measured: the copies were a quarter of a ResNet-50 step's time).
+constexpr size_t kDirectAllreduceBytes = 256 << 10;
 
-bool IsDevice(const void* p) {
+bool BuildIsDevice(const void* p) {
 #if RINGRUN_WITH_GPU_SEAM
   return p != nullptr && IsDevicePointer(p);
 #else
@@ -73,7 +68,7 @@ void ScaleInPlace(void* buf, size_t count, ringrun_dtype dtype, double f) {
   }
 }
 
-Status Validate(const Entry& e, int size) {
+Status Validate(const Entry& e, int size, const std::function<bool(const void*)>& is_device) {
   const Request& r = e.req;
   if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
     return InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) + " bytes");
@@ -133,7 +128,7 @@ Status Validate(const Entry& e, int size) {
   if (r.kind == Kind::kAllreduce && PartialOverlap(e.send, e.recv, r.count * elem)) {
     return InvalidArgument("sendbuf and recvbuf overlap without being equal");
   }
-  if (e.send && e.recv && IsDevice(e.send) != IsDevice(e.recv)) {
+  if (e.send && e.recv && is_device(e.send) != is_device(e.recv)) {
     return InvalidArgument("one buffer is device memory and the other host memory");
   }
   if (r.device && (r.kind == Kind::kAlltoall || r.kind == Kind::kReduceScatter)) {
@@ -165,6 +160,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
         g.me = options_.rank;
         return g;
       }()),
+      is_device_(options_.is_device ? options_.is_device : BuildIsDevice),
       doorbell_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       noname_counter_(8, 0),
       transport_(std::move(transport)),
@@ -204,8 +200,8 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
   SubmitResult out;
   const int64_t now = Now();
   for (Entry& e : entries) {
-    e.req.device = IsDevice(e.send) || IsDevice(e.recv);
-    Status st = Validate(e, options_.size);
+    e.req.device = is_device_(e.send) || is_device_(e.recv);
+    Status st = Validate(e, options_.size, is_device_);
     if (!st.ok()) {
       out.status = RINGRUN_ERR_INVALID_ARGUMENT;
       out.message = (e.req.name.empty() ? std::string(KindName(e.req.kind)) : e.req.name) + ": " +
@@ -372,8 +368,13 @@ void Engine::Loop() {
       if (check >= 0 && Now() >= check) {
         Status sst = stall_.Check(controller_.Pending(), Now());
         if (!sst.ok()) {
-          if (transport_) transport_->Break(sst);
-          FailAll(RINGRUN_ERR_ABORTED, sst);
+          // Tell every rank in one more round, so that all fail with the report (not with
+          // "connection closed" by the first rank to give up), then break.
+          std::vector<Entry> none;
+          Status told = Round(std::move(none), sst.message());
+          Status why = told.code() == Code::kAborted ? told : sst;
+          if (transport_) transport_->Break(why);
+          FailAll(RINGRUN_ERR_ABORTED, why);
           continue;
         }
       }
@@ -462,7 +463,7 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
   return all;
 }
 
-Status Engine::Round(std::vector<Entry> fresh) {
+Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   const int64_t start = Now();
   std::vector<const Request*> announce;
   std::vector<std::string> names;
@@ -471,9 +472,19 @@ Status Engine::Round(std::vector<Entry> fresh) {
     auto [it, ok] = entries_.emplace(e.req.name, std::move(e));
     announce.push_back(&it->second.req);
   }
-  std::string frame = controller_.EncodeFrame(announce);
+  // A frame: the abort report (usually empty), then the controller's part.
+  std::string frame;
+  PutString(&frame, abort);
+  frame += controller_.EncodeFrame(announce);
   Result<std::vector<std::string>> frames = Exchange(frame);
   if (!frames.ok()) return frames.status();
+  for (std::string& f : *frames) {
+    size_t pos = 0;
+    std::string report;
+    if (!GetString(f, &pos, &report)) return Internal("malformed negotiation frame");
+    if (!report.empty()) return Aborted(report);
+    f.erase(0, pos);
+  }
   Result<std::vector<Response>> responses = controller_.Apply(*frames, Now());
   if (!responses.ok()) return responses.status();
   if (timeline_) {
@@ -501,7 +512,8 @@ void Engine::Execute(std::vector<Response>& responses) {
   for (const Response& r : responses) {
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
     const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
-                         !r.req.device && threshold > 0 && bytes <= threshold;
+                         !r.req.device && threshold > 0 && bytes <= threshold &&
+                         bytes < kDirectAllreduceBytes;
     if (fusable) {
       bool placed = false;
       for (size_t i : open) {
@@ -524,13 +536,14 @@ void Engine::Execute(std::vector<Response>& responses) {
     }
     Status st = RunBatch(b);
     if (!st.ok() && transport_ && !transport_->status().ok()) {
-      FailAll(ToRingrunStatus(transport_->status()), transport_->status());
+      FailAll(ToRingrunStatus(transport_->status()), transport_->status());  // notifies all
       return;
     }
     for (const Response* r : b.responses) {
       Complete(r->req.name, ToRingrunStatus(st), st.message());
     }
   }
+  NotifyCompleted();
 }
 
 Status Engine::RunBatch(Batch& b) {
@@ -771,13 +784,20 @@ Status Engine::RunOther(const Response& r, Entry* e) {
 }
 
 Result<DeviceBackend*> Engine::Device() {
-#if RINGRUN_WITH_GPU_SEAM
   if (device_) return device_.get();
   if (!device_error_.ok()) return device_error_;
   // The NCCL id is made now, at the first device collective, and travels over the CPU
   // transport: a CPU-only job never loads the CUDA driver for it.
   std::string id;
-  if (options_.rank == 0) id = MaybeCreateNcclUniqueId();
+  if (options_.rank == 0) {
+    if (options_.make_nccl_id) {
+      id = options_.make_nccl_id();
+    } else {
+#if RINGRUN_WITH_GPU_SEAM
+      id = MaybeCreateNcclUniqueId();
+#endif
+    }
+  }
   if (transport_) {
     std::vector<char> buf(4 + 512, 0);
     uint32_t len = static_cast<uint32_t>(std::min<size_t>(id.size(), 512));
@@ -787,21 +807,24 @@ Result<DeviceBackend*> Engine::Device() {
     std::memcpy(&len, buf.data(), 4);
     id.assign(buf.data() + 4, std::min<uint32_t>(len, 512));
   }
-  Result<std::unique_ptr<DeviceBackend>> made =
-      MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id, options_.timeout_ms);
+  Result<std::unique_ptr<DeviceBackend>> made = InvalidArgument("this build has no GPU backend");
+  if (options_.make_device) {
+    made = options_.make_device(id);
+  } else {
+#if RINGRUN_WITH_GPU_SEAM
+    made = MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id,
+                             options_.timeout_ms);
+#endif
+  }
   if (!made.ok()) {
     device_error_ = made.status().Annotate("GPU backend");
     return device_error_;
   }
   device_ = std::move(made.value());
   return device_.get();
-#else
-  return InvalidArgument("this build has no GPU backend");
-#endif
 }
 
 Status Engine::RunDevice(const Response& r, Entry* e) {
-#if RINGRUN_WITH_GPU_SEAM
   Result<DeviceBackend*> dev = Device();
   if (!dev.ok()) return dev.status();
   if (!e) return InvalidArgument("device collective without a local entry");
@@ -827,10 +850,6 @@ Status Engine::RunDevice(const Response& r, Entry* e) {
                     "\"bytes\": " + std::to_string(q.count * q.ElemBytes()));
   }
   return st;
-#else
-  (void)r, (void)e;
-  return InvalidArgument("this build has no GPU backend");
-#endif
 }
 
 void Engine::Complete(const std::string& name, ringrun_status st, const std::string& message) {
@@ -842,15 +861,28 @@ void Engine::Complete(const std::string& name, ringrun_status st, const std::str
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.erase(name);
   }
-  std::lock_guard<std::mutex> lock(h->mu);
-  if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
-    h->status = st;
-    h->message = message;
+  bool done;
+  {
+    std::lock_guard<std::mutex> lock(h->mu);
+    if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
+      h->status = st;
+      h->message = message;
+    }
+    done = --h->remaining == 0;
+    h->done = done;
   }
-  if (--h->remaining == 0) {
-    h->done = true;
+  // Waiters are woken after the whole round's handles are done (NotifyCompleted): a thread
+  // waiting on one handle after another then finds the next ones done instead of being woken,
+  // and preempting the engine, once per handle.
+  if (done) completed_.push_back(std::move(h));
+}
+
+void Engine::NotifyCompleted() {
+  for (const std::shared_ptr<HandleState>& h : completed_) {
+    std::lock_guard<std::mutex> lock(h->mu);  // pairs with the waiter's check of done
     h->cv.notify_all();
   }
+  completed_.clear();
 }
 
 void Engine::FailAll(ringrun_status code, const Status& st) {
@@ -867,6 +899,7 @@ void Engine::FailAll(ringrun_status code, const Status& st) {
   std::vector<std::string> names;
   for (const auto& [name, e] : entries_) names.push_back(name);
   for (const std::string& n : names) Complete(n, code, st.message());
+  NotifyCompleted();
 }
 
 }  // namespace ringrun::runtime::engine

@@ -59,6 +59,13 @@ struct EngineOptions {
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
   const EngineClock* clock = nullptr;  // default: the steady clock
+  // The GPU seam (tests inject fakes): whether a pointer is device memory, and the backend's
+  // factory, called on the engine thread at the first device collective with the NCCL id that
+  // rank 0 made (make_nccl_id, rank 0 only) and broadcast over the CPU transport. Unset: the
+  // build's own (gpu/device_backend.h), or none.
+  std::function<bool(const void*)> is_device;
+  std::function<std::string()> make_nccl_id;
+  std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string& nccl_id)> make_device;
 };
 
 // The object behind a ringrun_handle.
@@ -116,7 +123,9 @@ class Engine {
   void Loop();
   void SleepOnDoorbell(Deadline deadline);
   Status Hello();
-  Status Round(std::vector<Entry> fresh);
+  // One negotiation round announcing `fresh`. A non-empty `abort` tells every rank to fail
+  // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
+  Status Round(std::vector<Entry> fresh, const std::string& abort = "");
   Result<std::vector<std::string>> Exchange(const std::string& mine);
   void Execute(std::vector<Response>& responses);
   Status RunBatch(Batch& b);
@@ -128,6 +137,7 @@ class Engine {
                        int contributors);
   Result<DeviceBackend*> Device();
   void Complete(const std::string& name, ringrun_status st, const std::string& message);
+  void NotifyCompleted();
   // Fails everything pending and queued with st; later submissions fail with it too.
   void FailAll(ringrun_status code, const Status& st);
   CollectiveContext Context();
@@ -137,6 +147,7 @@ class Engine {
   SteadyClock steady_;
   const EngineClock* const clock_;
   const Group world_;
+  const std::function<bool(const void*)> is_device_;
   UniqueFd doorbell_;  // eventfd
 
   std::mutex mu_;
@@ -160,6 +171,7 @@ class Engine {
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
   std::vector<char> zeros_;
+  std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
 
   std::thread thread_;
 };

@@ -49,7 +49,29 @@ std::string Request::FieldValue(const std::string& field) const {
   return "?";
 }
 
+bool Request::Matches(const Request& o) const {
+  if (kind != o.kind || device != o.device) return false;
+  switch (kind) {
+    case Kind::kAllreduce:
+      return dtype == o.dtype && op == o.op && prescale == o.prescale && postscale == o.postscale &&
+             flags == o.flags && count == o.count;
+    case Kind::kReduceScatter:
+      return dtype == o.dtype && op == o.op && count == o.count;
+    case Kind::kBroadcast:
+      return dtype == o.dtype && root == o.root && count == o.count;
+    case Kind::kAllgather:
+    case Kind::kAlltoall:
+      return dtype == o.dtype && row_elems == o.row_elems &&
+             (!(fixed || o.fixed) || count == o.count);
+    case Kind::kBarrier:
+    case Kind::kJoin:
+      return true;
+  }
+  return false;
+}
+
 std::string Request::Differs(const Request& o) const {
+  if (Matches(o)) return "";  // the common case, without building any string
   std::vector<const char*> fields = {"collective", "device"};
   if (kind != o.kind) return "collective";
   switch (kind) {

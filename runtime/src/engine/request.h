@@ -42,6 +42,8 @@ struct Request {
   // The first field that must match and differs from o's ("collective", "dtype", "count",
   // ...), or "" when they match.
   std::string Differs(const Request& o) const;
+  // Differs(o).empty(), cheaply.
+  bool Matches(const Request& o) const;
   // This request's value of such a field, for messages ("float32", "(1, 0.5)", ...).
   std::string FieldValue(const std::string& field) const;
   // Allreduces fuse when these are equal.

@@ -15,7 +15,8 @@ void ResponseCache::Put(const Request& req) {
   auto it = by_name_.find(req.name);
   if (it != by_name_.end()) {
     // Arguments changed: replace in place; every rank does the same, so the id stays valid.
-    entries_[it->second] = Item{req, std::move(enc)};
+    Item& item = entries_[it->second];
+    if (item.encoded != enc) item = Item{req, std::move(enc)};
     return;
   }
   if (entries_.size() >= capacity_) return;

@@ -1,6 +1,7 @@
 #include "engine/stall_inspector.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace ringrun::runtime::engine {
 
@@ -41,7 +42,9 @@ std::string StallInspector::Report(const std::vector<PendingView>& pending, int6
     }
   }
   if (out.empty()) return "";
-  return "stalled for more than " + std::to_string(min_us / 1000000) +
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%g", static_cast<double>(min_us) / 1e6);
+  return std::string("stalled for more than ") + secs +
          " s: tensors submitted by some ranks and not by others:" + out;
 }
 

@@ -1,0 +1,254 @@
+// A gradient step through the engine, against its ceiling and its alternatives.
+//
+//   grad_step_bench [--model FILE] [--rounds N] [--gap-us US] [--small-reps N]
+//
+// Each rank loads a model's parameter shapes (benchmarks/models/*.txt), allocates one float32
+// gradient per parameter, and per round runs, in alternating order:
+//   engine       one thread submits every gradient by name, in reverse order (as backward
+//                produces them) with --gap-us between submissions, then waits for all;
+//   engine_nofuse the same with RINGRUN_FUSION_THRESHOLD=0 (the runtime is re-initialized);
+//   blocking     the same gradients as blocking per-tensor allreduces, in reverse order;
+//   ceiling      one blocking allreduce of all the gradients' bytes in one buffer.
+// Then: a warm step of one 4-byte tensor per parameter (named, cached) against one blocking
+// 4-byte allreduce, and the idle engine (CPU time and context switches of the whole process
+// over 2 s with nothing submitted). Rank 0 prints medians; busbw = bytes * 2(n-1)/n / time.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ringrun/ringrun.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+void Die(const char* what) {
+  std::fprintf(stderr, "grad_step_bench: rank %d: %s: %s\n", ringrun_rank(), what,
+               ringrun_error_message());
+  std::exit(1);
+}
+void Check(ringrun_status st, const char* what) {
+  if (st != RINGRUN_OK) Die(what);
+}
+
+struct Tensor {
+  std::string name;
+  size_t count;
+};
+
+std::vector<Tensor> LoadShapes(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "grad_step_bench: cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::vector<Tensor> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ss(line);
+    Tensor t;
+    ss >> t.name;
+    t.count = 1;
+    for (size_t d; ss >> d;) t.count *= d;
+    out.push_back(t);
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void SpinFor(double us) {
+  const double until = Now() + us * 1e-6;
+  while (Now() < until) {
+  }
+}
+
+void Reinit(const char* fusion) {
+  ringrun_shutdown();
+  if (fusion) {
+    setenv("RINGRUN_FUSION_THRESHOLD", fusion, 1);
+  } else {
+    unsetenv("RINGRUN_FUSION_THRESHOLD");
+  }
+  Check(ringrun_init(), "ringrun_init");
+}
+
+// One engine step: submit in reverse with gaps, then wait for all.
+double EngineStep(const std::vector<Tensor>& ts, std::vector<std::vector<float>>& bufs,
+                  double gap_us) {
+  std::vector<ringrun_handle> hs(ts.size());
+  Check(ringrun_barrier(), "barrier");
+  const double t0 = Now();
+  for (size_t k = ts.size(); k-- > 0;) {
+    Check(
+        ringrun_allreduce_submit(ts[k].name.c_str(), bufs[k].data(), bufs[k].data(), bufs[k].size(),
+                                 RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &hs[k]),
+        "submit");
+    if (gap_us > 0 && k > 0) SpinFor(gap_us);
+  }
+  for (ringrun_handle h : hs) {
+    if (ringrun_wait(h) != RINGRUN_OK) {
+      std::fprintf(stderr, "%s: %s\n", ringrun_handle_name(h), ringrun_handle_message(h));
+      std::exit(1);
+    }
+    ringrun_release(h);
+  }
+  return Now() - t0;
+}
+
+double BlockingStep(const std::vector<Tensor>& ts, std::vector<std::vector<float>>& bufs) {
+  Check(ringrun_barrier(), "barrier");
+  const double t0 = Now();
+  for (size_t k = ts.size(); k-- > 0;) {
+    Check(ringrun_allreduce(bufs[k].data(), bufs[k].data(), bufs[k].size(), RINGRUN_FLOAT32,
+                            RINGRUN_SUM),
+          "allreduce");
+  }
+  return Now() - t0;
+}
+
+double CeilingStep(std::vector<float>& all) {
+  Check(ringrun_barrier(), "barrier");
+  const double t0 = Now();
+  Check(ringrun_allreduce(all.data(), all.data(), all.size(), RINGRUN_FLOAT32, RINGRUN_SUM),
+        "allreduce");
+  return Now() - t0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "benchmarks/models/resnet50.txt";
+  int rounds = 7, small_reps = 200;
+  double gap_us = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--model") {
+      model = argv[i + 1];
+    } else if (a == "--rounds") {
+      rounds = std::atoi(argv[i + 1]);
+    } else if (a == "--gap-us") {
+      gap_us = std::atof(argv[i + 1]);
+    } else if (a == "--small-reps") {
+      small_reps = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: grad_step_bench [--model FILE] [--rounds N] [--gap-us US]"
+                   " [--small-reps N]\n");
+      return 2;
+    }
+  }
+  const char* fusion_env = std::getenv("RINGRUN_FUSION_THRESHOLD");
+  const std::string fusion = fusion_env ? fusion_env : "";
+  Check(ringrun_init(), "ringrun_init");
+  const int n = ringrun_size(), rank = ringrun_rank();
+  std::vector<Tensor> ts = LoadShapes(model);
+  size_t total = 0;
+  std::vector<std::vector<float>> bufs;
+  for (const Tensor& t : ts) {
+    bufs.emplace_back(t.count, 1.0f);
+    total += t.count;
+  }
+  std::vector<float> all(total, 1.0f);
+  const double bytes = static_cast<double>(total) * 4;
+  const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+
+  std::map<std::string, std::vector<double>> times;
+  std::vector<std::string> modes = {"engine", "engine_nofuse", "blocking", "ceiling"};
+  if (const char* only = std::getenv("GRAD_STEP_ONLY")) modes = {only};  // for a timeline
+  // One warm-up pass of every mode (connections, caches, the fusion buffer).
+  for (int round = -1; round < rounds; ++round) {
+    for (size_t m = 0; m < modes.size(); ++m) {
+      const std::string& mode = modes[(m + static_cast<size_t>(round + 1)) % modes.size()];
+      double t;
+      if (mode == "engine_nofuse") {
+        Reinit("0");
+        t = EngineStep(ts, bufs, gap_us);
+        Reinit(fusion.empty() ? nullptr : fusion.c_str());
+      } else if (mode == "engine") {
+        t = EngineStep(ts, bufs, gap_us);
+        t = std::max(t, 0.0);
+      } else if (mode == "blocking") {
+        t = BlockingStep(ts, bufs);
+      } else {
+        t = CeilingStep(all);
+      }
+      if (round >= 0) times[mode].push_back(t);
+    }
+  }
+
+  // Warm step of one 4-byte tensor per parameter against one blocking 4-byte allreduce.
+  std::vector<float> small(ts.size(), 1.0f);
+  std::vector<double> step_small, one_small;
+  std::vector<ringrun_handle> hs(ts.size());
+  for (int rep = -5; rep < small_reps; ++rep) {
+    Check(ringrun_barrier(), "barrier");
+    double t0 = Now();
+    for (size_t k = ts.size(); k-- > 0;) {
+      Check(ringrun_allreduce_submit(ts[k].name.c_str(), &small[k], &small[k], 1, RINGRUN_FLOAT32,
+                                     RINGRUN_SUM, 1.0, 1.0, 0, &hs[k]),
+            "submit");
+    }
+    for (ringrun_handle h : hs) {
+      Check(ringrun_wait(h), "wait");
+      ringrun_release(h);
+    }
+    const double t_step = Now() - t0;
+    Check(ringrun_barrier(), "barrier");
+    t0 = Now();
+    Check(ringrun_allreduce(&small[0], &small[0], 1, RINGRUN_FLOAT32, RINGRUN_SUM), "allreduce");
+    const double t_one = Now() - t0;
+    if (rep >= 0) step_small.push_back(t_step), one_small.push_back(t_one);
+  }
+
+  // The idle engine: nothing submitted for 2 s.
+  Check(ringrun_barrier(), "barrier");
+  rusage r0, r1;
+  getrusage(RUSAGE_SELF, &r0);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  getrusage(RUSAGE_SELF, &r1);
+  auto cpu = [](const rusage& u) {
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  const double idle_cpu = cpu(r1) - cpu(r0);
+  const long idle_switches = (r1.ru_nvcsw - r0.ru_nvcsw) + (r1.ru_nivcsw - r0.ru_nivcsw);
+  Check(ringrun_barrier(), "barrier");
+
+  if (rank == 0) {
+    std::printf("model %s: %zu tensors, %.1f MB float32; np=%d, %d rounds, gap %.0f us\n",
+                model.c_str(), ts.size(), bytes / 1e6, n, rounds, gap_us);
+    std::printf("%-14s %12s %12s %10s\n", "case", "step_ms", "busbw_GBps", "vs_ceiling");
+    const double ceil = Median(times["ceiling"]);
+    for (const std::string& m : {std::string("ceiling"), std::string("engine"),
+                                 std::string("engine_nofuse"), std::string("blocking")}) {
+      const double t = Median(times[m]);
+      std::printf("%-14s %12.2f %12.2f %9.0f%%\n", m.c_str(), t * 1e3, bytes * factor / t / 1e9,
+                  100.0 * ceil / t);
+    }
+    const double s = Median(step_small), o = Median(one_small);
+    std::printf(
+        "warm step of %zu 4-byte tensors: %.1f us; one blocking 4-byte allreduce: %.1f us;"
+        " ratio %.2f\n",
+        ts.size(), s * 1e6, o * 1e6, s / o);
+    std::printf("idle 2 s (rank 0 process): %.4f s CPU, %ld context switches\n", idle_cpu,
+                idle_switches);
+  }
+  ringrun_shutdown();
+  return 0;
+}

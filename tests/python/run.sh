@@ -65,6 +65,11 @@ install)
   (cd / && env -i PATH=/usr/bin:/bin PYTHONPATH="$site" $PY -c 'import ringrun.torch, ringrun; print(ringrun._lib.library_path)') \
     >"$WORK/import" 2>&1 || { cat "$WORK/import"; fail "import from the installed prefix"; }
   grep -q "^$prefix" "$WORK/import" || fail "imported the wrong library: $(cat "$WORK/import")"
+  # DESTDIR (packaging): everything lands under it, _config.py naming the final path.
+  DESTDIR=$WORK/dest cmake --install "$build" --prefix "$WORK/final" >/dev/null 2>&1 || fail "DESTDIR install"
+  cfg=$(find "$WORK/dest" -path '*/ringrun/_config.py' | head -1)
+  [[ -n $cfg ]] && grep -q "\"$WORK/final/" "$cfg" || fail "DESTDIR: _config.py missing or wrong"
+  [[ ! -e $WORK/final ]] || fail "DESTDIR install wrote outside DESTDIR"
   # A virtual environment made with --system-site-packages, as docs/python.md says.
   $PY -m venv --system-site-packages "$WORK/venv" || fail "venv"
   vsite=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')

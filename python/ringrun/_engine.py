@@ -121,21 +121,12 @@ def submit(fn, name=None, keep=()):
     return w.submit(name, fn, keep)
 
 
-def poll(h):
-    return h._done.is_set()
-
-
-def wait(h):
-    """The handle's result; raises what the collective raised. Interruptible by Ctrl-C."""
+def _worker_wait(h):
     while not h._done.wait(WAIT_SLICE_S):
         pass
     if h._error is not None:
         raise h._error
     return h._result
-
-
-def run(fn, name=None, keep=()):
-    return wait(submit(fn, name, keep))
 
 
 # ---- Collectives over raw buffers (pointers as ints, counts in elements). -------------------
@@ -576,26 +567,28 @@ def _native_join(name=None):
                           lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr))
 
 
-_fallback_poll, _fallback_wait = poll, wait
+# ---- Waiting on any handle ------------------------------------------------------------------
 
-
-def poll(h):  # noqa: F811 - one entry point for every kind of handle
+def poll(h):
+    """True once h has completed (never blocks)."""
     if isinstance(h, NativeHandle):
         return _native_poll(h)
     if isinstance(h, _Done):
         return True
-    return _fallback_poll(h)
+    return h._done.is_set()
 
 
-def wait(h):  # noqa: F811
+def wait(h):
+    """The handle's result; raises what the collective raised. Interruptible by Ctrl-C."""
     if isinstance(h, NativeHandle):
         return _native_wait(h)
     if isinstance(h, _Done):
         return h._result
-    return _fallback_wait(h)
+    return _worker_wait(h)
 
 
-def run(fn, name=None, keep=()):  # noqa: F811
+def run(fn, name=None, keep=()):
+    """fn on the worker thread, waited for."""
     return wait(submit(fn, name, keep))
 
 

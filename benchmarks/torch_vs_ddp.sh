@@ -30,15 +30,18 @@ for ((round = 1; round <= rounds; round++)); do
 done
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-echo "| model | np | DDP samples/s | ringrun samples/s | ringrun / DDP | ringrun np=N / np=1 |"
-echo "| --- | --- | --- | --- | --- | --- |"
+# ringrun / DDP both ways: the ratio of the two medians, and the median of each round's ratio
+# (the two runs of a round are a minute apart, so the latter follows a changing load better).
+echo "| model | np | DDP samples/s | ringrun samples/s | ringrun / DDP | per-round ratio (median) | ringrun np=N / np=1 |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
 for model in $models; do
   base=""
   for np in $nps; do
     d=$(awk -v m="$model" -v n="$np" '$2 == m && $3 == n { print $4 }' "$out" | median)
     r=$(awk -v m="$model" -v n="$np" '$2 == m && $3 == n { print $5 }' "$out" | median)
+    q=$(awk -v m="$model" -v n="$np" '$2 == m && $3 == n && $4 > 0 { print $5 / $4 }' "$out" | median)
     [[ -z $base ]] && base=$r
-    awk -v m="$model" -v n="$np" -v d="$d" -v r="$r" -v b="$base" 'BEGIN {
-      printf "| %s | %d | %.1f | %.1f | %.2fx | %.2fx |\n", m, n, d, r, (d > 0 ? r / d : 0), (b > 0 ? r / b : 0) }'
+    awk -v m="$model" -v n="$np" -v d="$d" -v r="$r" -v b="$base" -v q="$q" 'BEGIN {
+      printf "| %s | %d | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n", m, n, d, r, (d > 0 ? r / d : 0), q, (b > 0 ? r / b : 0) }'
   done
 done

@@ -1,5 +1,6 @@
 #include "launcher/environment.h"
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -210,6 +211,29 @@ Result<std::pair<std::string, std::string>> ParseExportFlag(
                          "=VALUE to give it a value)");
 }
 
+const std::vector<std::string>& ThreadCountVariables() {
+  static const std::vector<std::string> kNames = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                  "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                                                  "GOTO_NUM_THREADS"};
+  return kNames;
+}
+
+int DefaultThreadsPerRank(const std::vector<std::string>& launcher_env,
+                          const std::vector<std::pair<std::string, std::string>>& exports,
+                          int local_size, int host_cores) {
+  if (local_size <= 1) return 0;
+  for (const std::string& name : ThreadCountVariables()) {
+    const std::string prefix = name + "=";
+    for (const std::string& entry : launcher_env) {
+      if (entry.compare(0, prefix.size(), prefix) == 0) return 0;
+    }
+    for (const auto& kv : exports) {
+      if (kv.first == name) return 0;
+    }
+  }
+  return std::max(1, host_cores / local_size);
+}
+
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
     const std::vector<std::pair<std::string, std::string>>& exports, const RankPlacement& placement,
@@ -225,6 +249,12 @@ std::vector<std::string> BuildRankEnvironment(
   for (const auto& [name, value] : exports) {
     if (name.empty()) continue;
     env.Set(name, value);
+  }
+  if (job.threads_per_rank > 0) {
+    const std::string threads = std::to_string(job.threads_per_rank);
+    for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+      env.Set(name, threads);
+    }
   }
 
   const std::string rank = std::to_string(placement.rank);

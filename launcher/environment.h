@@ -42,7 +42,22 @@ struct JobContext {
   std::string master_addr;  // rank 0's host address
   int master_port = 0;      // a port found free on rank 0's host
   int size = 0;
+  // > 0: the rank gets OMP_NUM_THREADS and the BLAS thread counts set to this (see
+  // DefaultThreadsPerRank); 0: they are left as inherited.
+  int threads_per_rank = 0;
 };
+
+// The variables that choose a rank's compute threads: OMP_NUM_THREADS and the BLAS libraries'
+// own counts (OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, BLIS_NUM_THREADS, GOTO_NUM_THREADS).
+const std::vector<std::string>& ThreadCountVariables();
+
+// Threads per rank, as torchrun: when a host runs several ranks (local_size > 1) and none of
+// ThreadCountVariables is set in `launcher_env` or by an export, the host's ranks share its
+// cores: max(1, host_cores / local_size). Otherwise 0 (leave them alone: one rank per host
+// uses every core; a value the user set, with -x or in the environment, wins).
+int DefaultThreadsPerRank(const std::vector<std::string>& launcher_env,
+                          const std::vector<std::pair<std::string, std::string>>& exports,
+                          int local_size, int host_cores);
 
 // launcher_env: "NAME=VALUE" strings (environ). Exports override the launcher's values;
 // contract variables override both. Order: inherited, then exports, then contract.
@@ -53,7 +68,8 @@ struct JobContext {
 // Contract values: RINGRUN_* and HOROVOD_* from the placement and `job`; torchrun's RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (= placement.node_rank),
 // GROUP_WORLD_SIZE (= placement.node_count; left out when 0), ROLE_RANK, ROLE_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT.
+// MASTER_ADDR and MASTER_PORT. With job.threads_per_rank > 0, OMP_NUM_THREADS,
+// OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to it (after the exports).
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
     const std::vector<std::pair<std::string, std::string>>& exports, const RankPlacement& placement,

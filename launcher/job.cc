@@ -116,6 +116,9 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
   std::vector<std::string> launcher_env;
   for (char** e = environ; *e; ++e) launcher_env.emplace_back(*e);
   const int host0 = placement_[0].host_index;
+  // The hosts of a job are taken to be alike: this machine's core count stands for each.
+  const int host_cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads_note = 0, threads_note_ranks = 0;
   for (const auto& p : placement_) {
     JobContext ctx;
     ctx.job_id = job_id_;
@@ -126,6 +129,12 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
     ctx.master_addr = AddressOf(host0, registered);
     ctx.master_port = registered.at(host0).free_port;
     ctx.size = static_cast<int>(placement_.size());
+    ctx.threads_per_rank =
+        DefaultThreadsPerRank(launcher_env, options_.exports, p.local_size, host_cores);
+    if (ctx.threads_per_rank > 0 && threads_note == 0) {
+      threads_note = ctx.threads_per_rank;
+      threads_note_ranks = p.local_size;
+    }
     v1::RankSpec spec;
     spec.set_rank(p.rank);
     spec.set_local_rank(p.local_rank);
@@ -135,6 +144,13 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
     }
     spec.set_cwd(cwd_);
     specs[p.host_index].push_back(std::move(spec));
+  }
+  if (threads_note > 0) {
+    std::fprintf(stderr,
+                 "ringrun: %d ranks share a host's %d cores: OMP_NUM_THREADS, "
+                 "OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set to %d per rank (set one, or "
+                 "-x OMP_NUM_THREADS=N, to choose)\n",
+                 threads_note_ranks, host_cores, threads_note);
   }
   return specs;
 }

@@ -7,6 +7,8 @@
 #   4. ringrun-bench --device cuda at np=1 and np=2 (busbw at 1 MiB and 256 MiB);
 #   5. a peer stopped (SIGSTOP) and a peer killed (SIGKILL) in the middle of an allreduce: the
 #      other rank must fail (NCCL aborted) within the collective timeout;
+#   6. ringrun.torch on CUDA tensors at np=1 and np=2 (tests/gpu/torch_cuda_check.py; SKIP when
+#      the machine's torch has no CUDA);
 #   (1 and 2 include the engine's device checks: named device allreduces submitted in a
 #   different order per rank, negotiated and run on NCCL, the NCCL id made at the first device
 #   collective and broadcast over the CPU transport; and a CPU-only job must not load CUDA.)
@@ -42,7 +44,7 @@ t=$(now)
 if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
      >"$TMP/cmake.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
-     ringrun-bench gpu_collectives runtime_test_worker >"$TMP/build.log" 2>&1; then
+     ringrun-bench gpu_collectives runtime_test_worker ringrun_python >"$TMP/build.log" 2>&1; then
   row "build (RINGRUN_WITH_NCCL=ON)" PASS "$(since "$t")" "$(grep -m1 'NCCL backend' "$TMP/cmake.log" | sed 's/^-- //')"
 else
   tail -30 "$TMP/cmake.log" "$TMP/build.log"
@@ -161,6 +163,21 @@ kill_row() {  # SIGNAL
 }
 kill_row STOP
 kill_row KILL
+
+# 6. ringrun.torch with CUDA tensors (the Python package's GPU path).
+for np in 1 2; do
+  t=$(now)
+  out=$(PYTHONPATH=$BUILD/python timeout 180 "$BIN/ringrun" -np "$np" "$WRAP" /usr/bin/python3 \
+          "$SRC/tests/gpu/torch_cuda_check.py" 2>&1)
+  rc=$?
+  if grep -q "has no CUDA" <<<"$out"; then
+    rows+=("$(printf '%-34s %-5s %7ss  %s' "ringrun.torch CUDA, np=$np" SKIP "$(since "$t")" "torch without CUDA")")
+    continue
+  fi
+  [[ $rc == 0 ]] || tail -15 <<<"$out"
+  row "ringrun.torch CUDA, np=$np" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "$(since "$t")" \
+    "$(tail -1 <<<"$out" | cut -c1-100)"
+done
 
 echo
 echo "ringrun gpu-check on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -11,7 +11,9 @@ pkgs=(
   openmpi-bin libopenmpi-dev libgloo-dev
   slurmctld slurmd slurm-client munge  # the slurm tests: a real Slurm 22.05 (scripts/test-slurm-cluster.sh)
   dataset-fashion-mnist
-  python3-torch  # a real torch.distributed client for the env:// contract test
+  python3-torch  # torch.distributed for the env:// contract test; ringrun.torch's framework
+  python3-numpy python3-pytest python3-venv  # the Python package, its tests (tests/python)
+  libopenblas0-pthread  # an optimized libblas.so.3 for torch (the reference BLAS is ~10x slower)
   clang clang-14 llvm-14 libclang-rt-14-dev libfuzzer-14-dev  # sanitizer builds, libFuzzer, symbolizer
   bc  # scripts/soak.sh and the cluster tests' timings
 )

@@ -201,6 +201,9 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
   Shape derived = DeriveShape(*peers, env.rank);
   topts.spin = derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
+  // RINGRUN_SPIN=0|1 overrides: a training rank computes on its own thread while the engine
+  // waits, so spinning there takes the core its peer needs (the Python package sets 0).
+  if (const char* spin = std::getenv("RINGRUN_SPIN")) topts.spin = spin[0] != '0';
   shape = derived;
   // The launcher's numbering wins where it gave one.
   if (env.local_rank >= 0) shape.local_rank = env.local_rank;

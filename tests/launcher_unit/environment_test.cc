@@ -288,3 +288,29 @@ TEST_CASE("export: -x errors name the flag", "[environment]") {
   CHECK_THAT(ParseExportFlag("RINGRUN_SECRET=x", {}).status().message(),
              Contains("-x RINGRUN_SECRET"));
 }
+
+TEST_CASE("threads per rank: several ranks on a host share its cores", "[environment]") {
+  using ringrun::launcher::DefaultThreadsPerRank;
+  CHECK(DefaultThreadsPerRank({"PATH=/usr/bin"}, {}, 2, 2) == 1);
+  CHECK(DefaultThreadsPerRank({}, {}, 4, 64) == 16);
+  CHECK(DefaultThreadsPerRank({}, {}, 8, 4) == 1);   // never below one
+  CHECK(DefaultThreadsPerRank({}, {}, 1, 64) == 0);  // one rank per host keeps every core
+  // A count the user chose, in the environment or with -x, wins.
+  CHECK(DefaultThreadsPerRank({"OMP_NUM_THREADS=3"}, {}, 2, 2) == 0);
+  CHECK(DefaultThreadsPerRank({"OPENBLAS_NUM_THREADS=2"}, {}, 2, 8) == 0);
+  CHECK(DefaultThreadsPerRank({"MKL_NUM_THREADS=2"}, {}, 2, 8) == 0);
+  CHECK(DefaultThreadsPerRank({}, {{"OMP_NUM_THREADS", "4"}}, 2, 8) == 0);
+  CHECK(DefaultThreadsPerRank({"OMP_NUM_THREADS_X=1"}, {}, 2, 8) == 4);
+}
+
+TEST_CASE("threads per rank: the counts are set after the exports", "[environment]") {
+  JobContext job = Job();
+  job.threads_per_rank = 3;
+  auto env = AsMap(BuildRankEnvironment({"PATH=/usr/bin"}, {{"OTHER", "x"}}, Placement(), job));
+  CHECK(env["OMP_NUM_THREADS"] == "3");
+  CHECK(env["OPENBLAS_NUM_THREADS"] == "3");
+  CHECK(env["MKL_NUM_THREADS"] == "3");
+  job.threads_per_rank = 0;
+  auto plain = AsMap(BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), job));
+  CHECK(plain.count("OMP_NUM_THREADS") == 0);
+}

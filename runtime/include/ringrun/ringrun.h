@@ -50,6 +50,8 @@
  * Environment read by ringrun_init (the launcher sets these from its flags):
  *   RINGRUN_TIMEOUT_MS                collective timeout (default 60000)
  *   RINGRUN_DISABLE_SHM=1             same-host peers use TCP instead of shared memory
+ *   RINGRUN_SPIN=0|1                  busy-wait up to 1 ms on shared memory before sleeping
+ *                                     (default: when the host's ranks do not outnumber its CPUs)
  *   RINGRUN_FUSION_THRESHOLD          fusion buffer bytes (default 64 MiB; 0 disables fusion);
  *                                     HOROVOD_FUSION_THRESHOLD is read when it is unset
  *   RINGRUN_CACHE_CAPACITY            response cache entries (default 1024)

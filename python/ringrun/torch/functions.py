@@ -1,0 +1,53 @@
+"""Model helpers of horovod/torch/functions.py."""
+import torch
+
+import ringrun
+from ringrun.torch import mpi_ops
+
+
+def broadcast_parameters(params, root_rank):
+    """Broadcasts parameters (a state_dict, named_parameters(), or a list of tensors) from
+    root_rank to every rank, in place."""
+    if isinstance(params, dict):
+        params = sorted(params.items())
+    elif isinstance(params, list):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        params = list(params)
+        if params and not isinstance(params[0], tuple):
+            params = [(None, p) for p in params]
+    handles = []
+    for name, p in params:
+        if p is None:
+            continue
+        t = p.data if isinstance(p, torch.nn.Parameter) else p
+        handles.append(mpi_ops.broadcast_async_(t, root_rank,
+                                                name=f"broadcast.{name}" if name else None))
+    for h in handles:
+        mpi_ops.synchronize(h)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Makes every rank's optimizer state (hyperparameters, momentum buffers, Adam moments,
+    step counts) equal to root_rank's."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state")
+    if ringrun.rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=mpi_ops.global_process_set):
+    """root_rank's obj (pickled; tensors included) on every rank."""
+    mpi_ops._check_process_set(process_set)
+    return mpi_ops._internal(lambda: ringrun.broadcast_object(obj, root_rank, name))
+
+
+def allgather_object(obj, name=None, process_set=mpi_ops.global_process_set):
+    """A list of every rank's obj (pickled), in rank order."""
+    mpi_ops._check_process_set(process_set)
+    return mpi_ops._internal(lambda: ringrun.allgather_object(obj, name))
+
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]

@@ -1,0 +1,595 @@
+"""Horovod's tensor collectives (horovod/torch/mpi_ops.py) over libringrun.
+
+Asynchronous calls return an int handle for poll() and synchronize(); the tensors involved stay
+referenced until synchronize() returns the output. Runtime failures raise HorovodInternalError
+with the runtime's message.
+"""
+import itertools
+import threading
+import warnings
+
+import torch
+
+import ringrun
+from ringrun import _engine, _lib
+from ringrun.torch.compression import Compression
+
+# ---- Process functions -----------------------------------------------------------------------
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed in the runtime (a peer died, the timeout passed, ...)."""
+
+
+def init(comm=None, process_sets=None):
+    """Joins the ringrun job. comm (MPI communicators) and process_sets are not supported."""
+    if comm is not None:
+        raise ValueError("ringrun.torch.init: comm= (an MPI communicator) is not supported; "
+                         "ringrun runs every rank of the job")
+    if process_sets:
+        raise ValueError("ringrun.torch.init: process sets are not supported; only the global "
+                         "process set exists")
+    try:
+        ringrun.init()
+    except _lib.RingrunError as e:
+        raise HorovodInternalError(str(e)) from None
+
+
+shutdown = ringrun.shutdown
+is_initialized = ringrun.is_initialized
+
+
+def _shape_fn(name):
+    core = getattr(ringrun, name)
+
+    def fn():
+        if not ringrun.is_initialized():
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+        return core()
+    fn.__name__ = name
+    fn.__doc__ = core.__doc__
+    return fn
+
+
+size, rank = _shape_fn("size"), _shape_fn("rank")
+local_size, local_rank = _shape_fn("local_size"), _shape_fn("local_rank")
+cross_size, cross_rank = _shape_fn("cross_size"), _shape_fn("cross_rank")
+
+
+def _nccl():
+    try:
+        from ringrun import _config
+        return bool(_config.NCCL_BUILT)
+    except ImportError:
+        return bool(_lib.STREAM_CALLS)
+
+
+def nccl_built():
+    """True when this libringrun has its NCCL backend (CUDA tensors go through it)."""
+    return _nccl()
+
+
+def cuda_built():
+    return _nccl()
+
+
+def mpi_built():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    """Always False: ringrun does not use MPI (its own collectives are thread-safe)."""
+    if not ringrun.is_initialized():
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return False
+
+
+# ---- Ops, dtypes, handles ----------------------------------------------------------------------
+
+Sum, Average, Min, Max, Product = (ringrun.Sum, ringrun.Average, ringrun.Min, ringrun.Max,
+                                   ringrun.Product)
+Adasum = 100  # a distinct value, refused by every call
+_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+
+
+class _ProcessSet:
+    """Only the global process set exists."""
+
+    def __repr__(self):
+        return "global_process_set"
+
+
+global_process_set = _ProcessSet()
+
+_DTYPES = {torch.int8: _lib.INT8, torch.uint8: _lib.UINT8, torch.int32: _lib.INT32,
+           torch.int64: _lib.INT64, torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16,
+           torch.float32: _lib.FLOAT32, torch.float64: _lib.FLOAT64}
+
+
+def _dtype(tensor):
+    d = _DTYPES.get(tensor.dtype)
+    if d is None:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+    return d
+
+
+def _check_op(op):
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by ringrun; supported ops: Average, "
+                                  "Sum, Min, Max, Product")
+    if op not in _OPS:
+        raise ValueError(f"unknown op {op!r}; supported ops: Average, Sum, Min, Max, Product")
+
+
+def _check_process_set(process_set):
+    if process_set is not global_process_set:
+        raise ValueError("process sets are not supported by ringrun; only global_process_set")
+
+
+def handle_average_backwards_compatibility(op, average):
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of "
+                             "them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+def _stream(tensor):
+    if tensor.is_cuda:
+        return torch.cuda.current_stream(tensor.device).cuda_stream
+    return None
+
+
+def _prepare_device(tensor):
+    """Without stream-ordered calls, a CUDA tensor's producer must finish first."""
+    if tensor.is_cuda and not _lib.STREAM_CALLS:
+        torch.cuda.current_stream(tensor.device).synchronize()
+
+
+class _Pending:
+    __slots__ = ("handles", "finish", "keep")
+
+    def __init__(self, handles, finish, keep):
+        self.handles, self.finish, self.keep = handles, finish, keep
+
+
+_handle_map = {}
+_handle_lock = threading.Lock()
+_handle_ids = itertools.count(1)
+
+
+def _register(handles, finish, keep=()):
+    h = next(_handle_ids)
+    with _handle_lock:
+        _handle_map[h] = _Pending(handles, finish, keep)
+    return h
+
+
+def _internal(fn):
+    try:
+        return fn()
+    except _lib.RingrunError as e:
+        raise HorovodInternalError(str(e)) from None
+
+
+def poll(handle):
+    """True once the operation behind handle has completed (synchronize() then returns at once)."""
+    with _handle_lock:
+        p = _handle_map.get(handle)
+    if p is None:
+        raise ValueError(f"handle {handle} was not created or has been synchronized")
+    return all(_engine.poll(h) for h in p.handles)
+
+
+def synchronize(handle):
+    """Waits for an asynchronous operation and returns its output."""
+    with _handle_lock:
+        p = _handle_map.get(handle)
+    if p is None:
+        raise ValueError(f"handle {handle} was not created or has been synchronized")
+    try:
+        results = _internal(lambda: [_engine.wait(h) for h in p.handles])
+    finally:
+        with _handle_lock:
+            _handle_map.pop(handle, None)
+    return p.finish(results)
+
+
+def _submit(make):
+    try:
+        return make()
+    except _lib.RingrunError as e:
+        raise HorovodInternalError(str(e)) from None
+
+
+# ---- allreduce -------------------------------------------------------------------------------
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor):
+    _check_op(op)
+    dtype = _dtype(tensor)
+    if not output.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    tensor = tensor.contiguous()
+    _prepare_device(tensor)
+    integer_average = op == Average and dtype not in _lib.FLOATING
+    c_op = Sum if integer_average else op
+    h = _submit(lambda: _engine.allreduce(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
+                                          dtype, c_op, name, float(prescale_factor),
+                                          float(postscale_factor), keep=(tensor, output),
+                                          stream=_stream(tensor)))
+
+    def finish(_):
+        if integer_average:
+            output.copy_(torch.div(output, size(), rounding_mode="floor"))
+        return output
+    return _register([h], finish, (tensor, output))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts averaging (or op) of tensor over all ranks into a new tensor; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    _check_process_set(process_set)
+    return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                            name, op, prescale_factor, postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce_async."""
+    op = handle_average_backwards_compatibility(op, average)
+    _check_process_set(process_set)
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """allreduce with a gradient: the gradient is allreduced with the same op and factors."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (allreduce(grad_output, average=ctx.average, op=ctx.op,
+                          prescale_factor=ctx.prescale_factor,
+                          postscale_factor=ctx.postscale_factor,
+                          process_set=ctx.process_set), None, None, None, None, None, None)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or op) tensor over all ranks; returns a new tensor. Differentiable."""
+    compressed, ctx = compression.compress(tensor)
+    out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
+                                 postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce; returns tensor."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+# ---- grouped allreduce -----------------------------------------------------------------------
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor):
+    _check_op(op)
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    by_dtype = {}
+    inputs = []
+    for i, (t, o) in enumerate(zip(tensors, outputs)):
+        d = _dtype(t)
+        if not o.is_contiguous():
+            raise ValueError("Tensor is required to be contiguous.")
+        if t.is_cuda:
+            raise NotImplementedError("grouped_allreduce of CUDA tensors: use allreduce_async_ "
+                                      "per tensor")
+        t = t.contiguous()
+        inputs.append(t)
+        by_dtype.setdefault(d, []).append(i)
+    handles, integer = [], []
+    for d, idx in sorted(by_dtype.items()):
+        integer_average = op == Average and d not in _lib.FLOATING
+        if integer_average:
+            integer.extend(idx)
+        entries = [(inputs[i].data_ptr(), outputs[i].data_ptr(), inputs[i].numel()) for i in idx]
+        group_name = name if len(by_dtype) == 1 or name is None else f"{name}.{_lib.DTYPE_NAMES[d]}"
+        handles.append(_submit(lambda: _engine.grouped_allreduce(
+            entries, d, Sum if integer_average else op, group_name, float(prescale_factor),
+            float(postscale_factor), keep=(inputs, outputs))))
+
+    def finish(_):
+        for i in integer:
+            outputs[i].copy_(torch.div(outputs[i], size(), rounding_mode="floor"))
+        return list(outputs)
+    return _register(handles, finish, (inputs, outputs))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts one fused allreduce of a list of tensors into new tensors; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    _check_process_set(process_set)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _grouped_allreduce_async(list(tensors), outputs, name, op, prescale_factor,
+                                    postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    op = handle_average_backwards_compatibility(op, average)
+    _check_process_set(process_set)
+    return _grouped_allreduce_async(list(tensors), list(tensors), name, op, prescale_factor,
+                                    postscale_factor)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op,
+                                                         prescale_factor, postscale_factor,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        average, op, pre, post, ps = ctx.args
+        grads = grouped_allreduce(list(grad_outputs), average=average, op=op, prescale_factor=pre,
+                                  postscale_factor=post, process_set=ps)
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces a list of tensors as one fused collective; returns new tensors."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                         process_set, *[t for t, _ in pairs])
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ---- allgather ---------------------------------------------------------------------------------
+
+
+def _rows(tensor):
+    t = tensor.contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    row_elems = 1
+    for s in t.shape[1:]:
+        row_elems *= s
+    return t, t.shape[0], row_elems
+
+
+def _allgather_async(tensor, name):
+    dtype = _dtype(tensor)
+    if tensor.is_cuda:
+        raise NotImplementedError("allgather of CUDA tensors needs the engine's GPU path; copy "
+                                  "to the CPU first")
+    t, rows, row_elems = _rows(tensor)
+    counts_out = []
+
+    def alloc(counts):
+        counts_out.extend(counts)
+        out = torch.empty((sum(counts),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        return out, out.data_ptr()
+    h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems, dtype, alloc, name,
+                                           keep=(t,)))
+    return h, counts_out
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's tensor on the first dimension; returns a handle."""
+    _check_process_set(process_set)
+    h, _ = _allgather_async(tensor, name)
+    return _register([h], lambda results: results[0])
+
+
+class HorovodAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        _check_process_set(process_set)
+        h, counts = _allgather_async(tensor, name)
+        out = synchronize(_register([h], lambda results: results[0]))
+        ctx.counts = list(counts)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Sum)
+        me = rank()
+        offset = sum(ctx.counts[:me])
+        return grad.narrow(0, offset, ctx.counts[me]), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's tensor concatenated on the first dimension (first dimensions may differ).
+    Differentiable."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+# ---- broadcast ---------------------------------------------------------------------------------
+
+
+def _broadcast_async(tensor, output, root_rank, name):
+    dtype = _dtype(tensor)
+    if not output.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    n = size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {n})")
+    tensor = tensor.contiguous()
+    _prepare_device(tensor)
+    h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
+                                          dtype, root_rank, name, keep=(tensor, output),
+                                          stream=_stream(tensor)))
+    return _register([h], lambda _: output, (tensor, output))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                            root_rank, name)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return _broadcast_async(tensor, tensor, root_rank, name)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Sum)
+        if rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's tensor, as a new tensor on every rank. Differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---- alltoall, reducescatter, barrier, join ---------------------------------------------------
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    dtype = _dtype(tensor)
+    if tensor.is_cuda:
+        raise NotImplementedError("alltoall of CUDA tensors: copy to the CPU first")
+    t, rows, row_elems = _rows(tensor)
+    n = size()
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"alltoall: the first dimension ({rows}) is not divisible by the "
+                             f"number of ranks ({n}); pass splits")
+        split_list = [rows // n] * n
+    else:
+        split_list = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
+    if len(split_list) != n or sum(split_list) != rows or min(split_list) < 0:
+        raise ValueError(f"alltoall: splits {split_list} must have {n} non-negative entries that "
+                         f"sum to the first dimension ({rows})")
+
+    def alloc(received):
+        out = torch.empty((sum(received),) + tuple(t.shape[1:]), dtype=t.dtype)
+        return (out, torch.tensor(received, dtype=torch.int32)), out.data_ptr()
+    h = _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
+                                          name, keep=(t,)))
+    return _register([h], lambda results: results[0] if splits is not None else results[0][0])
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters rows of tensor to the ranks (splits[j] rows to rank j; equal shares without
+    splits) and gathers what they sent. Returns the received tensor, and with splits also the
+    received splits (as Horovod)."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average,
+                        process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    _check_process_set(process_set)
+    _check_op(op)
+    if tensor.is_cuda:
+        raise NotImplementedError("reducescatter of CUDA tensors: copy to the CPU first")
+    compressed, cctx = compression.compress(tensor)
+    t, rows, row_elems = _rows(compressed)
+    dtype = _dtype(t)
+    n, me = size(), rank()
+    q, rem = divmod(rows, n)
+    out = torch.empty((q + (1 if me < rem else 0),) + tuple(t.shape[1:]), dtype=t.dtype)
+    integer_average = op == Average and dtype not in _lib.FLOATING
+    if prescale_factor != 1.0:
+        t = t * prescale_factor
+    h = _submit(lambda: _engine.reducescatter(t.data_ptr(), out.data_ptr(), rows, row_elems, dtype,
+                                              Sum if integer_average else op, name,
+                                              keep=(t, out)))
+
+    def finish(_):
+        result = out
+        if integer_average:
+            result = torch.div(result, n, rounding_mode="floor")
+        if postscale_factor != 1.0:
+            result = result * postscale_factor
+        return compression.decompress(result, cctx)
+    return _register([h], finish, (t, out))
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """op over ranks of tensor, scattered on the first dimension: each rank gets rows // size
+    rows and the first rows % size ranks one more."""
+    return synchronize(reducescatter_async(tensor, name, compression, op, process_set,
+                                           prescale_factor, postscale_factor))
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank has called it."""
+    _check_process_set(process_set)
+    _internal(lambda: _engine.wait(_engine.barrier()))
+
+
+def join(device=-1):
+    """This rank has no more data: until every rank has joined, it contributes zeros to the
+    other ranks' allreduces. Returns the rank that joined last."""
+    return _internal(lambda: _engine.wait(_engine.join()))

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The Python package's tests under real ringrun processes (CTest label `python`).
+# Usage: BIN=build/bin PYDIR=build/python run.sh NAME [NP]
+#   pytest FILE NP   run tests/python/FILE.py with pytest on every rank of `ringrun -np NP`
+#   interrupt        Ctrl-C (SIGINT) during a collective's wait raises KeyboardInterrupt at once
+#   rank_raises      a rank raising mid-training ends the job with its exit code and traceback
+#   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
+#   install          cmake --install, then import ringrun.torch from a new shell, system-wide
+#                    and in a --system-site-packages venv
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+: "${BIN:?BIN=build/bin}" "${PYDIR:?PYDIR=build/python}"
+PY=/usr/bin/python3
+export PYTHONPATH=$PYDIR PYTHONDONTWRITEBYTECODE=1 RINGRUN_TIMEOUT_MS=${RINGRUN_TIMEOUT_MS:-20000}
+WORK=$(mktemp -d /tmp/ringrun-python-test.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+$PY -c 'import torch, pytest, numpy' 2>/dev/null || { echo "needs Debian's python3-torch, python3-pytest, python3-numpy"; exit 77; }
+
+case "$1" in
+pytest)
+  file=$2 np=$3
+  timeout 240 "$BIN/ringrun" -np "$np" $PY -m pytest -q -p no:cacheprovider -o "cache_dir=$WORK" \
+    "$here/$file.py" ;;
+interrupt)
+  out=$(timeout 60 "$BIN/ringrun" -np 2 $PY "$here/interrupt_wait.py" 2>&1) || fail "$out"
+  secs=$(grep -o 'interrupted after [0-9.]*' <<<"$out" | awk '{print $3}')
+  [[ -n $secs ]] || fail "no KeyboardInterrupt: $out"
+  awk -v s="$secs" 'BEGIN { exit !(s < 2.0) }' || fail "KeyboardInterrupt came after $secs s"
+  echo "interrupted after $secs s" ;;
+rank_raises)
+  start=$(date +%s)
+  timeout 60 "$BIN/ringrun" -np 2 $PY "$here/raise_mid_training.py" >"$WORK/out" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - start))
+  cat "$WORK/out"
+  [[ $rc == 1 ]] || fail "exit code $rc, expected rank 1's 1"
+  # Rank 0 fails too (its peer is gone), so the launcher may report either rank first; rank 1's
+  # traceback must be there.
+  grep -q '^\[1\]<stderr>:RuntimeError: boom at step 3 on rank 1' "$WORK/out" || fail "no traceback of rank 1"
+  grep -q 'exited with code 1' "$WORK/out" || fail "the launcher did not report the exit code"
+  ((secs < 30)) || fail "took $secs s (a rank hung)" ;;
+example)
+  [[ -d /usr/share/datasets/fashion-mnist ]] || { echo "needs dataset-fashion-mnist"; exit 77; }
+  ex=$here/../../examples/pytorch/train_fashion_mnist.py
+  timeout 200 "$BIN/ringrun" -np 2 $PY "$ex" --epochs 2 --max-batches 40 \
+    --checkpoint "$WORK/ckpt" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "example"; }
+  cat "$WORK/out"
+  acc=$(grep -o 'test_accuracy=[0-9.]*' "$WORK/out" | cut -d= -f2)
+  [[ -n $acc && -f $WORK/ckpt ]] || fail "no test_accuracy or checkpoint"
+  awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }' || fail "accuracy $acc after 80 batches"
+  [[ $(grep -c 'test_accuracy=' "$WORK/out") == 1 ]] || fail "test_accuracy printed by more than rank 0"
+  timeout 200 "$BIN/ringrun" -np 2 $PY "$ex" --epochs 2 --max-batches 40 \
+    --checkpoint "$WORK/ckpt" >"$WORK/out2" 2>&1 || { cat "$WORK/out2"; fail "resume"; }
+  cat "$WORK/out2"
+  grep -q 'resuming from .* after epoch 2' "$WORK/out2" || fail "did not resume"
+  grep -q "test_accuracy=$acc" "$WORK/out2" || fail "resumed model differs: $(grep test_accuracy "$WORK/out2")" ;;
+install)
+  build=$(cd "$BIN/.." && pwd)
+  prefix=$WORK/prefix
+  cmake --install "$build" --prefix "$prefix" >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; fail "cmake --install"; }
+  site=$(find "$prefix" -type d -name dist-packages | head -1)
+  [[ -f $site/ringrun/torch/__init__.py ]] || fail "package not installed under $prefix"
+  grep -q "$prefix" "$site/ringrun/_config.py" || fail "_config.py does not name the installed library"
+  (cd / && env -i PATH=/usr/bin:/bin PYTHONPATH="$site" $PY -c 'import ringrun.torch, ringrun; print(ringrun._lib.library_path)') \
+    >"$WORK/import" 2>&1 || { cat "$WORK/import"; fail "import from the installed prefix"; }
+  grep -q "^$prefix" "$WORK/import" || fail "imported the wrong library: $(cat "$WORK/import")"
+  # DESTDIR (packaging): everything lands under it, _config.py naming the final path.
+  DESTDIR=$WORK/dest cmake --install "$build" --prefix "$WORK/final" >/dev/null 2>&1 || fail "DESTDIR install"
+  cfg=$(find "$WORK/dest" -path '*/ringrun/_config.py' | head -1)
+  [[ -n $cfg ]] && grep -q "\"$WORK/final/" "$cfg" || fail "DESTDIR: _config.py missing or wrong"
+  [[ ! -e $WORK/final ]] || fail "DESTDIR install wrote outside DESTDIR"
+  # A virtual environment made with --system-site-packages, as docs/python.md says.
+  $PY -m venv --system-site-packages "$WORK/venv" || fail "venv"
+  vsite=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  RINGRUN_PYTHON_SITE=$vsite cmake --install "$build" --prefix "$prefix" --component python \
+    >"$WORK/install2.log" 2>&1 || { cat "$WORK/install2.log"; fail "cmake --install into the venv"; }
+  (cd / && env -i PATH=/usr/bin:/bin "$WORK/venv/bin/python" -c 'import ringrun.torch as hvd; hvd.init(); print(hvd.size())') \
+    >"$WORK/venv.out" 2>&1 || { cat "$WORK/venv.out"; fail "import in the venv"; }
+  [[ $(cat "$WORK/venv.out") == 1 ]] || fail "venv: $(cat "$WORK/venv.out")"
+  # ... and a job: ringrun -np 2 with the venv's interpreter.
+  (cd / && env -i PATH=/usr/bin:/bin "$BIN/ringrun" -np 2 "$WORK/venv/bin/python" -c \
+    'import ringrun.torch as hvd, torch; hvd.init(); print(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())') \
+    >"$WORK/job.out" 2>&1 || { cat "$WORK/job.out"; fail "job with the venv"; }
+  [[ $(grep -c ':2.0$' "$WORK/job.out") == 2 ]] || fail "venv job: $(cat "$WORK/job.out")"
+  echo "installed and imported: $site, $vsite" ;;
+*)
+  sed -n '2,10p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,323 @@
+"""Every tensor collective of ringrun.torch, for every dtype that torch and ringrun share, at the
+job's size (run at np=1, 2 and 3)."""
+import threading
+
+import pytest
+import torch
+
+import ringrun.torch as hvd
+from ringrun import _engine
+
+hvd.init()  # every rank runs this module's tests in the same order
+
+DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def value(rank, shape, dtype):
+    """Small values so that sums and products are exact in every dtype."""
+    t = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.int64).reshape(shape)
+    return ((t + rank) % 3 + 1).to(dtype)
+
+
+def expected(op, shape, dtype):
+    vals = [value(r, shape, dtype).to(torch.float64) for r in range(hvd.size())]
+    stack = torch.stack(vals)
+    if op == hvd.Sum:
+        out = stack.sum(0)
+    elif op == hvd.Average:
+        out = stack.sum(0) / hvd.size()
+        if not dtype.is_floating_point:
+            out = torch.floor(out)
+    elif op == hvd.Min:
+        out = stack.min(0).values
+    elif op == hvd.Max:
+        out = stack.max(0).values
+    else:
+        out = stack.prod(0)
+    return out
+
+
+def close(a, b, dtype):
+    tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(dtype, 1e-6)
+    assert torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol), (a, b)
+
+
+def test_process_functions():
+    assert hvd.is_initialized()
+    assert 0 <= hvd.rank() < hvd.size()
+    assert 0 <= hvd.local_rank() < hvd.local_size()
+    assert 0 <= hvd.cross_rank() < hvd.cross_size()
+    assert hvd.mpi_built() is False and hvd.gloo_built() is False
+    assert hvd.mpi_threads_supported() is False
+    assert isinstance(hvd.nccl_built(), bool) and hvd.cuda_built() == hvd.nccl_built()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product])
+def test_allreduce(dtype, op):
+    x = value(hvd.rank(), (4, 5), dtype)
+    out = hvd.allreduce(x, op=op, name=f"ar.{dtype}.{op}")
+    assert out.dtype == dtype and out.shape == x.shape
+    close(out, expected(op, (4, 5), dtype), dtype)
+    assert torch.equal(x, value(hvd.rank(), (4, 5), dtype))  # input untouched
+    y = x.clone()
+    assert hvd.allreduce_(y, op=op) is y
+    close(y, expected(op, (4, 5), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_async_forms(dtype):
+    x = value(hvd.rank(), (7,), dtype)
+    h1 = hvd.allreduce_async(x, op=hvd.Sum, name="async.a")
+    y = x.clone()
+    h2 = hvd.allreduce_async_(y, op=hvd.Max, name="async.b")
+    out1 = hvd.synchronize(h1)
+    hvd.synchronize(h2)
+    close(out1, expected(hvd.Sum, (7,), dtype), dtype)
+    close(y, expected(hvd.Max, (7,), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_allreduce_scale_factors(dtype):
+    x = value(hvd.rank(), (6,), dtype)
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    close(out, expected(hvd.Sum, (6,), dtype) * 2.0, dtype)
+
+
+def test_allreduce_average_argument_and_poll():
+    x = torch.ones(3)
+    assert torch.equal(hvd.allreduce(x, average=False), torch.full((3,), float(hvd.size())))
+    with pytest.raises(ValueError, match="supersedes average"):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+    h = hvd.allreduce_async(x, op=hvd.Sum)
+    hvd.synchronize(h) if not hvd.poll(h) else hvd.synchronize(h)
+    with pytest.raises(ValueError):
+        hvd.poll(h)
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.fp16,
+                                         hvd.Compression.bf16])
+def test_allreduce_compression(compression):
+    x = torch.full((5,), 0.25 * (hvd.rank() + 1), dtype=torch.float32)
+    out = hvd.allreduce(x, compression=compression)
+    assert out.dtype == torch.float32
+    close(out, torch.full((5,), 0.25 * (hvd.size() + 1) / 2), torch.float16)
+
+
+def test_allreduce_autograd():
+    x = torch.full((3,), float(hvd.rank() + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), float(hvd.size())))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_allreduce(dtype):
+    xs = [value(hvd.rank(), (3,), dtype), value(hvd.rank(), (2, 2), dtype)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="grouped")
+    for o, x in zip(outs, xs):
+        close(o, expected(hvd.Sum, tuple(x.shape), dtype), dtype)
+    ys = [x.clone() for x in xs]
+    hvd.grouped_allreduce_(ys, op=hvd.Sum)
+    for y, x in zip(ys, xs):
+        close(y, expected(hvd.Sum, tuple(x.shape), dtype), dtype)
+    h = hvd.grouped_allreduce_async(xs, op=hvd.Max)
+    for o, x in zip(hvd.synchronize(h), xs):
+        close(o, expected(hvd.Max, tuple(x.shape), dtype), dtype)
+    ys = [x.clone() for x in xs]
+    hvd.synchronize(hvd.grouped_allreduce_async_(ys, op=hvd.Min))
+    for y, x in zip(ys, xs):
+        close(y, expected(hvd.Min, tuple(x.shape), dtype), dtype)
+
+
+def test_grouped_allreduce_mixed_dtypes_and_autograd():
+    a = torch.ones(2, requires_grad=True)
+    b = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    oa, ob = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    (oa.sum() + ob.sum()).backward()
+    assert torch.equal(a.grad, torch.full((2,), float(hvd.size())))
+    assert torch.equal(b.grad, torch.full((3,), float(hvd.size()), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather_ragged(dtype):
+    r = hvd.rank()
+    x = torch.full((r + 1, 2), r, dtype=torch.int64).to(dtype)
+    out = hvd.allgather(x, name="gather")
+    want = torch.cat([torch.full((q + 1, 2), q, dtype=torch.int64) for q in range(hvd.size())])
+    assert out.dtype == dtype and torch.equal(out.to(torch.int64), want)
+    out2 = hvd.synchronize(hvd.allgather_async(x))
+    assert torch.equal(out2, out)
+
+
+def test_allgather_autograd():
+    r = hvd.rank()
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    hvd.allgather(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((r + 1, 2), float(hvd.size())))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast_forms(dtype):
+    n = hvd.size()
+    for root in range(n):
+        x = value(hvd.rank(), (3, 2), dtype)
+        out = hvd.broadcast(x, root, name=f"bc.{root}")
+        assert torch.equal(out, value(root, (3, 2), dtype))
+        assert torch.equal(x, value(hvd.rank(), (3, 2), dtype))
+        y = x.clone()
+        hvd.broadcast_(y, root)
+        assert torch.equal(y, value(root, (3, 2), dtype))
+        assert torch.equal(hvd.synchronize(hvd.broadcast_async(x, root)), value(root, (3, 2), dtype))
+        y = x.clone()
+        hvd.synchronize(hvd.broadcast_async_(y, root))
+        assert torch.equal(y, value(root, (3, 2), dtype))
+
+
+def test_broadcast_autograd():
+    x = torch.ones(4, requires_grad=True)
+    hvd.broadcast(x, 0).sum().backward()
+    want = float(hvd.size()) if hvd.rank() == 0 else 0.0
+    assert torch.equal(x.grad, torch.full((4,), want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alltoall(dtype):
+    n, r = hvd.size(), hvd.rank()
+    # rank r sends j+1 rows of value 10*r + j to rank j
+    splits = [j + 1 for j in range(n)]
+    x = torch.cat([torch.full((j + 1, 2), 10 * r + j, dtype=torch.int64) for j in range(n)])
+    out, received = hvd.alltoall(x.to(dtype), splits=splits, name="a2a")
+    want = torch.cat([torch.full((r + 1, 2), 10 * q + r, dtype=torch.int64) for q in range(n)])
+    assert torch.equal(out.to(torch.int64), want)
+    assert received.tolist() == [r + 1] * n
+    even = torch.arange(2 * n, dtype=torch.int64).to(dtype)
+    out = hvd.alltoall(even)
+    assert out.shape == (2 * n,)
+    assert torch.equal(hvd.synchronize(hvd.alltoall_async(even)), out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [6, 7])
+def test_reducescatter(dtype, rows):
+    n, r = hvd.size(), hvd.rank()
+    x = value(r, (rows, 2), dtype)
+    out = hvd.reducescatter(x, op=hvd.Sum, name="rs")
+    full = expected(hvd.Sum, (rows, 2), dtype)
+    q, rem = divmod(rows, n)
+    first = r * q + min(r, rem)
+    mine = q + (1 if r < rem else 0)
+    close(out, full[first:first + mine], dtype)
+
+
+def test_barrier_and_join_without_work():
+    hvd.barrier()
+    assert hvd.join() in range(hvd.size())
+
+
+def test_objects_and_parameters():
+    obj = hvd.broadcast_object({"rank": hvd.rank(), "list": [1, 2]}, root_rank=0)
+    assert obj == {"rank": 0, "list": [1, 2]}
+    assert hvd.allgather_object(hvd.rank() * 2) == [2 * q for q in range(hvd.size())]
+    torch.manual_seed(hvd.rank())
+    model = torch.nn.Linear(3, 2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(3, 2)
+    assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_broadcast_optimizer_state(kind):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    if kind == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * (hvd.rank() + 1), momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01 * (hvd.rank() + 1))
+    for _ in range(hvd.rank() + 1):  # different state on every rank
+        opt.zero_grad()
+        model(torch.full((1, 3), float(hvd.rank() + 1))).sum().backward()
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    states = hvd.allgather_object(opt.state_dict())
+    for s in states[1:]:
+        assert s["param_groups"] == states[0]["param_groups"]
+        for k, v in s["state"].items():
+            for name, t in v.items():
+                assert torch.equal(torch.as_tensor(t), torch.as_tensor(states[0]["state"][k][name]))
+
+
+def test_errors():
+    with pytest.raises(NotImplementedError, match="Adasum is not supported.*Average, Sum"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Tensor type .* is not supported"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int16))
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.allreduce_(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="floating dtype"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Sum, prescale_factor=2.0)
+    with pytest.raises(NotImplementedError, match="elastic"):
+        hvd.elastic
+    assert not hasattr(hvd, "ProcessSet")
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        hvd.not_a_name
+
+
+def test_duplicate_name_in_flight():
+    if not _engine.USING_ENGINE:
+        hold = threading.Event()
+        busy = _engine.submit(hold.wait)  # keeps "twice" in flight on this rank
+        h = hvd.allreduce_async(torch.ones(2), name="twice")
+        with pytest.raises(ValueError, match="'twice' is (already|still) in flight"):
+            hvd.allreduce_async(torch.ones(2), name="twice")
+        hold.set()
+        _engine.wait(busy)
+        hvd.synchronize(h)
+        return
+    if hvd.size() == 1:
+        pytest.skip("in a one-rank job a collective completes at submission")
+    # Rank 0's "twice" stays in flight until rank 1 submits it, after the barrier.
+    if hvd.rank() == 0:
+        h = hvd.allreduce_async(torch.ones(2), name="twice")
+        with pytest.raises(ValueError, match="'twice' is (already|still) in flight"):
+            hvd.allreduce_async(torch.ones(2), name="twice")
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async(torch.ones(2), name="twice")
+    hvd.synchronize(h)
+
+
+def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch():
+    n, r = hvd.size(), hvd.rank()
+    torch.manual_seed(5)
+    x = torch.randn(4 * n, 3, 5, 5)
+    sbn, bn = hvd.SyncBatchNorm(3), torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        sbn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.weight.copy_(sbn.weight)
+    shard = x[4 * r:4 * (r + 1)].clone().requires_grad_()
+    full = x.clone().requires_grad_()
+    w = torch.randn(4 * n, 3, 5, 5)
+    (sbn(shard) * w[4 * r:4 * (r + 1)]).sum().backward()
+    (bn(full) * w).sum().backward()
+    assert torch.allclose(sbn(shard.detach()), bn(x)[4 * r:4 * (r + 1)], atol=1e-5)
+    assert torch.allclose(shard.grad, full.grad[4 * r:4 * (r + 1)], atol=1e-5)
+    assert torch.allclose(sbn.running_mean, bn.running_mean, atol=1e-6)
+    assert torch.allclose(sbn.running_var, bn.running_var, atol=1e-5)
+    gw = hvd.allreduce(sbn.weight.grad, op=hvd.Sum)
+    assert torch.allclose(gw, bn.weight.grad, atol=1e-4)
+
+
+def test_named_tensors_in_a_different_order_on_each_rank():
+    if not _engine.USING_ENGINE:
+        pytest.skip("the blocking path needs the same order on every rank")
+    names = [f"order.{i}" for i in range(5)]
+    if hvd.rank() % 2:
+        names.reverse()
+    handles = {nm: hvd.allreduce_async(torch.full((3,), float(int(nm[-1]))), name=nm, op=hvd.Sum)
+               for nm in names}
+    for nm, h in handles.items():
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(int(nm[-1]) * hvd.size())))

@@ -1,0 +1,221 @@
+"""DistributedOptimizer at np=2 (and 3) over shards of a global batch against one process training on the
+whole batch (each rank computes the reference itself), plus join and the misuse errors.
+
+Tolerance: float32 training, 5 SGD-momentum steps: parameters agree within 1e-5 (absolute and
+relative); with fp16 compression within 2e-3 (the gradients travel with an 11-bit mantissa)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import ringrun.torch as hvd
+
+hvd.init()  # every rank runs this module's tests in the same order
+
+STEPS = 5
+GLOBAL_BATCH = 24
+
+
+def make_model(seed=0, bn=None):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(6, 16), nn.ReLU()]
+    if bn:
+        layers.append(bn(16))
+    layers += [nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)]
+    return nn.Sequential(*layers)
+
+
+def data(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, 6, generator=g), torch.randint(0, 3, (GLOBAL_BATCH,),
+                                                                     generator=g)
+
+
+def shard(t):
+    n, r = hvd.size(), hvd.rank()
+    per = t.shape[0] // n
+    return t[r * per:(r + 1) * per]
+
+
+def reference(passes=1, bn=None):
+    model = make_model(bn=bn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for s in range(STEPS):
+        x, y = data(s)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def distributed(passes=1, bn=None, **kwargs):
+    model = make_model(bn=bn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, **kwargs)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for s in range(STEPS):
+        x, y = data(s)
+        x, y = shard(x), shard(y)
+        opt.zero_grad()
+        per = x.shape[0] // passes
+        for k in range(passes):
+            xs, ys = x[k * per:(k + 1) * per], y[k * per:(k + 1) * per]
+            (nn.functional.cross_entropy(model(xs), ys) / passes).backward()
+        opt.step()
+    return model
+
+
+def assert_same(a, b, tol):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=tol, atol=tol), (name, (p - q).abs().max())
+
+
+@pytest.mark.parametrize("case", ["plain", "bpps2", "fp16", "bf16", "groups_int", "groups_lists",
+                                  "predivide", "small_buckets"])
+def test_matches_one_process_on_the_whole_batch(case, monkeypatch):
+    kwargs, passes, tol = {}, 1, 1e-5
+    if case == "bpps2":
+        passes = 2
+    elif case == "fp16":
+        kwargs["compression"], tol = hvd.Compression.fp16, 2e-3
+    elif case == "bf16":
+        kwargs["compression"], tol = hvd.Compression.bf16, 2e-2
+    elif case == "groups_int":
+        kwargs["groups"] = 2
+    elif case == "predivide":
+        kwargs["gradient_predivide_factor"] = 2.0
+    elif case == "small_buckets":
+        monkeypatch.setenv("RINGRUN_BUCKET_BYTES", "64")
+    if case == "groups_lists":
+        model = make_model()
+        params = list(model.parameters())
+        kwargs["groups"] = [[params[0], params[2]], [params[1], params[3]]]
+        # groups name the model's tensors; build the same model again for the run
+        dist = make_model()
+        opt = torch.optim.SGD(dist.parameters(), lr=0.1, momentum=0.9)
+        dp = list(dist.parameters())
+        opt = hvd.DistributedOptimizer(opt, named_parameters=dist.named_parameters(),
+                                       groups=[[dp[0], dp[2]], [dp[1], dp[3]]])
+        for s in range(STEPS):
+            x, y = data(s)
+            opt.zero_grad()
+            nn.functional.cross_entropy(dist(shard(x)), shard(y)).backward()
+            opt.step()
+    else:
+        dist = distributed(passes, **kwargs)
+    assert_same(dist, reference(), tol)
+
+
+def test_sync_batch_norm_in_training_matches_batch_norm():
+    dist = distributed(bn=hvd.SyncBatchNorm)
+    assert_same(dist, reference(bn=nn.BatchNorm1d), 1e-4)
+
+
+def test_join_with_uneven_batches():
+    """Rank r has 2 + 2r batches; a joined rank contributes zeros, Average divides by size."""
+    n, r = hvd.size(), hvd.rank()
+    batches = [2 + 2 * q for q in range(n)]
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for s in range(batches[r]):
+        x, y = data(s)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(shard(x)), shard(y)).backward()
+        opt.step()
+    last = hvd.join()
+    assert last == n - 1
+    # A joined rank stops updating; as in Horovod, the last rank to join holds the model.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    # Reference: at step s, the ranks that still have data contribute their shard's gradient.
+    ref = make_model()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for s in range(max(batches)):
+        x, y = data(s)
+        per = GLOBAL_BATCH // n
+        grads = None
+        for q in range(n):
+            if s >= batches[q]:
+                continue
+            ref.zero_grad()
+            nn.functional.cross_entropy(ref(x[q * per:(q + 1) * per]),
+                                        y[q * per:(q + 1) * per]).backward()
+            g = [p.grad.clone() for p in ref.parameters()]
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        for p, g in zip(ref.parameters(), grads):
+            p.grad = g / n
+        ropt.step()
+    assert_same(model, ref, 1e-5)
+    everyone = hvd.allgather_object([p.detach() for p in model.parameters()])
+    for other in everyone[1:]:
+        for a, b in zip(other, everyone[0]):
+            assert torch.equal(a, b)
+
+
+def make_opt(**kwargs):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    return model, opt
+
+
+def backward(model, s=0):
+    x, y = data(s)
+    nn.functional.cross_entropy(model(shard(x)), shard(y)).backward()
+
+
+def test_misuse_two_backward_passes_before_step():
+    model, opt = make_opt()
+    backward(model)
+    with pytest.raises(AssertionError, match="more than backward_passes_per_step times"):
+        backward(model)
+    opt.step()
+
+
+def test_misuse_zero_grad_while_pending():
+    model, opt = make_opt(backward_passes_per_step=2)
+    backward(model)
+    with pytest.raises(AssertionError, match="zero_grad\\(\\) was called after loss.backward"):
+        opt.zero_grad()
+    backward(model, 1)
+    opt.step()
+    opt.zero_grad()
+
+
+def test_misuse_double_step():
+    model, opt = make_opt()
+    backward(model)
+    opt.step()
+    with pytest.raises(AssertionError, match="step\\(\\) was called twice"):
+        opt.step()
+
+
+def test_synchronize_then_skip_synchronize():
+    model, opt = make_opt()
+    backward(model)
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with opt.skip_synchronize():
+        opt.step()
+    backward(model, 1)
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+
+
+def test_constructor_errors():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported"):
+        hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(NotImplementedError, match="Adasum.*Average, Sum, Min, Max, Product"):
+        hvd.DistributedOptimizer(sgd, op=hvd.Adasum)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="must be unique"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[named[0], (named[0][0], named[1][1])])
+    with pytest.raises(ValueError, match="were not named"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named[:1])
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])

@@ -164,6 +164,9 @@ Options JobOptions(const std::string& script) {
   o.grace_ms = 500;
   o.start_timeout_s = 5;
   o.agent_path = "/nonexistent/ringrun-agent";
+  // The ranks' threads are chosen (-x), so the launcher prints no threads-per-rank note: the
+  // tests below check its stderr word for word.
+  o.exports = {{"OMP_NUM_THREADS", "1"}};
   return o;
 }
 

@@ -36,7 +36,9 @@ echo "== host: $(hostname); $(nvidia-smi --query-gpu=name,driver_version --forma
 
 # 0. Build.
 t=$(now)
-if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
+gen=(-G Ninja)  # a folder that already has a cache keeps its generator
+[[ -f $BUILD/CMakeCache.txt ]] && gen=()
+if cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
      >"$TMP/cmake.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
      ringrun-bench gpu_collectives >"$TMP/build.log" 2>&1; then

@@ -6,10 +6,10 @@
 #include <new>
 #include <string>
 
-#include "job_client.h"
-#include "reduce.h"
 #include "ringrun/ringrun.h"
-#include "runtime.h"
+#include "runtime/src/job_client.h"
+#include "runtime/src/reduce.h"
+#include "runtime/src/runtime.h"
 
 namespace {
 

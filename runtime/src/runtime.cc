@@ -1,22 +1,15 @@
-#include "runtime.h"
+#include "runtime/src/runtime.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
-#include "reduce.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
-
-#if RINGRUN_WITH_GPU_SEAM
-#include "gpu/device_backend.h"
-#endif
+#include "runtime/src/gpu/device_backend.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime {
-
-#if !RINGRUN_WITH_GPU_SEAM
-class DeviceBackend {};  // this build has no GPU path at all
-#endif
 
 namespace {
 
@@ -150,9 +143,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   info.address = env.host_addr;
   info.port = listener->port;
   info.generation = env.generation;
-#if RINGRUN_WITH_GPU_SEAM
   if (env.rank == 0) info.nccl_id = MaybeCreateNcclUniqueId();
-#endif
   Result<PeerTable> peers =
       client->Join(info, env.join_timeout_ms > 0 ? env.join_timeout_ms : kJoinTimeoutMs);
   if (!peers.ok()) return peers.status().Annotate("rank " + std::to_string(env.rank));
@@ -210,7 +201,6 @@ CollectiveContext Runtime::Context() {
 }
 
 Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend** backend) {
-#if RINGRUN_WITH_GPU_SEAM
   const bool da = a != nullptr && IsDevicePointer(a);
   const bool db = b != nullptr && IsDevicePointer(b);
   if (!da && !db) return false;
@@ -227,13 +217,8 @@ Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend*
   if (!device_) return device_error_;
   *backend = device_.get();
   return true;
-#else
-  (void)a, (void)b, (void)backend;
-  return false;
-#endif
 }
 
-#if RINGRUN_WITH_GPU_SEAM
 #define RINGRUN_ROUTE_DEVICE(a, b, call)                 \
   do {                                                   \
     DeviceBackend* dev = nullptr;                        \
@@ -241,11 +226,6 @@ Result<bool> Runtime::RouteToDevice(const void* a, const void* b, DeviceBackend*
     if (!routed.ok()) return routed.status();            \
     if (*routed) return dev->call;                       \
   } while (0)
-#else
-#define RINGRUN_ROUTE_DEVICE(a, b, call) \
-  do {                                   \
-  } while (0)
-#endif
 
 namespace {
 Status HostBufferOnStream() {
@@ -319,14 +299,12 @@ Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ri
   RINGRUN_RETURN_IF_ERROR(CheckBytes(recvcount, shape_.size, dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, recvcount));
   std::lock_guard<std::mutex> lock(mu_);
-#if RINGRUN_WITH_GPU_SEAM
   {
     DeviceBackend* dev = nullptr;
     Result<bool> routed = RouteToDevice(send, recv, &dev);
     if (!routed.ok()) return routed.status();
     if (*routed) return InvalidArgument("reducescatter on device memory is not supported yet");
   }
-#endif
   RINGRUN_RETURN_IF_ERROR(HostStatus());
   const bool average = op == RINGRUN_AVERAGE && shape_.size > 1;
   if (average && dtype == RINGRUN_FLOAT16 && recvcount > 0) {  // see ScaleHalf
@@ -348,14 +326,12 @@ Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ri
   RINGRUN_RETURN_IF_ERROR(CheckBytes(count_per_rank, shape_.size, dtype));
   RINGRUN_RETURN_IF_ERROR(CheckBuffers(send, recv, count_per_rank));
   std::lock_guard<std::mutex> lock(mu_);
-#if RINGRUN_WITH_GPU_SEAM
   {
     DeviceBackend* dev = nullptr;
     Result<bool> routed = RouteToDevice(send, recv, &dev);
     if (!routed.ok()) return routed.status();
     if (*routed) return InvalidArgument("alltoall on device memory is not supported yet");
   }
-#endif
   RINGRUN_RETURN_IF_ERROR(HostStatus());
   return runtime::Alltoall(Context(), world_, send, recv, count_per_rank * DtypeSize(dtype));
 }

@@ -12,16 +12,15 @@
 #include <mutex>
 #include <string>
 
-#include "collectives.h"
-#include "job_client.h"
+#include "ringrun/common/defaults.h"
 #include "ringrun/ringrun.h"
-#include "transport.h"
+#include "runtime/src/collectives.h"
+#include "runtime/src/job_client.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 
 class DeviceBackend;
-
-inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS
 
 // What the launcher told this rank (env_contract.h), plus tuning knobs.
 struct JobEnv {

@@ -28,7 +28,8 @@
 #include <functional>
 #include <thread>
 
-#include "transport.h"
+#include "ringrun/common/defaults.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 
@@ -50,13 +51,12 @@ constexpr size_t kMaxShmRingBytes = size_t{1} << 30;
 constexpr size_t kTcpChunk = 128 << 10;
 constexpr size_t kStagingBytes = 64 << 10;
 constexpr size_t kShmChunk = 512 << 10;  // most bytes one shm progress step moves
-constexpr int kHelloTimeoutMs = 10000;
 // Busy-wait this long on a shared-memory pair before sleeping on its futex (only when this
 // host's ranks do not outnumber its CPUs). Waking a sleeping rank costs tens of microseconds
 // under a hypervisor, paid once per collective phase when ranks arrive a little apart; Open MPI
 // and NCCL poll without end. 1 ms against 50 us: fashion_mnist at np=2, 3 epochs, median of six
 // alternating runs 4.35 s against 4.6 s.
-constexpr int kSpinUs = 1000;
+constexpr int kSpinUs = kShmSpinUs;  // defaults.h
 
 struct Hello {
   uint32_t magic;
@@ -637,7 +637,7 @@ Status SocketTransport::AcceptFrom(int listener, bool local, Deadline deadline) 
   if (local && !SameUser(fd.get())) return Status::Ok();
   Hello hello{};
   UniqueFd mem;
-  Deadline hello_deadline = std::min(deadline, DeadlineAfter(kHelloTimeoutMs));
+  Deadline hello_deadline = std::min(deadline, DeadlineAfter(kPairHelloTimeoutMs));
   if (!RecvHello(fd.get(), &hello, &mem, hello_deadline).ok()) return Status::Ok();
   const size_t ring = hello.ring_bytes;
   if (hello.magic != kHelloMagic || hello.job_tag != job_tag_ ||

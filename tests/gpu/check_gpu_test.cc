@@ -4,9 +4,9 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 
-#include "gpu/gpu_info.h"
 #include "launcher/check_build.h"
 #include "ringrun/gpu/config.h"
+#include "runtime/src/gpu/gpu_info.h"
 
 using namespace ringrun::launcher;
 

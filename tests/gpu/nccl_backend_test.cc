@@ -1,12 +1,12 @@
 // The NCCL backend's logic driven by a fake NCCL: device choice, the non-blocking init and
 // collectives, deadlines, asynchronous errors and Abort() from another thread.
-#include "gpu/nccl_backend.h"
+#include "runtime/src/gpu/nccl_backend.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
-#include "fake_nccl_api.h"
+#include "tests/gpu/fake_nccl_api.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;

@@ -307,8 +307,8 @@ t_collective_bench() {
   "$RINGRUN" -np 2 "$BIN/ringrun-bench" allreduce -b 4K -e 1M -f 16 -n 2 -w 1 -c 1 -d half -o avg \
     >"$WORK/table" 2>&1; rc=$?
   expect_rc 0 $rc "ringrun-bench allreduce -d half -o avg"
-  expect_contains "$WORK/table" "size        count     type  redop       time    algbw    busbw  #wrong"
-  rows=$(grep -cE '^\[0\]<stdout>: +[0-9]+ +[0-9]+ +half +avg .* 0$' "$WORK/table")
+  expect_contains "$WORK/table" "size        count     type   redop       time    algbw    busbw  #wrong"
+  rows=$(grep -cE '^\[0\]<stdout>: +[0-9]+ +[0-9]+ +float16 +average .* 0$' "$WORK/table")
   [[ $rows == 3 ]] || { cat "$WORK/table" >&2; fail "table: $rows rows with #wrong 0, expected 3"; }
   "$BIN/ringrun-bench" allreduce -b 8K -e 4K >"$WORK/usage" 2>&1; rc=$?
   expect_rc 2 $rc "ringrun-bench with MIN > MAX"

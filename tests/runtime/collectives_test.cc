@@ -4,8 +4,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "thread_job.h"
-#include "values.h"
+#include "tests/runtime/thread_job.h"
+#include "tests/runtime/values.h"
 
 namespace ringrun::runtime::testing {
 namespace {
@@ -60,13 +60,13 @@ void AllreduceMatrix(int np, Mode mode, bool big) {
 
 }  // namespace
 
-TEST_CASE("allreduce: every dtype, op and count over TCP", "[allreduce]") {
+TEST_CASE("allreduce: every dtype, op and count over TCP", "[allreduce][slow]") {
   for (int np : {1, 2, 3, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTcp, true); }
   }
 }
 
-TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce][shm]") {
+TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce][shm][slow]") {
   for (int np : {2, 3, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kShm, np != 5); }
   }
@@ -76,7 +76,7 @@ TEST_CASE("allreduce: a rank without a local listener is reached over TCP", "[al
   AllreduceMatrix(3, Mode::kShmFallback, false);
 }
 
-TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm]") {
+TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm][slow]") {
   // np=4: two hosts of two (hierarchical); np=3 and 5: uneven hosts (flat ring, mixed pairs).
   for (int np : {3, 4, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTwoHosts, np == 4); }

@@ -2,9 +2,9 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "job_client.h"
 #include "ringrun/common/auth.h"
-#include "test_job_server.h"
+#include "runtime/src/job_client.h"
+#include "tests/runtime/test_job_server.h"
 
 namespace ringrun::runtime::testing {
 

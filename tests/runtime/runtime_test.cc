@@ -1,5 +1,5 @@
 // The runtime's joining logic against a fake job service client, and the environment contract.
-#include "runtime.h"
+#include "runtime/src/runtime.h"
 
 #include <catch2/catch.hpp>
 #include <condition_variable>

@@ -1,5 +1,5 @@
 // The NCCL implementation of the DeviceBackend seam (built when RINGRUN_HAVE_NCCL).
-#include "gpu/nccl_backend.h"
+#include "runtime/src/gpu/nccl_backend.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,7 +9,8 @@
 #include <mutex>
 #include <thread>
 
-#include "gpu/nccl_mapping.h"
+#include "ringrun/common/defaults.h"
+#include "runtime/src/gpu/nccl_mapping.h"
 
 namespace ringrun::runtime {
 namespace {
@@ -17,7 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Finalizing a communicator waits for peers; at teardown we wait at most this long, then abort.
-constexpr int kFinalizeTimeoutMs = 5000;
 
 Code CodeForNccl(ncclResult_t r) {
   switch (r) {
@@ -81,7 +81,7 @@ class NcclBackend final : public DeviceBackend {
       if (r == ncclSuccess || r == ncclInProgress) {
         const auto deadline =
             Clock::now() + std::min<std::chrono::milliseconds>(
-                               std::chrono::milliseconds(kFinalizeTimeoutMs), timeout_);
+                               std::chrono::milliseconds(kNcclFinalizeTimeoutMs), timeout_);
         for (;;) {
           ncclResult_t async = ncclSuccess;
           if (api_->CommGetAsyncError(comm, &async) != ncclSuccess) break;
@@ -157,7 +157,8 @@ class NcclBackend final : public DeviceBackend {
 
   void Abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (comm_ != nullptr) BreakLocked(Aborted(where_ + ": aborted: " + reason));
+    // Abort reports nothing itself: every later call returns this status.
+    if (comm_ != nullptr) (void)BreakLocked(Aborted(where_ + ": aborted: " + reason));
   }
 
  private:

@@ -189,8 +189,12 @@ TEST_CASE("Abort() from another thread ends an allreduce in flight", "[backend]"
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/60000));
   REQUIRE(backend.ok());
   DeviceBackend* b = backend->get();
-  std::thread aborter([b] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread aborter([b, api] {
+    // In flight: the fake has the allreduce, whose stream never drains (5 s at most).
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (api->record().collectives.empty() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     b->Abort("rank 1 on node2 exited with code 137");
   });
   const auto start = std::chrono::steady_clock::now();

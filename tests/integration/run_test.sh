@@ -106,7 +106,7 @@ t_teardown_time() {
   start=$(date +%s%N)
   "$RINGRUN" -np 2 --grace-period 1 "$PROBE" ignore-term 60 >"$WORK/out" 2>"$WORK/err" &
   local pid=$!
-  sleep 1.5
+  wait_for_lines "$WORK/out" "ignoring SIGTERM" 2 20
   kill -TERM $pid
   wait $pid; rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
@@ -119,7 +119,7 @@ t_teardown_time() {
 t_sigint() {
   "$RINGRUN" -np 2 "$PROBE" sleep 60 >"$WORK/out" 2>"$WORK/err" &
   local pid=$! rc
-  for _ in $(seq 50); do grep -q "sleeping" "$WORK/out" 2>/dev/null && [[ $(grep -c sleeping "$WORK/out") == 2 ]] && break; sleep 0.1; done
+  wait_for_lines "$WORK/out" "sleeping" 2 20
   kill -INT $pid
   wait $pid; rc=$?
   expect_rc 130 $rc "SIGINT"
@@ -127,9 +127,11 @@ t_sigint() {
   # A second Ctrl-C kills at once, even ranks that ignore the first.
   "$RINGRUN" -np 2 --grace-period 30 "$PROBE" ignore-term 60 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
-  for _ in $(seq 50); do [[ $(grep -c ignoring "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
+  wait_for_lines "$WORK/out" "ignoring SIGTERM" 2 20
   local start=$SECONDS
-  kill -TERM $pid; sleep 0.3; kill -TERM $pid
+  kill -TERM $pid
+  wait_for_lines "$WORK/err" "received: forwarding it to every rank" 1 10  # the first is handled
+  kill -TERM $pid
   wait $pid; rc=$?
   expect_rc 143 $rc "SIGTERM twice"
   (( SECONDS - start < 5 )) || fail "a second signal did not kill at once"
@@ -139,8 +141,10 @@ t_sigint() {
 t_sigusr() {
   "$RINGRUN" -np 2 "$PROBE" sleep 3 >"$WORK/out" 2>"$WORK/err" &
   local pid=$! rc
-  for _ in $(seq 50); do [[ $(grep -c sleeping "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
-  kill -USR1 $pid; sleep 0.3; kill -USR2 $pid
+  wait_for_lines "$WORK/out" "sleeping" 2 20
+  kill -USR1 $pid
+  wait_for_lines "$WORK/out" "got SIGUSR1" 2 10
+  kill -USR2 $pid
   wait $pid; rc=$?
   expect_rc 0 $rc "the job after SIGUSR1/SIGUSR2"
   for r in 0 1; do
@@ -166,7 +170,7 @@ t_launcher_killed() {
   # kill -9 of the launcher: its agents and ranks go too.
   "$RINGRUN" -np 2 "$PROBE" sleep 60 >"$WORK/out" 2>"$WORK/err" &
   local pid=$!
-  for _ in $(seq 50); do [[ $(grep -c sleeping "$WORK/out" 2>/dev/null) == 2 ]] && break; sleep 0.1; done
+  wait_for_lines "$WORK/out" "sleeping" 2 20
   kill -9 $pid
   wait $pid 2>/dev/null
   expect_no_orphans 15
@@ -245,14 +249,15 @@ t_runtime_under_ringrun() {
     done
   done
   # A rank killed in the middle of allreduces: the job ends with its signal, nothing hangs.
-  local rc start=$SECONDS
+  local rc start
   "$RINGRUN" -np 3 -x RINGRUN_TIMEOUT_MS=20000 "$worker" loop >"$WORK/out" 2>"$WORK/err" &
   local pid=$!
-  sleep 1.5
+  wait_for_lines "$WORK/out" "looping rank=" 3 30  # every rank inside its allreduce loop
   local victim
   victim=$(for p in $(tagged_pids); do
     tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx RINGRUN_RANK=1 && echo $p; done | head -1)
   [[ -n $victim ]] || fail "rank 1 not found"
+  start=$SECONDS
   kill -9 "$victim"
   wait $pid; rc=$?
   expect_rc 137 $rc "a rank killed by SIGKILL"

@@ -16,6 +16,7 @@
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher {
 namespace {
@@ -31,22 +32,22 @@ class Gate {
  public:
   explicit Gate(int slots) : free_(std::max(1, slots)) {}
   void Acquire() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return free_ > 0; });
+    MutexLock lock(&mu_);
+    while (free_ <= 0) cv_.Wait(&mu_);
     --free_;
   }
   void Release() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++free_;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int free_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  int free_ GUARDED_BY(mu_);
 };
 
 class GateHold {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 5, for a machine with one (or more) NVIDIA GPUs, CUDA and NCCL at
-# /usr/local/cuda (a lent H200). Builds ringrun with NCCL, then runs:
+# The GPU checks, for a machine with one or more NVIDIA GPUs, CUDA and NCCL at /usr/local/cuda.
+# Builds ringrun with NCCL, then runs:
 #   1. a 1-rank NCCL job: gpu_collectives (every dtype, device memory) at np=1;
 #   2. two ranks on one GPU with distinct NCCL_HOSTID: allreduce/broadcast/allgather for every dtype;
 #   3. ringrun --check-gpu --allreduce;

@@ -270,7 +270,7 @@ t_runtime_under_ringrun() {
 
 t_training_example() {
   # The README's main job, one epoch: np=1 and np=2 train the same model (same global batch and
-  # seed), and both learn. The full 10-epoch figures are in the README, measured by hand.
+  # seed), and both learn. The 10-epoch figures: benchmarks/README.md (example_speedup.sh).
   [[ -d /usr/share/datasets/fashion-mnist ]] || { echo "SKIP: dataset-fashion-mnist is not installed"; exit 77; }
   local np acc1 acc2 rc
   for np in 1 2; do

@@ -24,8 +24,6 @@ namespace {
 constexpr int kPumpIntervalMs = 1000;  // how long the I/O thread sleeps with nothing to do
 constexpr int kKilledStatus = 128 + SIGKILL;
 constexpr int kConnectionLostStatus = 255;  // what ssh(1) reports for the same failure
-// After the exit status, output still in flight may follow before the channel closes.
-constexpr auto kCloseAfterExitWait = std::chrono::seconds(2);
 
 // Bounds the connections in progress. Holders are bounded by the connect timeout.
 class Gate {
@@ -126,7 +124,8 @@ class SshAgentHandle final : public AgentHandle {
         Finish(status, &out_partial, &err_partial, why);
         return;
       }
-      if (exit_seen_at && std::chrono::steady_clock::now() - *exit_seen_at > kCloseAfterExitWait) {
+      if (exit_seen_at && std::chrono::steady_clock::now() - *exit_seen_at >
+                              std::chrono::milliseconds(kSshCloseAfterExitMs)) {
         Finish(*received_exit, &out_partial, &err_partial, "");
         return;
       }

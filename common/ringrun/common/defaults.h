@@ -21,6 +21,8 @@ inline constexpr int kSshConnectTimeoutS = 10;  // --ssh-connect-timeout: each b
 inline constexpr int kSshFanout = 32;           // --ssh-fanout: connections in progress at once
 inline constexpr int kSshConnectAttempts = 3;   // tries in all, for transient failures only
 inline constexpr int kSshRetryBackoffMs = 200;  // before the second try, doubled after each
+// After an agent's exit status, output still in flight may follow before its channel closes.
+inline constexpr int kSshCloseAfterExitMs = 2000;
 
 // libringrun.
 inline constexpr int kJoinTimeoutMs = 120000;              // ringrun_init waiting for every rank

@@ -20,14 +20,12 @@
 
 namespace {
 
-constexpr int kSecretReadTimeoutMs = 30000;
-
 // Reads one line from fd 0 within the deadline, byte by byte so nothing beyond it is taken.
 bool ReadSecretLine(std::string* out) {
   out->clear();
   while (out->size() < 1024) {
     pollfd p{0, POLLIN, 0};
-    if (::poll(&p, 1, kSecretReadTimeoutMs) <= 0) return false;
+    if (::poll(&p, 1, ringrun::kSecretReadTimeoutMs) <= 0) return false;
     char c;
     ssize_t n = ::read(0, &c, 1);
     if (n <= 0) return false;

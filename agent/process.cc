@@ -110,8 +110,13 @@ class ForkExecSpawner final : public Spawner {
       if (msg[0] == 2) return ErrnoStatus("cannot execute '" + path.value() + "'", msg[1]);
       return ErrnoStatus("redirecting stdio", msg[1]);
     }
-    SetNonBlocking(out->read.get(), true);
-    SetNonBlocking(err->read.get(), true);
+    Status nonblocking = SetNonBlocking(out->read.get(), true);
+    if (nonblocking.ok()) nonblocking = SetNonBlocking(err->read.get(), true);
+    if (!nonblocking.ok()) {  // the agent's output loop would block on this rank's pipes
+      ::killpg(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      return nonblocking.Annotate("rank output pipes");
+    }
     SpawnedProcess p;
     p.pid = pid;
     p.out = std::move(out->read);

@@ -1,7 +1,7 @@
 // cpu_pingpong: the round trip of one cache line between two CPUs, in nanoseconds. A diagnostic
-// for shared-memory figures: on this project's VMs the two vCPUs sometimes share an L3 (~60 ns)
-// and sometimes do not (~350 ns, seconds at a time), and every same-host copy between ranks is
-// then several times slower. The benchmark scripts print it next to their results.
+// for shared-memory figures: on a VM whose two vCPUs sometimes share an L3 (~60 ns) and sometimes
+// do not (~350 ns, seconds at a time), every same-host copy between ranks is several times
+// slower while they do not. The benchmark scripts print it next to their results.
 //
 //   cpu_pingpong [CPU_A CPU_B]      (default 0 1)
 #define _GNU_SOURCE

@@ -6,8 +6,8 @@
 // Ranks are callback-API client calls spread over P client processes (P = 4) sharing a few
 // channels (64 calls each), against a server in this process (the launcher's own JobService: a raw
 // callback Join that checks the secret and forwards to Rendezvous::Join, served by StartJobServer).
-// The time runs from "go" until the last rank has its reply. Compare with `../shared/anchors/run.sh
-// join 1024` (torch TCPStore).
+// The time runs from "go" until the last rank has its reply. Compare with the peer programs'
+// `run.sh join 1024` (torch's TCPStore; benchmarks/README.md).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-# Reads lines in the anchors' format (NAME key=value ...) and prints, per size (bytes=) and
+# Reads lines in the peer programs' format (NAME key=value ...) and prints, per size (bytes=) and
 # program (NAME), the median over the lines of FIELD (default time_us) and of busbw_GBps.
 #   awk -f median_table.awk [-v field=mean_us] RAW
 {

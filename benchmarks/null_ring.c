@@ -1,5 +1,6 @@
-// null_ring: the anchors' "null ring" transport ceiling (../shared/anchors/ring_limit.c), across
-// hosts. ring_limit forks its ranks on one host over loopback; this runs one rank per process,
+// null_ring: the "null ring" transport ceiling of the peer programs' ring_limit.c (see
+// benchmarks/README.md), across hosts. ring_limit forks its ranks on one host over loopback;
+// this runs one rank per process,
 // wherever it is started, with the same data movement: NP ranks in a ring, each sending a chunk
 // of BYTES/NP to the next and receiving one from the previous, 2(NP-1) times per iteration, with
 // no reduction (the bytes a ring allreduce must move, at the links' speed). The send runs on a

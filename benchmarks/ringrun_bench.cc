@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ringrun/names.h"
 #include "ringrun/ringrun.h"
 
 #if RINGRUN_BENCH_HAVE_CUDA
@@ -66,47 +67,35 @@ bool ParseSize(const char* s, size_t* out) {
   return true;
 }
 
-bool ParseDtype(const std::string& s, ringrun_dtype* d) {
+// The names of ringrun/names.h, any case, and nccl-tests' short spellings.
+const char* Canonical(const std::string& s) {
   static const struct {
+    const char* alias;
     const char* name;
-    ringrun_dtype d;
-  } k[] = {
-      {"int8", RINGRUN_INT8},       {"uint8", RINGRUN_UINT8},       {"int32", RINGRUN_INT32},
-      {"int", RINGRUN_INT32},       {"int64", RINGRUN_INT64},       {"half", RINGRUN_FLOAT16},
-      {"float16", RINGRUN_FLOAT16}, {"bfloat16", RINGRUN_BFLOAT16}, {"bf16", RINGRUN_BFLOAT16},
-      {"float", RINGRUN_FLOAT32},   {"float32", RINGRUN_FLOAT32},   {"double", RINGRUN_FLOAT64},
-      {"float64", RINGRUN_FLOAT64}};
-  for (const auto& e : k) {
-    if (s == e.name) return *d = e.d, true;
+  } kAliases[] = {{"int", "int32"},     {"half", "float16"},   {"bf16", "bfloat16"},
+                  {"float", "float32"}, {"double", "float64"}, {"avg", "average"},
+                  {"prod", "product"}};
+  for (const auto& a : kAliases) {
+    if (s == a.alias) return a.name;
   }
-  return false;
+  return s.c_str();
 }
-
-const char* DtypeName(ringrun_dtype d) {
-  static const char* k[] = {"int8", "uint8",    "int32", "int64",
-                            "half", "bfloat16", "float", "double"};
-  return k[d];
+bool ParseDtype(const std::string& s, ringrun_dtype* d) {
+  return ringrun_dtype_from_name(Canonical(s), d) == 0;
 }
-
 bool ParseOp(const std::string& s, ringrun_op* o) {
-  if (s == "sum") return *o = RINGRUN_SUM, true;
-  if (s == "avg") return *o = RINGRUN_AVERAGE, true;
-  if (s == "min") return *o = RINGRUN_MIN, true;
-  if (s == "max") return *o = RINGRUN_MAX, true;
-  if (s == "prod") return *o = RINGRUN_PRODUCT, true;
-  return false;
+  return ringrun_op_from_name(Canonical(s), o) == 0;
 }
-const char* OpName(ringrun_op o) {
-  static const char* k[] = {"sum", "avg", "min", "max", "prod"};
-  return k[o];
-}
+const char* DtypeName(ringrun_dtype d) { return ringrun_dtype_name(d); }
+const char* OpName(ringrun_op o) { return ringrun_op_name(o); }
 
 int Usage() {
   std::fprintf(stderr,
                "usage: ringrun-bench allreduce|broadcast|allgather|reducescatter -b MIN -e MAX "
                "-f FACTOR -n ITERS -w WARMUP -c 0|1 -d DTYPE -o OP [--device cpu|cuda] "
-               "[--json]\n  sizes take K/M/G suffixes; DTYPE int8|uint8|int32|int64|half|"
-               "bfloat16|float|double; OP sum|prod|min|max|avg\n");
+               "[--json]\n  sizes take K/M/G suffixes; DTYPE int8|uint8|int32|int64|float16|"
+               "bfloat16|float32|float64 (or half|bf16|float|double); OP sum|product|min|max|"
+               "average (or prod|avg)\n");
   return 2;
 }
 
@@ -332,9 +321,9 @@ int main(int argc, char** argv) {
   if (rank == 0 && !o.json) {
     std::printf("# ringrun-bench %s np=%d device=%s dtype=%s iters=%d warmup=%d\n", o.op.c_str(), n,
                 o.cuda ? "cuda" : "cpu", DtypeName(o.dtype), o.iters, o.warmup);
-    std::printf("#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "time",
+    std::printf("#%12s %12s %8s %7s %10s %8s %8s %7s\n", "size", "count", "type", "redop", "time",
                 "algbw", "busbw", "#wrong");
-    std::printf("#%12s %12s %8s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)",
+    std::printf("#%12s %12s %8s %7s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)",
                 "(GB/s)", "(GB/s)", "");
   }
   int status = 0;
@@ -438,7 +427,7 @@ int main(int argc, char** argv) {
             o.op.c_str(), n, bytes, DtypeName(o.dtype), reduces ? OpName(o.redop) : "none", us,
             algbw, busbw, o.check ? wrong : -1.0);
       } else {
-        std::printf(" %12zu %12zu %8s %6s %10.2f %8.3f %8.3f %7s\n", bytes, count,
+        std::printf(" %12zu %12zu %8s %7s %10.2f %8.3f %8.3f %7s\n", bytes, count,
                     DtypeName(o.dtype), reduces ? OpName(o.redop) : "none", us, algbw, busbw,
                     o.check ? std::to_string(static_cast<long long>(wrong)).c_str() : "N/A");
       }

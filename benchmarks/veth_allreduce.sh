@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Two-host allreduce over the namespace cluster's veth links (needs root): ringrun against the
-# anchors' peers run the same way, in alternating rounds, one rank on each of rr-h1 and rr-h2:
+# peer programs (benchmarks/README.md) run the same way, in alternating rounds, one rank on each
+# of rr-h1 and rr-h2:
 #   ringrun       ringrun -np 2 -H rr-h1:1,rr-h2:1 ringrun-bench allreduce (float sum, mean time)
-#   openmpi-tcp   the anchors' mpi_bench under mpirun over the same SSH hosts, --mca btl tcp,self
-#   gloo          the anchors' gloo_bench, one process per namespace (GLOO_HOST = its address)
-#   torch-gloo    the anchors' torch_allreduce.py, one process per namespace (if python3-torch)
-#   null-ring     build/bin/null_ring: the anchors' ring_limit data movement across the two hosts,
+#   openmpi-tcp   the peers' mpi_bench under mpirun over the same SSH hosts, --mca btl tcp,self
+#   gloo          the peers' gloo_bench, one process per namespace (GLOO_HOST = its address)
+#   torch-gloo    the peers' torch_allreduce.py, one process per namespace (if python3-torch)
+#   null-ring     build/bin/null_ring: the peers' ring_limit data movement across the two hosts,
 #                 the transport ceiling: time_us is its best iteration (as ring_limit reports
 #                 it); null-ring-mean is its mean iteration, as every other program reports
-# Every line is the anchors' format (NAME np= bytes= time_us= algbw_GBps= busbw_GBps=); the
+# Every line is the peers' format (NAME np= bytes= time_us= algbw_GBps= busbw_GBps=); the
 # summary gives the median over the rounds of each.
 #
 #   benchmarks/veth_allreduce.sh [BUILD_DIR]     ROUNDS (3), BYTES (64M as bytes), ITERS (10)
@@ -20,7 +21,7 @@ BUILD=$(cd "${1:-$SRC/build}" && pwd)
 ROUNDS=${ROUNDS:-3}
 BYTES=${BYTES:-67108864}
 ITERS=${ITERS:-10}
-ANCHORS=$SRC/../shared/anchors
+ANCHORS=${RINGRUN_PEERS:?set RINGRUN_PEERS to the peer programs folder (benchmarks/README.md)}
 OUT=${ANCHORS_BUILD:-/tmp/ringrun-anchors}
 [[ $(id -u) == 0 ]] || { echo "needs root" >&2; exit 1; }
 for b in ringrun ringrun-bench null_ring; do

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "gpu/gpu_info.h"
 #include "ringrun/common/version.h"
 #include "ringrun/gpu/config.h"
+#include "runtime/src/gpu/gpu_info.h"
 #if RINGRUN_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string_view>
 
+#include "ringrun/common/thread_annotations.h"
+
 namespace ringrun::launcher {
 namespace {
 
@@ -57,25 +59,25 @@ class OutputCapture {
     JobHooks hooks;
     hooks.echo_to_console = false;
     hooks.on_line = [this](int rank, bool is_stderr, std::string_view line) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       (is_stderr ? stderr_ : stdout_)[rank].emplace_back(line);
     };
     return hooks;
   }
   std::vector<std::string> Stdout(int rank) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return stdout_[rank];
   }
   std::string StderrTail(int rank) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto& lines = stderr_[rank];
     return lines.empty() ? "" : lines.back();
   }
 
  private:
-  std::mutex mu_;
-  std::map<int, std::vector<std::string>> stdout_;  // guarded by mu_
-  std::map<int, std::vector<std::string>> stderr_;  // guarded by mu_
+  Mutex mu_;
+  std::map<int, std::vector<std::string>> stdout_ GUARDED_BY(mu_);
+  std::map<int, std::vector<std::string>> stderr_ GUARDED_BY(mu_);
 };
 
 std::string FormatGiB(double bytes) {

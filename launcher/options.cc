@@ -17,6 +17,7 @@
 #include "launcher/placement.h"
 #include "launcher/scheduler_hosts.h"
 #include "launcher/slurm.h"
+#include "ringrun/common/defaults.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
 
@@ -91,9 +92,9 @@ constexpr FlagDef kFlags[] = {
     {FlagId::kWdir, "--wdir", "--wdir", "", true, false, "Job", "DIR",
      "Working directory of the ranks. Default: the launcher's."},
     {FlagId::kStartTimeout, "--start-timeout", "--start-timeout", "", true, false, "Job", "SECONDS",
-     "Time for every agent and rank to come up (default 30)."},
+     "Time for every agent and rank to come up."},
     {FlagId::kGracePeriod, "--grace-period", "--grace-period", "", true, false, "Job", "SECONDS",
-     "Time between SIGTERM and SIGKILL at teardown (default 5; fractions allowed)."},
+     "Time between SIGTERM and SIGKILL at teardown; fractions allowed."},
     {FlagId::kStarter, "--starter", "--starter", "", true, false, "Job", "ssh|slurm|auto",
      "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
     {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
@@ -116,9 +117,9 @@ constexpr FlagDef kFlags[] = {
      false, false, "SSH", "",
      "Accept and record unknown host keys (changed keys are still refused)."},
     {FlagId::kSshFanout, "--ssh-fanout", "--ssh-fanout", "", true, false, "SSH", "N",
-     "SSH connections made at once (default 32)."},
+     "SSH connections made at once."},
     {FlagId::kSshConnectTimeout, "--ssh-connect-timeout", "--ssh-connect-timeout", "", true, false,
-     "SSH", "SECONDS", "Timeout of one SSH connection attempt (default 10)."},
+     "SSH", "SECONDS", "Timeout of each step of one SSH connection attempt."},
     {FlagId::kAgentPath, "--agent-path", "--agent-path", "", true, false, "SSH", "PATH",
      "ringrun-agent on remote hosts. Default: the same absolute path as here."},
     {FlagId::kLauncherAddress, "--launcher-address", "--launcher-address", "", true, false, "SSH",
@@ -322,6 +323,33 @@ const char kHelpIntro[] =
     "Everything after the first word that is neither an option nor an option's value (or\n"
     "after --) is the command; it reaches every rank byte for byte, with no shell between.\n";
 
+// The default --help shows beside a flag, from defaults.h; empty for none.
+std::string DefaultText(FlagId id) {
+  switch (id) {
+    case FlagId::kStartTimeout:
+      return std::to_string(kDefaultStartTimeoutS);
+    case FlagId::kGracePeriod:
+      return kDefaultGraceMs % 1000 == 0 ? std::to_string(kDefaultGraceMs / 1000)
+                                         : std::to_string(kDefaultGraceMs / 1000.0);
+    case FlagId::kSshFanout:
+      return std::to_string(kSshFanout);
+    case FlagId::kSshConnectTimeout:
+      return std::to_string(kSshConnectTimeoutS);
+    default:
+      return "";
+  }
+}
+
+// The waits that have no flag, from defaults.h.
+std::string OtherDefaultsText() {
+  return "Other defaults: an agent or the launcher silent for " +
+         std::to_string(kHeartbeatTimeoutMs / 1000) + " s is lost; an SSH connection that fails\n" +
+         "transiently is tried " + std::to_string(kSshConnectAttempts) +
+         " times; a rank waits at most " + std::to_string(kJoinTimeoutMs / 1000) +
+         " s in ringrun_init and " + std::to_string(kDefaultCollectiveTimeoutMs) +
+         " ms\nin a collective (RINGRUN_TIMEOUT_MS, e.g. -x RINGRUN_TIMEOUT_MS=5000).\n";
+}
+
 const char kHelpOutro[] =
     "Examples:\n"
     "  ringrun -np 4 python train.py\n"
@@ -362,6 +390,8 @@ std::unique_ptr<CLI::App> MakeApp(RawValues* raw) {
   app->set_help_flag();  // --help is ours: it must not throw or print
   for (const FlagDef& def : kFlags) {
     std::string help = def.help;
+    const std::string default_text = DefaultText(def.id);
+    if (!default_text.empty()) help += " Default: " + default_text + ".";
     CLI::Option* opt = nullptr;
     if (def.id == FlagId::kExport) {
       opt = app->add_option(def.cli_names, raw->exports, help)->type_name(def.value_name);
@@ -391,7 +421,8 @@ std::string UsageText() {
   RawValues raw;
   std::string options = MakeApp(&raw)->help();
   while (!options.empty() && (options.back() == '\n' || options.back() == ' ')) options.pop_back();
-  return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" + kHelpOutro;
+  return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" +
+         OtherDefaultsText() + "\n" + kHelpOutro;
 }
 
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,

@@ -16,6 +16,7 @@
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher {
 namespace {
@@ -23,30 +24,28 @@ namespace {
 constexpr int kPumpIntervalMs = 1000;  // how long the I/O thread sleeps with nothing to do
 constexpr int kKilledStatus = 128 + SIGKILL;
 constexpr int kConnectionLostStatus = 255;  // what ssh(1) reports for the same failure
-// After the exit status, output still in flight may follow before the channel closes.
-constexpr auto kCloseAfterExitWait = std::chrono::seconds(2);
 
 // Bounds the connections in progress. Holders are bounded by the connect timeout.
 class Gate {
  public:
   explicit Gate(int slots) : free_(std::max(1, slots)) {}
   void Acquire() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return free_ > 0; });
+    MutexLock lock(&mu_);
+    while (free_ <= 0) cv_.Wait(&mu_);
     --free_;
   }
   void Release() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++free_;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int free_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  int free_ GUARDED_BY(mu_);
 };
 
 class GateHold {
@@ -125,7 +124,8 @@ class SshAgentHandle final : public AgentHandle {
         Finish(status, &out_partial, &err_partial, why);
         return;
       }
-      if (exit_seen_at && std::chrono::steady_clock::now() - *exit_seen_at > kCloseAfterExitWait) {
+      if (exit_seen_at && std::chrono::steady_clock::now() - *exit_seen_at >
+                              std::chrono::milliseconds(kSshCloseAfterExitMs)) {
         Finish(*received_exit, &out_partial, &err_partial, "");
         return;
       }

@@ -26,8 +26,8 @@ struct SshConfig {
   bool accept_new_host_keys =
       false;  // append unknown keys (OpenSSH's accept-new); never changed ones
   int connect_timeout_s = kSshConnectTimeoutS;  // TCP connect and every blocking SSH step
-  int connect_attempts = 3;                     // total tries, counted only for transient failures
-  int retry_backoff_ms = 200;                   // doubled after each transient failure
+  int connect_attempts = kSshConnectAttempts;   // total tries, counted only for transient failures
+  int retry_backoff_ms = kSshRetryBackoffMs;    // doubled after each transient failure
   int fanout = kSshFanout;                      // connections in progress at once, per starter
   std::string launcher_address;                 // --launcher-address: the address agents dial back
   std::string network_interface;  // --network-interface: take that interface's address instead

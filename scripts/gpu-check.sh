@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 5, for a machine with one (or more) NVIDIA GPUs, CUDA and NCCL at
-# /usr/local/cuda (a lent H200). Builds ringrun with NCCL, then runs:
+# The GPU checks, for a machine with one or more NVIDIA GPUs, CUDA and NCCL at /usr/local/cuda.
+# Builds ringrun with NCCL, then runs:
 #   1. a 1-rank NCCL job: gpu_collectives (every dtype, device memory) at np=1;
 #   2. two ranks on one GPU with distinct NCCL_HOSTID: allreduce/broadcast/allgather for every dtype;
 #   3. ringrun --check-gpu --allreduce;
@@ -41,7 +41,9 @@ echo "== host: $(hostname); $(nvidia-smi --query-gpu=name,driver_version --forma
 
 # 0. Build.
 t=$(now)
-if cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
+gen=(-G Ninja)  # a folder that already has a cache keeps its generator
+[[ -f $BUILD/CMakeCache.txt ]] && gen=()
+if cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
      >"$TMP/cmake.log" 2>&1 &&
    cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
      ringrun-bench gpu_collectives runtime_test_worker ringrun_python >"$TMP/build.log" 2>&1; then

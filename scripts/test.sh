@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Runs every test: installs dependencies, builds both configurations (with and without NCCL),
-# then runs the unit, integration and cluster tests (the 10-job soak among them), then the
-# sanitizer builds and the fuzzers (scripts/sanitize.sh, scripts/fuzz.sh). Needs root (cluster
-# tests create network namespaces). Usage: scripts/test.sh [extra ctest args]
+# Runs every test (what .ci/run runs): installs the dependencies, checks the format, builds and
+# installs the `default` preset (scripts/setup.sh), builds the `nonccl` preset too, then runs the
+# unit, integration, slow, python, cluster (the 10-job soak among them) and slurm tests, then the
+# sanitizer builds and the fuzzers (scripts/sanitize.sh, scripts/fuzz.sh). Needs root (apt-get,
+# /usr/local, the cluster tests' network namespaces, Slurm). For a quick loop while changing
+# code: scripts/quick-test.sh.
+#   scripts/test.sh [extra ctest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${RINGRUN_BUILD_JOBS:-2}
+source scripts/lib.sh
 scripts/install-deps.sh
 scripts/check-format.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$jobs"
+scripts/setup.sh
+cmake --build build -j"$(build_jobs)"
 # The configuration without CUDA/NCCL must build too; its GPU seam has its own unit tests.
-cmake -S . -B build-nonccl -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGRUN_WITH_NCCL=OFF >/dev/null
-cmake --build build-nonccl -j"$jobs" --target ringrun ringrun-agent ringrun gpu_unit_tests
-(cd build-nonccl && ctest -R '^gpu_unit' --output-on-failure)
+configure nonccl
+cmake --build build-nonccl -j"$(build_jobs)" --target ringrun ringrun-agent gpu_unit_tests
+build-nonccl/bin/gpu_unit_tests
 cd build
 # Everything but the cluster in parallel, then the cluster tests one at a time (they share
 # the namespace hosts, brought up and torn down by a CTest fixture).

@@ -1,4 +1,4 @@
-#include "acceptor.h"
+#include "runtime/src/acceptor.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -7,7 +7,7 @@
 
 #include <cerrno>
 
-#include "socket_util.h"
+#include "runtime/src/socket_util.h"
 
 namespace ringrun::runtime {
 

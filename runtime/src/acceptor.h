@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "handshake.h"
+#include "runtime/src/handshake.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/status.h"
-#include "transport.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 

@@ -6,11 +6,11 @@
 #include <new>
 #include <string>
 
-#include "engine/engine.h"
-#include "job_client.h"
-#include "reduce.h"
+#include "runtime/src/engine/engine.h"
 #include "ringrun/ringrun.h"
-#include "runtime.h"
+#include "runtime/src/job_client.h"
+#include "runtime/src/reduce.h"
+#include "runtime/src/runtime.h"
 
 using ringrun::runtime::engine::Entry;
 using ringrun::runtime::engine::HandleState;

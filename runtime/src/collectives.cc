@@ -1,4 +1,4 @@
-#include "collectives.h"
+#include "runtime/src/collectives.h"
 
 #include <algorithm>
 #include <cstring>

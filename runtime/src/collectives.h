@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "transport.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 

@@ -1,4 +1,4 @@
-#include "handshake.h"
+#include "runtime/src/handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "shm_pair.h"
+#include "runtime/src/shm_pair.h"
 
 namespace ringrun::runtime {
 

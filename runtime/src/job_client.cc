@@ -1,4 +1,4 @@
-#include "job_client.h"
+#include "runtime/src/job_client.h"
 
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"

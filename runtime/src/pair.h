@@ -7,7 +7,7 @@
 
 #include "ringrun/common/fd.h"
 #include "ringrun/common/status.h"
-#include "transport.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 

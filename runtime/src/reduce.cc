@@ -1,4 +1,4 @@
-#include "reduce.h"
+#include "runtime/src/reduce.h"
 
 #include <algorithm>
 #include <cstring>
@@ -399,8 +399,8 @@ void DivideInPlace(void* buf, size_t n, ringrun_dtype dtype, double divisor) {
   }
 }
 
-bool IsValidDtype(int d) { return d >= RINGRUN_INT8 && d <= RINGRUN_FLOAT64; }
-bool IsValidOp(int o) { return o >= RINGRUN_SUM && o <= RINGRUN_PRODUCT; }
+bool IsValidDtype(int d) { return d >= 0 && d < RINGRUN_NUM_DTYPES; }
+bool IsValidOp(int o) { return o >= 0 && o < RINGRUN_NUM_OPS; }
 bool IsFloating(ringrun_dtype d) {
   return d == RINGRUN_FLOAT16 || d == RINGRUN_BFLOAT16 || d == RINGRUN_FLOAT32 ||
          d == RINGRUN_FLOAT64;
@@ -422,17 +422,6 @@ size_t DtypeSize(ringrun_dtype d) {
       return 8;
   }
   return 0;
-}
-
-const char* NameOfDtype(ringrun_dtype d) {
-  static constexpr const char* kNames[] = {"int8",    "uint8",    "int32",   "int64",
-                                           "float16", "bfloat16", "float32", "float64"};
-  return IsValidDtype(d) ? kNames[d] : "invalid";
-}
-
-const char* NameOfOp(ringrun_op o) {
-  static constexpr const char* kNames[] = {"sum", "avg", "min", "max", "prod"};
-  return IsValidOp(o) ? kNames[o] : "invalid";
 }
 
 }  // namespace ringrun::runtime

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ringrun/names.h"
 #include "ringrun/ringrun.h"
 
 namespace ringrun::runtime {
@@ -38,8 +39,9 @@ bool IsValidDtype(int dtype);
 bool IsValidOp(int op);
 bool IsFloating(ringrun_dtype dtype);
 size_t DtypeSize(ringrun_dtype dtype);
-const char* NameOfDtype(ringrun_dtype dtype);
-const char* NameOfOp(ringrun_op op);
+// "float32", "sum": the names of ringrun/names.h.
+inline const char* NameOfDtype(ringrun_dtype dtype) { return ringrun_dtype_name(dtype); }
+inline const char* NameOfOp(ringrun_op op) { return ringrun_op_name(op); }
 
 // IEEE binary16 and bfloat16 <-> float, round-to-nearest-even, NaN preserved as NaN.
 float HalfToFloat(uint16_t h);

@@ -1,4 +1,4 @@
-#include "runtime.h"
+#include "runtime/src/runtime.h"
 
 #include <spdlog/spdlog.h>
 
@@ -6,9 +6,10 @@
 #include <cstring>
 #include <thread>
 
-#include "reduce.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
+#include "runtime/src/gpu/device_backend.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime {
 

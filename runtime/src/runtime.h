@@ -12,15 +12,15 @@
 #include <memory>
 #include <string>
 
-#include "collectives.h"
-#include "engine/engine.h"
-#include "job_client.h"
+#include "ringrun/common/defaults.h"
+#include "runtime/src/engine/engine.h"
 #include "ringrun/ringrun.h"
-#include "transport.h"
+#include "runtime/src/collectives.h"
+#include "runtime/src/job_client.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 
-inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS
 
 // What the launcher told this rank (env_contract.h), plus tuning knobs.
 struct JobEnv {

@@ -1,4 +1,4 @@
-#include "shm_pair.h"
+#include "runtime/src/shm_pair.h"
 
 #include <linux/futex.h>
 #include <sys/mman.h>

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "pair.h"
+#include "runtime/src/pair.h"
 
 namespace ringrun::runtime {
 

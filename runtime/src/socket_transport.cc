@@ -24,12 +24,13 @@
 #include <cerrno>
 #include <cstring>
 
-#include "acceptor.h"
-#include "handshake.h"
-#include "shm_pair.h"
-#include "socket_util.h"
-#include "tcp_pair.h"
-#include "transport.h"
+#include "ringrun/common/defaults.h"
+#include "runtime/src/acceptor.h"
+#include "runtime/src/handshake.h"
+#include "runtime/src/shm_pair.h"
+#include "runtime/src/socket_util.h"
+#include "runtime/src/tcp_pair.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 
@@ -45,7 +46,7 @@ namespace {
 // host's ranks do not outnumber its CPUs). Waking a sleeping rank costs tens of microseconds
 // under a hypervisor, paid once per collective phase when ranks arrive a little apart; Open MPI
 // and NCCL poll without end (measured: benchmarks/README.md, "Data-plane constants").
-constexpr int kSpinUs = 1000;
+constexpr int kSpinUs = kShmSpinUs;  // defaults.h
 
 class SocketTransport final : public Transport {
  public:

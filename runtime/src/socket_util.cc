@@ -1,4 +1,4 @@
-#include "socket_util.h"
+#include "runtime/src/socket_util.h"
 
 #include <arpa/inet.h>
 #include <netinet/tcp.h>

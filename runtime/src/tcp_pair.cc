@@ -1,4 +1,4 @@
-#include "tcp_pair.h"
+#include "runtime/src/tcp_pair.h"
 
 #include <sys/socket.h>
 

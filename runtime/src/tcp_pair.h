@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "pair.h"
+#include "runtime/src/pair.h"
 
 namespace ringrun::runtime {
 

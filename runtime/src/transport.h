@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "reduce.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/status.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime {
 

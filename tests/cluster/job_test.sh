@@ -128,8 +128,7 @@ linkcut)
   wait_gone $((left > 1 ? left : 1)) job_left 2 && pass "the cut host ends the job's processes by itself" ||
     fail "left on ${HP}2 20 s after the cut: $(job_left 2)"
   ip link set ${RR_LINK_PREFIX}2 up
-  sleep 1
-  [[ -z $(job_left) ]] && pass "nothing left once the link is back" || fail "left: $(job_left)"
+  wait_gone 5 job_left && pass "nothing left once the link is back" || fail "left: $(job_left)"
   ;;
 sshfail)
   : >"$TMP/empty_kh"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/nccl_api.h"
+#include "runtime/src/gpu/nccl_api.h"
 
 namespace ringrun::runtime::testing {
 

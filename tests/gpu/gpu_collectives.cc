@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ringrun/names.h"
 #include "ringrun/ringrun.h"
 
 namespace {
@@ -20,10 +21,7 @@ namespace {
 const ringrun_dtype kDtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
                                  RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
                                  RINGRUN_FLOAT32, RINGRUN_FLOAT64};
-const char* const kDtypeNames[] = {"int8",    "uint8",    "int32",   "int64",
-                                   "float16", "bfloat16", "float32", "float64"};
 const ringrun_op kOps[] = {RINGRUN_SUM, RINGRUN_AVERAGE, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT};
-const char* const kOpNames[] = {"sum", "avg", "min", "max", "prod"};
 const size_t kCounts[] = {1, 1027, (size_t{1} << 20) + 3};
 
 bool IsFloat(ringrun_dtype t) {
@@ -227,14 +225,15 @@ int main() {
     const ringrun_dtype t = kDtypes[ti];
     const size_t es = ringrun_dtype_size(t);
     for (size_t count : kCounts) {
-      const std::string where = std::string(kDtypeNames[ti]) + " count=" + std::to_string(count);
+      const std::string where =
+          std::string(ringrun_dtype_name(kDtypes[ti])) + " count=" + std::to_string(count);
       // Allreduce, every op valid for the type; out of place, then in place.
       for (size_t oi = 0; oi < sizeof(kOps) / sizeof(kOps[0]); ++oi) {
         const ringrun_op op = kOps[oi];
         if (op == RINGRUN_AVERAGE && !IsFloat(t)) continue;
         for (bool in_place : {false, true}) {
-          const std::string what = "allreduce " + std::string(kOpNames[oi]) + " " + where +
-                                   (in_place ? " in place" : "");
+          const std::string what = "allreduce " + std::string(ringrun_op_name(kOps[oi])) + " " +
+                                   where + (in_place ? " in place" : "");
           void* send = DeviceFill(c, t, count, Value, c.rank, count);
           void* recv = in_place ? send : DeviceFill(c, t, 0, Value, c.rank, count);
           if (send != nullptr && recv != nullptr &&

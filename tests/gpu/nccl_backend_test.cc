@@ -1,12 +1,12 @@
 // The NCCL backend's logic driven by a fake NCCL: device choice, the non-blocking init and
 // collectives, deadlines, asynchronous errors and Abort() from another thread.
-#include "gpu/nccl_backend.h"
+#include "runtime/src/gpu/nccl_backend.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
-#include "fake_nccl_api.h"
+#include "tests/gpu/fake_nccl_api.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;
@@ -189,8 +189,12 @@ TEST_CASE("Abort() from another thread ends an allreduce in flight", "[backend]"
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/60000));
   REQUIRE(backend.ok());
   DeviceBackend* b = backend->get();
-  std::thread aborter([b] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread aborter([b, api] {
+    // In flight: the fake has the allreduce, whose stream never drains (5 s at most).
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (api->record().collectives.empty() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     b->Abort("rank 1 on node2 exited with code 137");
   });
   const auto start = std::chrono::steady_clock::now();

@@ -7,11 +7,11 @@
 #include <thread>
 #include <vector>
 
-#include "fake_nccl_api.h"
-#include "gpu/nccl_backend.h"
-#include "job_client.h"
 #include "launcher/job_service.h"
 #include "launcher/rendezvous.h"
+#include "runtime/src/gpu/nccl_backend.h"
+#include "runtime/src/job_client.h"
+#include "tests/gpu/fake_nccl_api.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;

@@ -1,7 +1,9 @@
 // The dtype and op mapping onto NCCL, and the no-CUDA messages. Pure: no GPU needed.
-#include "gpu/nccl_mapping.h"
+#include "runtime/src/gpu/nccl_mapping.h"
 
 #include <catch2/catch.hpp>
+
+#include "ringrun/names.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;
@@ -18,7 +20,7 @@ TEST_CASE("every ringrun dtype maps onto the NCCL type of the same layout", "[ma
       {RINGRUN_FLOAT16, ncclHalf},    {RINGRUN_BFLOAT16, ncclBfloat16},
       {RINGRUN_FLOAT32, ncclFloat32}, {RINGRUN_FLOAT64, ncclFloat64}};
   for (const auto& [dtype, nccl] : expected) {
-    INFO(DtypeName(dtype));
+    INFO(ringrun_dtype_name(dtype));
     Result<ncclDataType_t> r = ToNcclDataType(dtype, kNccl);
     REQUIRE(r.ok());
     CHECK(*r == nccl);
@@ -34,7 +36,7 @@ TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
   for (ringrun_dtype dtype :
        {RINGRUN_FLOAT16, RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64}) {
     for (const auto& [op, nccl] : expected) {
-      INFO(DtypeName(dtype) << " " << OpName(op));
+      INFO(ringrun_dtype_name(dtype) << " " << ringrun_op_name(op));
       Result<ncclRedOp_t> r = ToNcclRedOp(op, dtype, kNccl);
       REQUIRE(r.ok());
       CHECK(*r == nccl);
@@ -44,12 +46,12 @@ TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
 
 TEST_CASE("AVERAGE on an integer type is refused, other integer ops map", "[mapping]") {
   for (ringrun_dtype dtype : {RINGRUN_INT8, RINGRUN_UINT8, RINGRUN_INT32, RINGRUN_INT64}) {
-    INFO(DtypeName(dtype));
+    INFO(ringrun_dtype_name(dtype));
     Result<ncclRedOp_t> avg = ToNcclRedOp(RINGRUN_AVERAGE, dtype, kNccl);
     REQUIRE_FALSE(avg.ok());
     CHECK(avg.status().code() == Code::kInvalidArgument);
     CHECK_THAT(avg.status().message(), Catch::Contains("AVERAGE is for floating types") &&
-                                           Catch::Contains(DtypeName(dtype)));
+                                           Catch::Contains(ringrun_dtype_name(dtype)));
     CHECK(ToNcclRedOp(RINGRUN_SUM, dtype, kNccl).ok());
     CHECK(ToNcclRedOp(RINGRUN_PRODUCT, dtype, kNccl).ok());
     CHECK(ToNcclRedOp(RINGRUN_MIN, dtype, kNccl).ok());

@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "handshake.h"
+#include "runtime/src/handshake.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace {

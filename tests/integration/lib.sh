@@ -40,6 +40,20 @@ expect_no_orphans() {
   fail "processes of the job outlived ringrun"
 }
 
+# Waits until FILE has COUNT lines containing TEXT (the ranks' readiness lines), for at most
+# SECONDS; fails the test naming what it waited for otherwise.
+wait_for_lines() {  # FILE TEXT COUNT SECONDS
+  local end=$((SECONDS + $4)) n
+  while :; do
+    n=$(grep -cF -- "$2" "$1" 2>/dev/null)
+    (( ${n:-0} >= $3 )) && return 0
+    (( SECONDS >= end )) && break
+    sleep 0.05
+  done
+  echo "--- $1:" >&2; head -50 "$1" >&2 2>/dev/null
+  fail "waited $4 s for $3 lines with '$2' in $1, found ${n:-0}"
+}
+
 expect_contains() {  # FILE TEXT
   grep -qF -- "$2" "$1" || { echo "--- $1:" >&2; head -50 "$1" >&2; fail "expected '$2' in $1"; }
 }

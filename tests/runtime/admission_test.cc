@@ -11,9 +11,9 @@
 #include <cstring>
 #include <thread>
 
-#include "acceptor.h"
-#include "handshake.h"
-#include "transport.h"
+#include "runtime/src/acceptor.h"
+#include "runtime/src/handshake.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 namespace {

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "thread_job.h"
-#include "values.h"
+#include "tests/runtime/thread_job.h"
+#include "tests/runtime/values.h"
 
 namespace ringrun::runtime::testing {
 namespace {
@@ -60,13 +60,13 @@ void AllreduceMatrix(int np, Mode mode, bool big) {
 
 }  // namespace
 
-TEST_CASE("allreduce: every dtype, op and count over TCP", "[allreduce]") {
+TEST_CASE("allreduce: every dtype, op and count over TCP", "[allreduce][slow]") {
   for (int np : {1, 2, 3, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTcp, true); }
   }
 }
 
-TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce][shm]") {
+TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce][shm][slow]") {
   for (int np : {2, 3, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kShm, np != 5); }
   }
@@ -76,7 +76,7 @@ TEST_CASE("allreduce: a rank without a local listener is reached over TCP", "[al
   AllreduceMatrix(3, Mode::kShmFallback, false);
 }
 
-TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm]") {
+TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm][slow]") {
   // np=4: two hosts of two (hierarchical); np=3 and 5: uneven hosts (flat ring, mixed pairs).
   for (int np : {3, 4, 5}) {
     DYNAMIC_SECTION("np=" << np) { AllreduceMatrix(np, Mode::kTwoHosts, np == 4); }
@@ -306,26 +306,27 @@ TEST_CASE("a peer that closes mid-collective fails the others at once", "[dead-p
       o.timeout_ms = 30000;
       std::vector<std::unique_ptr<Runtime>> rts;
       REQUIRE(MakeThreadJob(o, &rts).empty());
-      // Connect everyone first, then drop rank 1's runtime (its sockets close) while the others
-      // are inside a large allreduce.
+      // Every rank loops over large allreduces; rank 1 stops after two and its runtime is
+      // dropped (its sockets close). By then ranks 0 and 2 are in, or entering, an allreduce
+      // that needs rank 1: its return is the readiness signal, no sleep guesses it.
+      std::vector<Status> errors(3);
       std::vector<std::thread> threads;
       for (int r = 0; r < 3; ++r) {
-        threads.emplace_back([&, r] { (void)rts[r]->Barrier(); });
-      }
-      for (auto& t : threads) t.join();
-      threads.clear();
-      std::vector<Status> errors(3);
-      const auto t0 = Clock::now();
-      for (int r : {0, 2}) {
         threads.emplace_back([&, r] {
           std::vector<float> buf(1 << 20, 1.0f);
-          errors[r] =
-              rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32, RINGRUN_SUM);
+          for (int i = 0; r != 1 || i < 2; ++i) {
+            errors[r] =
+                rts[r]->Allreduce(buf.data(), buf.data(), buf.size(), RINGRUN_FLOAT32, RINGRUN_SUM);
+            if (!errors[r].ok()) return;
+          }
         });
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      threads[1].join();
+      CHECK(errors[1].ok());
+      const auto t0 = Clock::now();
       rts[1].reset();
-      for (auto& t : threads) t.join();
+      threads[0].join();
+      threads[2].join();
       const auto ms =
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
       CHECK(ms < 10000);  // well inside the 30 s timeout: EOF is seen at once

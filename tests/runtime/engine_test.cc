@@ -14,9 +14,9 @@
 #include <random>
 #include <sstream>
 
-#include "engine/controller.h"
-#include "engine/stall_inspector.h"
-#include "gpu/device_backend.h"
+#include "runtime/src/engine/controller.h"
+#include "runtime/src/engine/stall_inspector.h"
+#include "runtime/src/gpu/device_backend.h"
 #include "thread_job.h"
 
 namespace ringrun::runtime::testing {

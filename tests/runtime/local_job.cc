@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ringrun/common/env_contract.h"
-#include "test_job_server.h"
+#include "tests/runtime/test_job_server.h"
 
 extern char** environ;
 

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "ringrun/common/env_contract.h"
-#include "test_job_server.h"
+#include "tests/runtime/test_job_server.h"
 
 extern char** environ;
 
@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Worker {
   pid_t pid = -1;
+  std::string out_path;
   std::string err_path;
   int status = -1;
   bool exited = false;
@@ -39,7 +40,7 @@ std::string ReadFile(const std::string& path) {
 
 class Job {
  public:
-  Job(int np, std::vector<std::string> extra_env, const std::string& mode) : np_(np) {
+  Job(int np, std::vector<std::string> extra_env, const std::string& mode) {
     server_ = TestJobServer::Start(np, kSecret, "mp-job");
     for (int r = 0; r < np; ++r) {
       std::vector<std::string> env = server_->RankEnvironment(r);
@@ -51,13 +52,16 @@ class Job {
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
       Worker w;
-      w.err_path = "/tmp/ringrun-test-worker-" + std::to_string(::getpid()) + "-" +
-                   std::to_string(r) + ".err";
+      const std::string base =
+          "/tmp/ringrun-test-worker-" + std::to_string(::getpid()) + "-" + std::to_string(r);
+      w.out_path = base + ".out";
+      w.err_path = base + ".err";
       posix_spawn_file_actions_t fa;
       posix_spawn_file_actions_init(&fa);
       posix_spawn_file_actions_addopen(&fa, 2, w.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                        0600);
-      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+      posix_spawn_file_actions_addopen(&fa, 1, w.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0600);
       std::string m = mode;
       char* argv[] = {const_cast<char*>(RINGRUN_TEST_WORKER), m.data(), nullptr};
       if (posix_spawn(&w.pid, RINGRUN_TEST_WORKER, &fa, nullptr, argv, envp.data()) != 0) {
@@ -73,6 +77,7 @@ class Job {
         ::kill(w.pid, SIGKILL);
         ::waitpid(w.pid, &w.status, 0);
       }
+      ::unlink(w.out_path.c_str());
       ::unlink(w.err_path.c_str());
     }
   }
@@ -117,13 +122,16 @@ class Job {
     ::waitpid(workers_[rank].pid, &workers_[rank].status, 0);
     workers_[rank].exited = true;
   }
-  bool joined_all() { return server_->rendezvous().joined() == np_; }
-  bool WaitJoined(int timeout_ms) {
+  // Waits until every rank's stdout holds `text` (a readiness line), until the deadline.
+  bool WaitAllPrinted(const std::string& text, int timeout_ms) {
     const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!joined_all() && Clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const Worker& w : workers_) {
+      while (ReadFile(w.out_path).find(text) == std::string::npos) {
+        if (Clock::now() > end) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
-    return joined_all();
+    return true;
   }
   const Worker& worker(int r) const { return workers_[r]; }
   std::string Stderr(int r) const { return ReadFile(workers_[r].err_path); }
@@ -135,7 +143,6 @@ class Job {
 
  private:
   static constexpr const char* kSecret = "0123456789abcdef0123456789abcdef";
-  const int np_;
   std::unique_ptr<TestJobServer> server_;
   std::vector<Worker> workers_;
 };
@@ -199,8 +206,7 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
                std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
-      REQUIRE(job.WaitJoined(30000));
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      REQUIRE(job.WaitAllPrinted("looping", 30000));  // each rank inside its allreduce loop
       const auto t0 = Clock::now();
       job.Signal(1, SIGSTOP);
       const bool done = job.WaitRanks({0, 2}, kTimeoutMs + 10000);
@@ -254,8 +260,7 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
                std::string("RINGRUN_DISABLE_SHM=") + shm},
               "loop");
       REQUIRE(job.server_ok());
-      REQUIRE(job.WaitJoined(30000));
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-allreduce by now
+      REQUIRE(job.WaitAllPrinted("looping", 30000));  // each rank inside its allreduce loop
       // Same-host pairs are shared memory unless disabled: rank 0 maps one per peer.
       CHECK(MappedPairSegments(job.worker(0).pid) == (std::string(shm) == "0" ? kNp - 1 : 0));
       const auto t0 = Clock::now();

@@ -10,7 +10,7 @@
 #include <xmmintrin.h>
 #endif
 
-#include "reduce.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime {
 namespace {

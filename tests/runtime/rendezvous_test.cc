@@ -1,12 +1,27 @@
 // The Rendezvous behind a real gRPC server, driven by the real job-service client.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <thread>
 
-#include "job_client.h"
 #include "ringrun/common/auth.h"
-#include "test_job_server.h"
+#include "runtime/src/job_client.h"
+#include "tests/runtime/test_job_server.h"
 
 namespace ringrun::runtime::testing {
+namespace {
+
+// Polls `done` until it holds, for at most `timeout_ms`; whether it held.
+template <typename Pred>
+bool WaitUntil(Pred done, int timeout_ms = 5000) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+}  // namespace
 
 TEST_CASE("rendezvous: every rank gets the whole columnar table", "[rendezvous]") {
   constexpr int kSize = 6;
@@ -54,12 +69,10 @@ TEST_CASE("rendezvous: bad joins are refused", "[rendezvous]") {
   CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 200).status().code() ==
         Code::kTimeout);
   // The server learns of the give-up asynchronously.
-  while (server->rendezvous().joined() != 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(WaitUntil([&] { return server->rendezvous().joined() == 0; }));
   std::thread holder(
       [&] { (void)MakeGrpcJobClient(server->target(), "secret")->Join(info, 3000); });
-  while (server->rendezvous().joined() == 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(WaitUntil([&] { return server->rendezvous().joined() != 0; }));  // the holder is in
   CHECK(MakeGrpcJobClient(server->target(), "secret")->Join(info, 2000).status().code() ==
         Code::kInvalidArgument);  // ALREADY_EXISTS
   server->rendezvous().Abort("test over");
@@ -103,12 +116,10 @@ TEST_CASE("rendezvous: ranks that leave and join again meet in a new round", "[r
   // Round 1: a rank that gives up (deadline) may join it again; while it collects, a join for
   // round 2 is refused; then everyone meets, with the new endpoints.
   CHECK(join(0, 1, 9, 200).status().code() == Code::kTimeout);
-  while (server->rendezvous().joined() != 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(WaitUntil([&] { return server->rendezvous().joined() == 0; }));
   Result<PeerTable> held(Internal("not run"));
   std::thread holder([&] { held = join(2, 1, 3002, 10000); });
-  while (server->rendezvous().joined() == 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(WaitUntil([&] { return server->rendezvous().joined() != 0; }));  // the holder is in
   st = join(1, 2, 9, 2000).status();
   CHECK(st.message().find("still waits") != std::string::npos);
   round(1, 3000, {0, 1});

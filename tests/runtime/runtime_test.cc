@@ -1,7 +1,8 @@
 // The runtime's joining logic against a fake job service client, and the environment contract.
-#include "runtime.h"
+#include "runtime/src/runtime.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -21,7 +22,11 @@ class FakeJobService {
     if (fail_) return PermissionDenied("wrong secret");
     infos_[info.rank] = info;
     if (static_cast<int>(infos_.size()) == size_) cv_.notify_all();
-    cv_.wait(lock, [&] { return static_cast<int>(infos_.size()) == size_; });
+    if (!cv_.wait_for(lock, std::chrono::seconds(30),
+                      [&] { return static_cast<int>(infos_.size()) == size_; })) {
+      return Timeout("fake job service: rank " + std::to_string(info.rank) +
+                     " waited 30 s for the others");
+    }
     PeerTable t;
     t.job_id = "fake-job";
     for (auto& [rank, i] : infos_) {

@@ -1,4 +1,4 @@
-#include "test_job_server.h"
+#include "tests/runtime/test_job_server.h"
 
 #include "launcher/job_server.h"
 #include "ringrun/common/env_contract.h"

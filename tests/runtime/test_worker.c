@@ -1,6 +1,8 @@
 /* A rank that uses only the public C API (and is written in C, which keeps ringrun.h valid C).
  *   runtime_test_worker check   collectives with known answers; exit 0 when all are right
- *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error
+ *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error. Prints
+ *                               "looping rank=R" once its first allreduce is done: every pair is
+ *                               connected and the rank is inside the loop (tests wait for it)
  *   runtime_test_worker reinit  init, allreduce, shutdown, three times over; exit 0 when each
  *                               round's results are right
  *   runtime_test_worker late    every rank but rank 1 enters an allreduce 1.5 s late; rank 1,
@@ -176,13 +178,15 @@ static int loop(void) {
   const size_t count = 1u << 22;
   float* buf = malloc(count * sizeof(float));
   for (size_t i = 0; i < count; ++i) buf[i] = 1.0f;
-  printf("looping rank=%d\n", ringrun_rank());
-  fflush(stdout);
-  for (;;) {
+  for (long i = 0;; ++i) {
     if (ringrun_allreduce(buf, buf, count, RINGRUN_FLOAT32, RINGRUN_MAX) != 0) {
       fprintf(stderr, "rank %d: allreduce failed: %s\n", ringrun_rank(), ringrun_error_message());
       free(buf);
       return 3;
+    }
+    if (i == 0) {
+      printf("looping rank=%d\n", ringrun_rank());
+      fflush(stdout);
     }
   }
 }

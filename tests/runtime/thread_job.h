@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime.h"
-#include "transport.h"
+#include "runtime/src/runtime.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime::testing {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "reduce.h"
 #include "ringrun/ringrun.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::testing {
 

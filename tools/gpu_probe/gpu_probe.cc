@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "gpu/gpu_info.h"
+#include "runtime/src/gpu/gpu_info.h"
 
 namespace {
 

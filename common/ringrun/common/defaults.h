@@ -1,22 +1,43 @@
-// Every default wait and interval, in one place.
+// Every default wait, interval, spin time and retry count of ringrun, in one place. Flags and
+// environment variables override some of them (named beside each); `ringrun --help` prints
+// those from these constants.
 #pragma once
 
 namespace ringrun {
 
-inline constexpr int kDefaultStartTimeoutS = 30;   // --start-timeout
-inline constexpr int kDefaultGraceMs = 5000;       // SIGTERM -> SIGKILL
+// The launcher and its agents.
+inline constexpr int kDefaultStartTimeoutS = 30;   // --start-timeout: agents and ranks up
+inline constexpr int kDefaultGraceMs = 5000;       // --grace-period: SIGTERM -> SIGKILL
 inline constexpr int kHeartbeatIntervalMs = 2000;  // Session pings, each way
 inline constexpr int kHeartbeatTimeoutMs = 10000;  // silence that means "lost" (< 15 s bound)
 inline constexpr int kKeepaliveMs = 3000;          // gRPC transport keepalive
 inline constexpr int kKeepaliveTimeoutMs = 5000;
-inline constexpr int kRpcDeadlineMs = 10000;    // unary calls other than Join
-inline constexpr int kJoinTimeoutMs = 120000;   // ringrun_init waiting for every rank
-inline constexpr int kSshConnectTimeoutS = 10;  // --ssh-connect-timeout
-inline constexpr int kSshFanout = 32;           // --ssh-fanout
-inline constexpr int kStderrTailLines = 10;     // lines shown with a failing rank
+inline constexpr int kRpcDeadlineMs = 10000;        // unary calls other than Join
+inline constexpr int kSecretReadTimeoutMs = 30000;  // an agent reading the secret on its stdin
+inline constexpr int kStderrTailLines = 10;         // lines shown with a failing rank
+
+// SSH.
+inline constexpr int kSshConnectTimeoutS = 10;  // --ssh-connect-timeout: each blocking step
+inline constexpr int kSshFanout = 32;           // --ssh-fanout: connections in progress at once
+inline constexpr int kSshConnectAttempts = 3;   // tries in all, for transient failures only
+inline constexpr int kSshRetryBackoffMs = 200;  // before the second try, doubled after each
+// After an agent's exit status, output still in flight may follow before its channel closes.
+inline constexpr int kSshCloseAfterExitMs = 2000;
+
+// libringrun.
+inline constexpr int kJoinTimeoutMs = 120000;              // ringrun_init waiting for every rank
+inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS: every wait
+inline constexpr int kPairHelloTimeoutMs = 10000;          // a data-plane connection's greeting
+inline constexpr int kNcclFinalizeTimeoutMs = 5000;        // ncclCommFinalize at shutdown
+// Busy-wait this long on a shared-memory pair before sleeping on its futex (only when a host's
+// ranks do not outnumber its CPUs): waking a sleeping rank costs tens of microseconds under a
+// hypervisor, paid once per collective phase when ranks arrive a little apart.
+inline constexpr int kShmSpinUs = 1000;
+
+// The job service.
 // The largest request the job service accepts. Requests are small but for an agent's Output
-// event, which carries at most 1 MiB + 64 KiB of a rank's output (agent.cc: kMaxLine and
-// kReadChunk); anything larger is refused (RESOURCE_EXHAUSTED) before it is read whole.
+// event, which carries at most 1 MiB + 64 KiB of a rank's output (agent_loop.h: kMaxLineBytes,
+// and one read); anything larger is refused (RESOURCE_EXHAUSTED) before it is read whole.
 inline constexpr int kMaxJobServiceRequestBytes = 2 << 20;
 // A connection to the job service that has not finished its HTTP/2 handshake by then is closed.
 inline constexpr int kJobServiceHandshakeTimeoutMs = 5000;

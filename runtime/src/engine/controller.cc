@@ -1,9 +1,9 @@
-#include "engine/controller.h"
+#include "runtime/src/engine/controller.h"
 
 #include <algorithm>
 #include <unordered_set>
 
-#include "engine/wire.h"
+#include "runtime/src/engine/wire.h"
 
 namespace ringrun::runtime::engine {
 namespace {

@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/request.h"
-#include "engine/response_cache.h"
+#include "runtime/src/engine/request.h"
+#include "runtime/src/engine/response_cache.h"
 
 namespace ringrun::runtime::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/engine.h"
+#include "runtime/src/engine/engine.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "engine/wire.h"
-#include "gpu/device_backend.h"  // the interface; its factories are linked with the seam
-#include "reduce.h"
+#include "runtime/src/engine/wire.h"
+#include "runtime/src/gpu/device_backend.h"  // the interface; its factories are linked with the seam
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::engine {
 namespace {

@@ -30,15 +30,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "collectives.h"
-#include "engine/clock.h"
-#include "engine/controller.h"
-#include "engine/fusion_buffer.h"
-#include "engine/request.h"
-#include "engine/stall_inspector.h"
-#include "engine/timeline.h"
+#include "runtime/src/collectives.h"
+#include "runtime/src/engine/clock.h"
+#include "runtime/src/engine/controller.h"
+#include "runtime/src/engine/fusion_buffer.h"
+#include "runtime/src/engine/request.h"
+#include "runtime/src/engine/stall_inspector.h"
+#include "runtime/src/engine/timeline.h"
 #include "ringrun/common/fd.h"
-#include "transport.h"
+#include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
 class DeviceBackend;

@@ -1,10 +1,10 @@
-#include "engine/request.h"
+#include "runtime/src/engine/request.h"
 
 #include <sstream>
 #include <vector>
 
-#include "engine/wire.h"
-#include "reduce.h"
+#include "runtime/src/engine/wire.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/response_cache.h"
+#include "runtime/src/engine/response_cache.h"
 
 namespace ringrun::runtime::engine {
 

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/request.h"
+#include "runtime/src/engine/request.h"
 
 namespace ringrun::runtime::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/stall_inspector.h"
+#include "runtime/src/engine/stall_inspector.h"
 
 #include <algorithm>
 #include <cstdio>

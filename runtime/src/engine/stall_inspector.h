@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/clock.h"
-#include "engine/controller.h"
+#include "runtime/src/engine/clock.h"
+#include "runtime/src/engine/controller.h"
 
 namespace ringrun::runtime::engine {
 

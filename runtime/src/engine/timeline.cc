@@ -1,4 +1,4 @@
-#include "engine/timeline.h"
+#include "runtime/src/engine/timeline.h"
 
 #include <cerrno>
 #include <memory>

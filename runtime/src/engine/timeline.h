@@ -12,7 +12,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "engine/clock.h"
+#include "runtime/src/engine/clock.h"
 #include "ringrun/common/status.h"
 
 namespace ringrun::runtime::engine {

@@ -2,7 +2,7 @@
 // load CUDA or NCCL just to start a job.
 #include <string>
 
-#include "gpu/gpu_info.h"
+#include "runtime/src/gpu/gpu_info.h"
 
 namespace ringrun::runtime {
 

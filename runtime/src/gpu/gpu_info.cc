@@ -1,4 +1,4 @@
-#include "gpu/gpu_info.h"
+#include "runtime/src/gpu/gpu_info.h"
 
 #include "ringrun/gpu/config.h"
 
@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "gpu/nccl_mapping.h"
+#include "runtime/src/gpu/nccl_mapping.h"
 #endif
 
 namespace ringrun::runtime {

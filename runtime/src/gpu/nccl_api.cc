@@ -1,4 +1,4 @@
-#include "gpu/nccl_api.h"
+#include "runtime/src/gpu/nccl_api.h"
 
 #include <dlfcn.h>
 #include <link.h>

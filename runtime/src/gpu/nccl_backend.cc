@@ -1,5 +1,5 @@
 // The NCCL implementation of the DeviceBackend seam (built when RINGRUN_HAVE_NCCL).
-#include "gpu/nccl_backend.h"
+#include "runtime/src/gpu/nccl_backend.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,7 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "gpu/nccl_mapping.h"
+#include "ringrun/common/defaults.h"
+#include "ringrun/common/thread_annotations.h"
+#include "runtime/src/gpu/nccl_mapping.h"
 
 namespace ringrun::runtime {
 namespace {
@@ -17,7 +19,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Finalizing a communicator waits for peers; at teardown we wait at most this long, then abort.
-constexpr int kFinalizeTimeoutMs = 5000;
 
 Code CodeForNccl(ncclResult_t r) {
   switch (r) {
@@ -69,7 +70,7 @@ class NcclBackend final : public DeviceBackend {
   ~NcclBackend() override {
     ncclComm_t comm = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       comm = comm_;
       comm_ = nullptr;
     }
@@ -81,7 +82,7 @@ class NcclBackend final : public DeviceBackend {
       if (r == ncclSuccess || r == ncclInProgress) {
         const auto deadline =
             Clock::now() + std::min<std::chrono::milliseconds>(
-                               std::chrono::milliseconds(kFinalizeTimeoutMs), timeout_);
+                               std::chrono::milliseconds(kNcclFinalizeTimeoutMs), timeout_);
         for (;;) {
           ncclResult_t async = ncclSuccess;
           if (api_->CommGetAsyncError(comm, &async) != ncclSuccess) break;
@@ -116,7 +117,7 @@ class NcclBackend final : public DeviceBackend {
       return s;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       comm_ = comm;
     }
     return Wait("NCCL init", Clock::now() + timeout_, /*stream=*/nullptr, /*wait_stream=*/false);
@@ -156,8 +157,9 @@ class NcclBackend final : public DeviceBackend {
   }
 
   void Abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (comm_ != nullptr) BreakLocked(Aborted(where_ + ": aborted: " + reason));
+    MutexLock lock(&mu_);
+    // Abort reports nothing itself: every later call returns this status.
+    if (comm_ != nullptr) (void)BreakLocked(Aborted(where_ + ": aborted: " + reason));
   }
 
  private:
@@ -168,7 +170,7 @@ class NcclBackend final : public DeviceBackend {
   Status Collective(const char* what, void* user_stream, bool sync, size_t count, Enqueue enqueue) {
     std::lock_guard<std::mutex> serial(call_mu_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
     }
     if (count == 0) return Status::Ok();
@@ -180,7 +182,7 @@ class NcclBackend final : public DeviceBackend {
         user_stream != nullptr ? static_cast<cudaStream_t>(user_stream) : own_stream_;
     const auto deadline = Clock::now() + timeout_;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
       ncclResult_t r = enqueue(comm_, stream);
       if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
@@ -197,7 +199,7 @@ class NcclBackend final : public DeviceBackend {
   Status Wait(const char* what, Clock::time_point deadline, cudaStream_t stream, bool wait_stream) {
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (comm_ == nullptr) return broken_;
         ncclResult_t async = ncclSuccess;
         ncclResult_t r = api_->CommGetAsyncError(comm_, &async);
@@ -213,7 +215,7 @@ class NcclBackend final : public DeviceBackend {
         }
       }
       if (Clock::now() >= deadline) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (comm_ == nullptr) return broken_;
         return BreakLocked(Timeout(where_ + ": " + what + " did not complete within " +
                                    std::to_string(timeout_.count()) +
@@ -223,8 +225,8 @@ class NcclBackend final : public DeviceBackend {
     }
   }
 
-  // Ends the communicator for good; every later call returns `why`. Requires mu_.
-  Status BreakLocked(Status why) {
+  // Ends the communicator for good; every later call returns `why`.
+  Status BreakLocked(Status why) REQUIRES(mu_) {
     if (comm_ != nullptr) {
       api_->CommAbort(comm_);
       comm_ = nullptr;
@@ -258,9 +260,9 @@ class NcclBackend final : public DeviceBackend {
 
   std::mutex call_mu_;  // held for a whole collective: one at a time on the communicator
 
-  std::mutex mu_;
-  ncclComm_t comm_ = nullptr;  // guarded by mu_; nullptr once aborted or destroyed
-  Status broken_;              // guarded by mu_: why comm_ was aborted
+  Mutex mu_;
+  ncclComm_t comm_ GUARDED_BY(mu_) = nullptr;  // nullptr once aborted or destroyed
+  Status broken_ GUARDED_BY(mu_);              // why comm_ was aborted
 };
 
 // Why this machine cannot run CUDA, as an Unavailable status.

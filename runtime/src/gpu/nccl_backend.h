@@ -12,8 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "gpu/device_backend.h"
-#include "gpu/nccl_api.h"
+#include "ringrun/common/defaults.h"
+#include "runtime/src/gpu/device_backend.h"
+#include "runtime/src/gpu/nccl_api.h"
 
 namespace ringrun::runtime {
 
@@ -25,7 +26,7 @@ struct NcclBackendOptions {
   // makes its own id).
   std::string nccl_id;
   // Bound on init and on each collective (enqueue, and completion when synchronous).
-  int timeout_ms = 60000;
+  int timeout_ms = kDefaultCollectiveTimeoutMs;
   // How often a pending operation is polled.
   int poll_interval_us = 100;
 };

@@ -1,8 +1,9 @@
-#include "gpu/nccl_mapping.h"
+#include "runtime/src/gpu/nccl_mapping.h"
 
 #include <string>
 
-#include "gpu/gpu_info.h"
+#include "ringrun/names.h"
+#include "runtime/src/gpu/gpu_info.h"
 
 namespace ringrun::runtime {
 namespace {
@@ -13,44 +14,6 @@ bool IsFloating(ringrun_dtype dtype) {
 }
 
 }  // namespace
-
-const char* DtypeName(ringrun_dtype dtype) {
-  switch (dtype) {
-    case RINGRUN_INT8:
-      return "INT8";
-    case RINGRUN_UINT8:
-      return "UINT8";
-    case RINGRUN_INT32:
-      return "INT32";
-    case RINGRUN_INT64:
-      return "INT64";
-    case RINGRUN_FLOAT16:
-      return "FLOAT16";
-    case RINGRUN_BFLOAT16:
-      return "BFLOAT16";
-    case RINGRUN_FLOAT32:
-      return "FLOAT32";
-    case RINGRUN_FLOAT64:
-      return "FLOAT64";
-  }
-  return "unknown dtype";
-}
-
-const char* OpName(ringrun_op op) {
-  switch (op) {
-    case RINGRUN_SUM:
-      return "SUM";
-    case RINGRUN_AVERAGE:
-      return "AVERAGE";
-    case RINGRUN_MIN:
-      return "MIN";
-    case RINGRUN_MAX:
-      return "MAX";
-    case RINGRUN_PRODUCT:
-      return "PRODUCT";
-  }
-  return "unknown op";
-}
 
 std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int driver_version,
                                     int runtime_version) {
@@ -106,7 +69,7 @@ Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_ver
     case RINGRUN_AVERAGE:
       if (!IsFloating(dtype)) {
         return InvalidArgument(std::string("AVERAGE is for floating types, not ") +
-                               DtypeName(dtype));
+                               ringrun_dtype_name(dtype));
       }
       if (nccl_version < kNcclVersionWithAvgAndBf16) {
         return InvalidArgument(

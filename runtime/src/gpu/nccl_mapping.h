@@ -17,10 +17,6 @@ namespace ringrun::runtime {
 // The first NCCL that has ncclAvg and ncclBfloat16 (2.10.0, as ncclGetVersion codes it).
 inline constexpr int kNcclVersionWithAvgAndBf16 = 21000;
 
-// "FLOAT16", "SUM", ... for messages; "dtype(42)" for a value outside the enum.
-const char* DtypeName(ringrun_dtype dtype);
-const char* OpName(ringrun_op op);
-
 // FLOAT16 -> ncclFloat16, BFLOAT16 -> ncclBfloat16, ... `nccl_version` is ncclGetVersion's code.
 Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version);
 

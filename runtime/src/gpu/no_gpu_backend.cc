@@ -1,6 +1,6 @@
 // The DeviceBackend seam in a build without CUDA/NCCL (RINGRUN_WITH_NCCL=OFF, or not found):
 // nothing is device memory, and asking for a backend says why there is none.
-#include "gpu/device_backend.h"
+#include "runtime/src/gpu/device_backend.h"
 
 namespace ringrun::runtime {
 

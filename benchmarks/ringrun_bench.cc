@@ -191,6 +191,9 @@ void Store(ringrun_dtype d, double v, void* p, size_t i) {
     case RINGRUN_FLOAT64:
       static_cast<double*>(p)[i] = v;
       break;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
 }
 
@@ -223,6 +226,9 @@ double Load(ringrun_dtype d, const void* p, size_t i) {
       return static_cast<const float*>(p)[i];
     case RINGRUN_FLOAT64:
       return static_cast<const double*>(p)[i];
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return 0;
 }

@@ -51,6 +51,11 @@ Result<std::vector<std::string>> ExpandRanges(std::string_view inside, std::stri
     uint64_t a = ToNumber(lo), b = ToNumber(hi);
     if (a > b) return bad("runs backwards");
     if (b - a + 1 > kMaxRange) return bad("names more than 65536 hosts");
+    // One bracket may list many ranges: stop at the expression's cap before expanding them all.
+    if (out.size() + (b - a + 1) > kMaxNames) {
+      return InvalidArgument("'" + std::string(token) + "' names more than " +
+                             std::to_string(kMaxNames) + " hosts");
+    }
     for (uint64_t v = a; v <= b; ++v) out.push_back(Pad(v, lo.size()));
     if (comma == std::string_view::npos) break;
     start = comma + 1;

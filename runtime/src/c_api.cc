@@ -453,6 +453,9 @@ const char* ringrun_status_name(ringrun_status status) {
       return "RINGRUN_ERR_JOINED";
     case RINGRUN_IN_PROGRESS:
       return "RINGRUN_IN_PROGRESS";
+    case RINGRUN_STATUS_MIN_ENUM_:
+    case RINGRUN_STATUS_MAX_ENUM_:
+      break;
   }
   return "RINGRUN_ERR_UNKNOWN";
 }

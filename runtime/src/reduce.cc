@@ -254,6 +254,9 @@ ReduceFn PortableForOp(ringrun_dtype dtype) {
       return &ReduceNative<float, Op>;
     case RINGRUN_FLOAT64:
       return &ReduceNative<double, Op>;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return nullptr;
 }
@@ -278,6 +281,9 @@ ReduceFn Avx2ForOp(ringrun_dtype dtype) {
       return &ReduceNativeAvx2<float, Op>;
     case RINGRUN_FLOAT64:
       return &ReduceNativeAvx2<double, Op>;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return nullptr;
 }
@@ -361,6 +367,9 @@ ReduceFn GetReduceFn(ringrun_dtype dtype, ringrun_op op, ReduceIsa isa) {
       return ForOp<Max>(dtype, isa);
     case RINGRUN_PRODUCT:
       return ForOp<Prod>(dtype, isa);
+    case RINGRUN_OP_MIN_ENUM_:
+    case RINGRUN_OP_MAX_ENUM_:
+      break;
   }
   return nullptr;
 }
@@ -420,6 +429,9 @@ size_t DtypeSize(ringrun_dtype d) {
     case RINGRUN_INT64:
     case RINGRUN_FLOAT64:
       return 8;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return 0;
 }

@@ -7,10 +7,13 @@
 // (bit 2: no secret, bit 3: a wrong one). The rest is the request body; for Session it is a
 // series of messages, each a length byte and that many bytes, the remainder being the last.
 //
-// Properties: a call without the right secret never succeeds and never reaches the job (the
-// events seen do not change); an authenticated Register whose body parses succeeds; every call
-// ends well before its deadline (nothing is held: the rendezvous has one rank, so a valid Join
-// completes at once); and nothing crashes or trips a sanitizer.
+// Properties: a call without the right secret is answered UNAUTHENTICATED, whatever its body
+// (the service checks the secret before it parses anything), and never reaches the job (the
+// events seen do not change); an authenticated Register succeeds if its body parses and is
+// INVALID_ARGUMENT otherwise; every call ends well before its deadline (nothing is held: the
+// rendezvous has one rank, so a valid Join completes at once); and nothing crashes or trips a
+// sanitizer. The server is configured as the launcher's (ConfigureJobServer: the 2 MiB request
+// cap, keepalive), so a larger body is RESOURCE_EXHAUSTED before any handler runs.
 #include "launcher/job_service.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -28,6 +31,7 @@
 
 #include "launcher/rendezvous.h"
 #include "ringrun/common/auth.h"
+#include "ringrun/common/defaults.h"
 #include "ringrun/job.pb.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -38,6 +42,7 @@ using ringrun::launcher::Rendezvous;
 namespace v1 = ringrun::v1;
 
 constexpr int kDeadlineMs = 5000;
+constexpr size_t kCap = ringrun::kMaxJobServiceRequestBytes;  // ConfigureJobServer's request cap
 const std::string kSecret(64, 's');
 
 class CountingEvents final : public ringrun::launcher::JobEvents {
@@ -60,8 +65,7 @@ struct Harness {
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&service);
-    b.SetMaxReceiveMessageSize(-1);  // as launcher/job.cc
-    b.SetMaxSendMessageSize(-1);
+    ringrun::launcher::ConfigureJobServer(&b);  // as launcher/job_server.cc
     server = b.BuildAndStart();
     FUZZ_CHECK(server && port > 0);
     stub = std::make_unique<grpc::GenericStub>(grpc::CreateChannel(
@@ -186,7 +190,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     status = Unary(h, &ctx,
                    join ? "/ringrun.v1.JobService/Join" : "/ringrun.v1.JobService/Register", body);
     v1::RegisterRequest parsed;
-    if (!join && authenticated && parsed.ParseFromString(body)) FUZZ_CHECK(status.ok());
+    if (!join && authenticated && body.size() <= kCap) {
+      FUZZ_CHECK(parsed.ParseFromString(body)
+                     ? status.ok()
+                     : status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    }
   }
 
   if (std::getenv("RINGRUN_FUZZ_VERBOSE") != nullptr) {
@@ -196,7 +204,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED);
   if (!authenticated) {
-    FUZZ_CHECK(!status.ok());
+    bool too_big = false;  // the cap applies per message (Session: each one)
+    if (method == 2) {
+      for (const std::string& m : SplitMessages(body)) too_big |= m.size() > kCap;
+    } else {
+      too_big = body.size() > kCap;
+    }
+    FUZZ_CHECK(status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+               (too_big && status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED));
     FUZZ_CHECK(h.events.seen == seen_before);
   }
   return 0;

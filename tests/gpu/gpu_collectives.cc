@@ -91,6 +91,9 @@ void Encode(ringrun_dtype t, double v, void* dst) {
     case RINGRUN_FLOAT64:
       *static_cast<double*>(dst) = v;
       break;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
 }
 
@@ -116,6 +119,9 @@ double Decode(ringrun_dtype t, const void* src) {
       return *static_cast<const float*>(src);
     case RINGRUN_FLOAT64:
       return *static_cast<const double*>(src);
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return NAN;
 }
@@ -141,6 +147,9 @@ double Expected(ringrun_op op, int size, size_t i) {
         break;
       case RINGRUN_PRODUCT:
         acc *= v;
+        break;
+      case RINGRUN_OP_MIN_ENUM_:
+      case RINGRUN_OP_MAX_ENUM_:
         break;
     }
   }

@@ -29,15 +29,18 @@ Registration From(const std::string& address) {
 TEST_CASE("registry: every agent waits for the last, then gets its own ranks", "[registry]") {
   AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
   std::vector<v1::RankSpec> ranks2;
-  std::thread late([&] {
-    REQUIRE(registry.Add(2, From("10.0.0.3")).ok());
-    REQUIRE(registry.WaitForRanks(2, &ranks2).ok());
+  bool late_added = false, late_got_ranks = false;  // checked after join: Catch2's assertions
+  std::thread late([&] {                            // are not thread-safe
+    late_added = registry.Add(2, From("10.0.0.3")).ok();
+    late_got_ranks = late_added && registry.WaitForRanks(2, &ranks2).ok();
   });
   std::this_thread::sleep_for(milliseconds(20));  // host 2 usually waits; either order works
   REQUIRE(registry.Add(0, From("10.0.0.1")).ok());
   std::vector<v1::RankSpec> ranks0;
   REQUIRE(registry.WaitForRanks(0, &ranks0).ok());
   late.join();
+  REQUIRE(late_added);
+  REQUIRE(late_got_ranks);
   REQUIRE(ranks0.size() == 1);
   CHECK(ranks0[0].argv(0) == "host0@10.0.0.1");
   REQUIRE(ranks2.size() == 1);

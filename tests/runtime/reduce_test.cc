@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -234,6 +235,27 @@ TEST_CASE("reductions of every dtype and op", "[reduce]") {
   DivideInPlace(f, 2, RINGRUN_FLOAT32, 3);
   CHECK(f[0] == 1.0f);
   CHECK(f[1] == 3.0f);
+}
+
+// ringrun.h gives its enums the range of int (RINGRUN_*_MIN_ENUM_, RINGRUN_*_MAX_ENUM_), so
+// any int from a C caller is a value of the type here; the checks reject every one that is not
+// a dtype or op (the ASan build runs this with -fsanitize=enum, which reports an out-of-range
+// load).
+TEST_CASE("any int is a ringrun_dtype or ringrun_op value, and the bad ones are rejected",
+          "[reduce]") {
+  for (int v : {-1, 8, 42, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()}) {
+    const auto d = static_cast<ringrun_dtype>(v);
+    const auto o = static_cast<ringrun_op>(v);
+    CHECK_FALSE(IsValidDtype(d));
+    CHECK(DtypeSize(d) == 0);
+    CHECK(std::string(NameOfDtype(d)) == "invalid");
+    CHECK(GetReduceFn(d, RINGRUN_SUM) == nullptr);
+    if (v != 8) {
+      CHECK_FALSE(IsValidOp(o));
+      CHECK(std::string(NameOfOp(o)) == "invalid");
+      CHECK(GetReduceFn(RINGRUN_INT32, o) == nullptr);
+    }
+  }
 }
 
 }  // namespace ringrun::runtime

@@ -74,6 +74,9 @@ inline void Encode(ringrun_dtype d, double v, void* p) {
     case RINGRUN_FLOAT64:
       std::memcpy(p, &v, 8);
       break;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
 }
 
@@ -95,6 +98,9 @@ inline void Expected(ringrun_op op, ringrun_dtype d, int np, size_t i, void* out
         break;
       case RINGRUN_MAX:
         acc = std::max(acc, v);
+        break;
+      case RINGRUN_OP_MIN_ENUM_:
+      case RINGRUN_OP_MAX_ENUM_:
         break;
     }
   }

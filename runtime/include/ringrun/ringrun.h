@@ -92,8 +92,13 @@ typedef enum {
   RINGRUN_ERR_MISMATCH = 8,         /* ranks submitted one name with different arguments */
   RINGRUN_ERR_DUPLICATE_NAME = 9,   /* the name is still in flight on this rank */
   RINGRUN_ERR_NOT_INITIALIZED = 10, /* outside ringrun_init() .. ringrun_shutdown() */
-  RINGRUN_ERR_JOINED = 11,  /* not possible while a rank has joined (see ringrun_join_submit) */
-  RINGRUN_IN_PROGRESS = 100 /* ringrun_test: the handle has not completed yet */
+  RINGRUN_ERR_JOINED = 11,   /* not possible while a rank has joined (see ringrun_join_submit) */
+  RINGRUN_IN_PROGRESS = 100, /* ringrun_test: the handle has not completed yet */
+  /* Not values. In each public enum, these two give it the range of int: any int that a C
+   * caller passes is then a value of the type in C++ as well, which the library checks and
+   * rejects, instead of undefined behaviour (C++ allows only the enumerators' bit range). */
+  RINGRUN_STATUS_MIN_ENUM_ = -0x7fffffff - 1,
+  RINGRUN_STATUS_MAX_ENUM_ = 0x7fffffff
 } ringrun_status;
 
 typedef enum {
@@ -104,7 +109,9 @@ typedef enum {
   RINGRUN_FLOAT16 = 4,
   RINGRUN_BFLOAT16 = 5,
   RINGRUN_FLOAT32 = 6,
-  RINGRUN_FLOAT64 = 7
+  RINGRUN_FLOAT64 = 7,
+  RINGRUN_DTYPE_MIN_ENUM_ = -0x7fffffff - 1, /* not dtypes: the range of int (see above) */
+  RINGRUN_DTYPE_MAX_ENUM_ = 0x7fffffff
 } ringrun_dtype;
 
 /* AVERAGE is the SUM divided by the job size; floating types only. For FLOAT16 the inputs
@@ -118,7 +125,9 @@ typedef enum {
   RINGRUN_AVERAGE = 1,
   RINGRUN_MIN = 2,
   RINGRUN_MAX = 3,
-  RINGRUN_PRODUCT = 4
+  RINGRUN_PRODUCT = 4,
+  RINGRUN_OP_MIN_ENUM_ = -0x7fffffff - 1, /* not ops: the range of int (see ringrun_status) */
+  RINGRUN_OP_MAX_ENUM_ = 0x7fffffff
 } ringrun_op;
 
 #define RINGRUN_MAX_NAME_BYTES 1024

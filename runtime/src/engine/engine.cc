@@ -693,7 +693,7 @@ Status Engine::RunOther(const Response& r, Entry* e) {
       if (q.fixed) {
         out = e->recv;
         const char* mine = static_cast<char*>(out) + me * bytes[me];
-        if (PartialOverlap(e->send, out, total) && e->send != mine) {
+        if (bytes[me] > 0 && PartialOverlap(e->send, out, total) && e->send != mine) {
           char* copy = scratch_.Get(2, bytes[me]);
           std::memcpy(copy, e->send, bytes[me]);
           e->send = copy;
@@ -726,7 +726,9 @@ Status Engine::RunOther(const Response& r, Entry* e) {
       const void* send = e->send;
       if (q.fixed) {
         out = e->recv;
-        if (PartialOverlap(send, out, total) || send == out) {
+        // Nothing to copy when this rank sends nothing (the buffers may then be null, and
+        // scratch_ hands out none: memcpy of a null pointer is undefined even for 0 bytes).
+        if (send_total > 0 && (PartialOverlap(send, out, total) || send == out)) {
           char* copy = scratch_.Get(1, send_total);
           std::memcpy(copy, send, send_total);
           send = copy;

@@ -51,6 +51,9 @@ Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version) {
             FormatNcclVersion(nccl_version));
       }
       return ncclBfloat16;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
   }
   return InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
                          " is not a ringrun_dtype");
@@ -77,6 +80,9 @@ Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_ver
             FormatNcclVersion(nccl_version));
       }
       return ncclAvg;
+    case RINGRUN_OP_MIN_ENUM_:
+    case RINGRUN_OP_MAX_ENUM_:
+      break;
   }
   return InvalidArgument("op " + std::to_string(static_cast<int>(op)) + " is not a ringrun_op");
 }

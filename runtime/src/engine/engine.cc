@@ -24,14 +24,7 @@ constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
 // that fusing it saves (measured: the copies were a quarter of a ResNet-50 step's time).
 constexpr size_t kDirectAllreduceBytes = 256 << 10;
 
-bool BuildIsDevice(const void* p) {
-#if RINGRUN_WITH_GPU_SEAM
-  return p != nullptr && IsDevicePointer(p);
-#else
-  (void)p;
-  return false;
-#endif
-}
+bool BuildIsDevice(const void* p) { return p != nullptr && IsDevicePointer(p); }
 
 bool PartialOverlap(const void* a, const void* b, size_t bytes) {
   const char* x = static_cast<const char*>(a);
@@ -795,9 +788,7 @@ Result<DeviceBackend*> Engine::Device() {
     if (options_.make_nccl_id) {
       id = options_.make_nccl_id();
     } else {
-#if RINGRUN_WITH_GPU_SEAM
       id = MaybeCreateNcclUniqueId();
-#endif
     }
   }
   if (transport_) {
@@ -809,15 +800,10 @@ Result<DeviceBackend*> Engine::Device() {
     std::memcpy(&len, buf.data(), 4);
     id.assign(buf.data() + 4, std::min<uint32_t>(len, 512));
   }
-  Result<std::unique_ptr<DeviceBackend>> made = InvalidArgument("this build has no GPU backend");
-  if (options_.make_device) {
-    made = options_.make_device(id);
-  } else {
-#if RINGRUN_WITH_GPU_SEAM
-    made = MakeDeviceBackend(options_.rank, options_.size, options_.local_rank, id,
-                             options_.timeout_ms);
-#endif
-  }
+  Result<std::unique_ptr<DeviceBackend>> made =
+      options_.make_device ? options_.make_device(id)
+                           : MakeDeviceBackend(options_.rank, options_.size, options_.local_rank,
+                                               id, options_.timeout_ms);
   if (!made.ok()) {
     device_error_ = made.status().Annotate("GPU backend");
     return device_error_;

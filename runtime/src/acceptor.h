@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/handshake.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/status.h"
+#include "runtime/src/handshake.h"
 #include "runtime/src/transport.h"
 
 namespace ringrun::runtime {

@@ -6,8 +6,8 @@
 #include <new>
 #include <string>
 
-#include "runtime/src/engine/engine.h"
 #include "ringrun/ringrun.h"
+#include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
 #include "runtime/src/reduce.h"
 #include "runtime/src/runtime.h"

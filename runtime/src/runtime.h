@@ -13,14 +13,13 @@
 #include <string>
 
 #include "ringrun/common/defaults.h"
-#include "runtime/src/engine/engine.h"
 #include "ringrun/ringrun.h"
 #include "runtime/src/collectives.h"
+#include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
 #include "runtime/src/transport.h"
 
 namespace ringrun::runtime {
-
 
 // What the launcher told this rank (env_contract.h), plus tuning knobs.
 struct JobEnv {

@@ -44,8 +44,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/src/handshake.h"
 #include "ringrun/job.grpc.pb.h"
+#include "runtime/src/handshake.h"
 
 namespace {
 

@@ -30,6 +30,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ringrun/common/fd.h"
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
@@ -37,7 +38,6 @@
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/engine/timeline.h"
-#include "ringrun/common/fd.h"
 #include "runtime/src/transport.h"
 
 namespace ringrun::runtime {

@@ -12,8 +12,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "runtime/src/engine/clock.h"
 #include "ringrun/common/status.h"
+#include "runtime/src/engine/clock.h"
 
 namespace ringrun::runtime::engine {
 

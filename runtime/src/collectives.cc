@@ -28,8 +28,10 @@ Status RunOps(const CollectiveContext& c, std::vector<Op>& ops) {
   return c.transport->Run(ops, c.deadline);
 }
 
+// finish (optional) is applied to this member's own block as its last reduction writes it.
 Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const void* send, void* work,
-                           void* final_out, size_t count, size_t elem, ReduceFn fn) {
+                           void* final_out, size_t count, size_t elem, ReduceFn fn,
+                           const Finish* finish = nullptr) {
   const int n = g.size(), me = g.me;
   std::vector<Op> ops;
   for (int k = 0; k + 1 < n; ++k) {
@@ -42,6 +44,7 @@ Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const voi
       void* dst = (r == me && final_out) ? final_out : At(work, rb.begin * elem);
       ops.push_back(Op::RecvReduce(g.peer(me - 1), dst, At(send, rb.begin * elem), rb.count * elem,
                                    fn, elem));
+      if (r == me && finish && finish->active()) ops.back().finish = finish;
     }
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
   }
@@ -153,24 +156,30 @@ Status RingAllgather(const CollectiveContext& c, const Group& g, void* buf, size
 }
 
 Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, void* recv,
-                 size_t count, ringrun_dtype dtype, ReduceFn fn) {
+                 size_t count, ringrun_dtype dtype, ReduceFn fn, const Finish* finish) {
   const size_t elem = DtypeSize(dtype), bytes = count * elem;
+  const bool finishing = finish && finish->active() && count > 0;
   if (g.size() == 1 || count == 0) {
     if (send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+    if (finishing) finish->Apply(recv, count);
     return Status::Ok();
   }
   if (bytes <= kSmallAllreduceBytes || count < static_cast<size_t>(g.size())) {
-    return RecursiveDoubling(c, g, send, recv, count, elem, fn);
+    RINGRUN_RETURN_IF_ERROR(RecursiveDoubling(c, g, send, recv, count, elem, fn));
+    if (finishing) finish->Apply(recv, count);
+    return Status::Ok();
   }
   Group local, cross;
   if (HierarchicalGroups(*c.transport, g, &local, &cross)) {
     RINGRUN_RETURN_IF_ERROR(RingReduceScatter(c, local, send, recv, count, elem, fn));
     const BlockRange mine = Block(count, local.size(), local.me);
     char* block = At(recv, mine.begin * elem);
-    RINGRUN_RETURN_IF_ERROR(Allreduce(c, cross, block, block, mine.count, dtype, fn));
+    RINGRUN_RETURN_IF_ERROR(Allreduce(c, cross, block, block, mine.count, dtype, fn, finish));
     return RingAllgather(c, local, recv, count, elem);
   }
-  RINGRUN_RETURN_IF_ERROR(RingReduceScatter(c, g, send, recv, count, elem, fn));
+  // Each member finishes its own block as the ring's last step reduces it; the allgather then
+  // passes finished blocks around.
+  RINGRUN_RETURN_IF_ERROR(RingReduceScatterTo(c, g, send, recv, nullptr, count, elem, fn, finish));
   return RingAllgather(c, g, recv, count, elem);
 }
 

@@ -43,12 +43,14 @@ struct CollectiveContext {
 inline constexpr size_t kSmallAllreduceBytes = 64 << 10;   // recursive doubling below
 inline constexpr size_t kSmallBroadcastBytes = 256 << 10;  // binomial tree below, chain above
 
-// recv = op(send) over the group; op AVERAGE is reduced as SUM (the caller divides).
+// recv = op(send) over the group; op AVERAGE is reduced as SUM, and `finish` (optional: the
+// division of AVERAGE, a postscale) is applied to the result, fused into the ring's last
+// reduction of each block where the ring runs.
 // Small messages: recursive doubling; large: ring reduce-scatter + allgather; when the group
 // spans hosts with the same number of ranks on each (and more than one), hierarchical:
 // reduce-scatter on each host, allreduce across hosts, allgather on each host.
 Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, void* recv,
-                 size_t count, ringrun_dtype dtype, ReduceFn fn);
+                 size_t count, ringrun_dtype dtype, ReduceFn fn, const Finish* finish = nullptr);
 Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t bytes, int root);
 // recv block i (bytes each) = member i's send. send may be recv + me * bytes (in place).
 Status Allgather(const CollectiveContext& c, const Group& g, const void* send, void* recv,

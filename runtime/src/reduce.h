@@ -28,6 +28,20 @@ bool HasAvx2();
 
 // buf[i] /= divisor, for the floating dtypes (AVERAGE's last step).
 void DivideInPlace(void* buf, size_t count, ringrun_dtype dtype, double divisor);
+// buf[i] *= factor, for the floating dtypes (a pre- or postscale factor).
+void ScaleInPlace(void* buf, size_t count, ringrun_dtype dtype, double factor);
+
+// What AVERAGE and a postscale factor do to a reduced result: buf[i] = buf[i] / divisor, then
+// * factor, each step skipped when it is 1 (the same two roundings as DivideInPlace followed by
+// ScaleInPlace). The collectives apply it to each piece of a result as its last reduction
+// writes it, while the piece is still in cache, instead of in a pass of its own afterwards.
+struct Finish {
+  ringrun_dtype dtype = RINGRUN_FLOAT32;
+  double divisor = 1.0;
+  double factor = 1.0;
+  bool active() const { return divisor != 1.0 || factor != 1.0; }
+  void Apply(void* buf, size_t count) const;
+};
 
 // fp16 AVERAGE scales the inputs by 1/n and sums them (NCCL's PreMulSum) rather than summing
 // and dividing: an fp16 sum can overflow (65504) where the average fits. The other floating

@@ -127,6 +127,7 @@ void ShmPair::CopyOut(const Lane& l, uint64_t pos, Op& op, size_t off, size_t n)
       const char* mine = static_cast<const char*>(op.src) + off;
       op.reduce(dst, op.incoming_first ? ring + at : mine, op.incoming_first ? mine : ring + at,
                 k / op.elem_size);
+      if (op.finish) op.finish->Apply(dst, k / op.elem_size);
     }
     pos += k, off += k, real -= k;
   }

@@ -60,6 +60,7 @@ Result<bool> TcpPair::Progress(OpState& st) {
         const char* in = staging_.data();
         op.reduce(static_cast<char*>(op.buf) + st.done, op.incoming_first ? in : mine,
                   op.incoming_first ? mine : in, whole / op.elem_size);
+        if (op.finish) op.finish->Apply(static_cast<char*>(op.buf) + st.done, whole / op.elem_size);
         std::memmove(staging_.data(), staging_.data() + whole, staged_ - whole);
         staged_ -= whole;
         st.done += whole;

@@ -42,6 +42,9 @@ struct Op {
   // commutative bit for bit (NaN payloads; a rounding mode or DAZ), so when two ranks each
   // combine their own value with the other's, both must put the same rank's value first.
   bool incoming_first = false;
+  // kRecvReduce only, optional: applied to each piece of buf right after its reduction (the
+  // last reduction of an allreduce's block: AVERAGE's division and a postscale factor).
+  const Finish* finish = nullptr;
 
   static Op Send(int peer, const void* p, size_t n) {
     Op o;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,6 +110,40 @@ TEST_CASE("engine: random submission orders and several threads per rank agree",
     });
     INFO((shm ? "shm: " : "tcp: ") + failures);
     CHECK(failures.empty());
+  }
+}
+
+TEST_CASE("engine: AVERAGE and a postscale over the ring, at 2 and 3 ranks", "[engine]") {
+  // Large enough for the ring, where the division and the postscale are applied to each block
+  // as its last reduction writes it; the values must be exactly sum / n * postscale.
+  for (int np : {2, 3}) {
+    for (bool shm : {true, false}) {
+      std::string failures = RunThreadJob(Opts(np, shm), [&](int rank, Runtime& rt, Failures& f) {
+        const size_t count = (1 << 17) + 5;
+        std::vector<float> a(count), want(count);
+        for (size_t i = 0; i < count; ++i) {
+          a[i] = static_cast<float>((i % 97) * (rank + 1)) * 0.37f;
+          float sum = 0;
+          for (int r = 0; r < np; ++r) sum += static_cast<float>((i % 97) * (r + 1)) * 0.37f;
+          want[i] = sum / static_cast<float>(np) * 1.5f;
+        }
+        Entry e = Allreduce("avg.scaled", a.data(), a.data(), count, RINGRUN_AVERAGE);
+        e.req.postscale = 1.5;
+        auto h = Submit(rt, std::move(e));
+        if (!h) return f.Add(rank, "submit failed");
+        std::string err = WaitOk(*h);
+        if (!err.empty()) return f.Add(rank, err);
+        for (size_t i = 0; i < count; ++i) {
+          // The sum's order differs from the reference loop's by rank; allow one rounding.
+          if (std::fabs(a[i] - want[i]) > 1e-6f * std::fabs(want[i]) + 1e-6f) {
+            return f.Add(rank, "element " + std::to_string(i) + ": " + std::to_string(a[i]) +
+                                   ", want " + std::to_string(want[i]));
+          }
+        }
+      });
+      INFO("np=" << np << (shm ? " shm: " : " tcp: ") << failures);
+      CHECK(failures.empty());
+    }
   }
 }
 

@@ -32,35 +32,6 @@ bool PartialOverlap(const void* a, const void* b, size_t bytes) {
   return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
 }
 
-// buf[i] *= f for a floating dtype.
-void ScaleInPlace(void* buf, size_t count, ringrun_dtype dtype, double f) {
-  switch (dtype) {
-    case RINGRUN_FLOAT32: {
-      float* p = static_cast<float*>(buf);
-      const float g = static_cast<float>(f);
-      for (size_t i = 0; i < count; ++i) p[i] *= g;
-      break;
-    }
-    case RINGRUN_FLOAT64: {
-      double* p = static_cast<double*>(buf);
-      for (size_t i = 0; i < count; ++i) p[i] *= f;
-      break;
-    }
-    case RINGRUN_FLOAT16:
-      ScaleHalf(static_cast<uint16_t*>(buf), static_cast<uint16_t*>(buf), count,
-                static_cast<float>(f));
-      break;
-    case RINGRUN_BFLOAT16: {
-      uint16_t* p = static_cast<uint16_t*>(buf);
-      const float g = static_cast<float>(f);
-      for (size_t i = 0; i < count; ++i) p[i] = FloatToBf16(Bf16ToFloat(p[i]) * g);
-      break;
-    }
-    default:
-      break;  // integers never get here (rejected at submission)
-  }
-}
-
 Status Validate(const Entry& e, int size, const std::function<bool(const void*)>& is_device) {
   const Request& r = e.req;
   if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
@@ -588,11 +559,17 @@ Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const R
     }
     send = recv;
   }
+  Finish finish;
+  finish.dtype = dtype;
+  if (average && dtype != RINGRUN_FLOAT16) finish.divisor = divisor;
+  finish.factor = req.postscale;
   const int64_t t0 = Now();
   if (transport_) {
-    RINGRUN_RETURN_IF_ERROR(runtime::Allreduce(Context(), world_, send, recv, count, dtype, fn));
-  } else if (send != recv) {
-    std::memcpy(recv, send, count * DtypeSize(dtype));
+    RINGRUN_RETURN_IF_ERROR(
+        runtime::Allreduce(Context(), world_, send, recv, count, dtype, fn, &finish));
+  } else {
+    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
+    finish.Apply(recv, count);
   }
   if (timeline_) {
     const char* algo =
@@ -601,8 +578,6 @@ Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const R
                     "\"bytes\": " + std::to_string(count * DtypeSize(dtype)) +
                         ", \"algorithm\": \"" + algo + "\"");
   }
-  if (average && dtype != RINGRUN_FLOAT16) DivideInPlace(recv, count, dtype, divisor);
-  if (req.postscale != 1.0) ScaleInPlace(recv, count, dtype, req.postscale);
   return Status::Ok();
 }
 

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/stall_inspector.h"
@@ -249,6 +250,38 @@ void CheckMismatch(const std::string& field, const std::function<void(Entry&)>& 
     if (!err.empty() || x[0] != np) f.Add(rank, "after a mismatch: " + err);
   });
   INFO(field + ": " + failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("engine: a cached name: staggered ranks, then a mismatch, then the cache again",
+          "[engine]") {
+  // After the first step "w" travels as a cache id. Ranks announce it in different rounds
+  // (rank r waits r * 20 ms), which must still complete it; then rank 1 changes its count, so
+  // it announces "w" in full while the others send the id, and all must get the mismatch; then
+  // the cached form must work again.
+  const int np = 3;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> buf(8);
+    auto step = [&](size_t count) {
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      auto h = Submit(rt, Allreduce("w", buf.data(), buf.data(), count));
+      return h ? WaitStatus(*h) : std::make_pair(RINGRUN_ERR_INTERNAL, std::string("refused"));
+    };
+    for (int s = 0; s < 4; ++s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * rank * (s % 2)));
+      auto [st, msg] = step(8);
+      if (st != RINGRUN_OK || buf[0] != np) return f.Add(rank, "step " + std::to_string(s) + msg);
+    }
+    auto [st, msg] = step(rank == 1 ? 4 : 8);
+    if (st != RINGRUN_ERR_MISMATCH || msg.find("disagree on the count") == std::string::npos) {
+      return f.Add(rank, "mismatch: status " + std::to_string(st) + ": " + msg);
+    }
+    for (int s = 0; s < 2; ++s) {
+      auto [st2, msg2] = step(8);
+      if (st2 != RINGRUN_OK || buf[0] != np) return f.Add(rank, "after: " + msg2);
+    }
+  });
+  INFO(failures);
   CHECK(failures.empty());
 }
 

@@ -31,20 +31,53 @@ Controller::Controller(int size, size_t cache_capacity)
 std::string Controller::EncodeFrame(const std::vector<const Request*>& announce) const {
   std::string out;
   Put<uint32_t>(&out, static_cast<uint32_t>(announce.size()));
-  std::string enc;
   for (const Request* r : announce) {
-    enc.clear();
-    r->Encode(&enc);
-    int64_t id = cache_.Find(r->name, enc);
+    const int64_t id = cache_.Find(*r);
     if (id >= 0) {
       Put<uint8_t>(&out, kTagCached);
       Put<uint32_t>(&out, static_cast<uint32_t>(id));
     } else {
       Put<uint8_t>(&out, kTagFull);
-      out += enc;
+      r->Encode(&out);
     }
   }
   return out;
+}
+
+Controller::FastSlot& Controller::Fast(uint32_t id) {
+  if (fast_.size() <= id) fast_.resize(cache_.size());
+  FastSlot& f = fast_[id];
+  if (f.announced_us.empty()) f.announced_us.assign(size_, -1);
+  return f;
+}
+
+bool Controller::Ready(const FastSlot& s) const {
+  if (s.count == 0) return false;
+  if (joined_count_ == 0) return s.count == size_;
+  for (int r = 0; r < size_; ++r) {
+    if (s.announced_us[r] < 0 && !joined_[r]) return false;
+  }
+  return true;
+}
+
+void Controller::MoveToTable(uint32_t id, std::vector<std::string>* touched) {
+  FastSlot& f = Fast(id);
+  f.in_table = true;
+  if (f.count == 0) return;
+  const Request& cached = *cache_.Get(id);
+  auto [it, fresh] = table_.try_emplace(cached.name);
+  Slot& s = it->second;  // fresh: in_table was false, so no slot had this name
+  s.by_rank.resize(size_);
+  s.announced_us = f.announced_us;
+  s.first_round = f.first_round, s.first_rank = f.first_rank, s.first_index = f.first_index;
+  s.first_us = f.first_us;
+  for (int r = 0; r < size_; ++r) {
+    if (f.announced_us[r] >= 0) s.by_rank[r] = cached, ++s.count;
+  }
+  if (fresh) touched->push_back(cached.name);
+  f.count = 0;
+  --fast_pending_;
+  std::fill(f.announced_us.begin(), f.announced_us.end(), -1);
 }
 
 bool Controller::Ready(const Slot& s) const {
@@ -59,6 +92,7 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
   ++round_;
   bool joins_changed = false;
   std::vector<std::string> touched;
+  std::vector<uint32_t> touched_fast;
   for (int r = 0; r < size_; ++r) {
     const std::string& f = frames[r];
     size_t pos = 0;
@@ -74,9 +108,25 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
         uint32_t id;
         const Request* c = Get(f, &pos, &id) ? cache_.Get(id) : nullptr;
         if (!c) return Internal("rank " + std::to_string(r) + " sent an unknown cache id");
+        FastSlot& fs = Fast(id);
+        if (!fs.in_table) {  // the steady state: count it in the array
+          if (fs.announced_us[r] >= 0) {
+            return Internal("rank " + std::to_string(r) + " announced '" + c->name + "' twice");
+          }
+          if (fs.count == 0) {
+            fs.first_round = round_, fs.first_rank = r, fs.first_index = i, fs.first_us = now_us;
+            ++fast_pending_;
+          }
+          touched_fast.push_back(id);
+          fs.announced_us[r] = now_us;
+          ++fs.count;
+          continue;
+        }
         req = *c;
       } else if (tag != kTagFull || !req.Decode(f, &pos)) {
         return Internal("malformed request from rank " + std::to_string(r));
+      } else if (const int64_t id = cache_.IdOf(req.name); id >= 0) {
+        MoveToTable(static_cast<uint32_t>(id), &touched);
       }
       auto [it, fresh] = table_.try_emplace(req.name);
       Slot& s = it->second;
@@ -98,36 +148,60 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
       if (!fresh) touched.push_back(it->first);  // duplicates are dropped below
     }
   }
-  // Which names are ready now, in their agreed order.
-  std::vector<std::pair<const std::string*, Slot*>> ready;
+  // Which names are ready now, in their agreed order (table slots and cached ones alike).
+  struct ReadyItem {
+    uint64_t round;
+    int rank;
+    uint32_t index;
+    const std::string* name;  // a table slot's, or nullptr for a cached one
+    uint32_t id;              // the cache id of a cached one
+  };
+  std::vector<ReadyItem> ready;
   std::unordered_set<const Slot*> seen;
   auto consider = [&](const std::string& name, Slot& s) {
-    if (Ready(s) && seen.insert(&s).second) ready.emplace_back(&name, &s);
+    if (Ready(s) && seen.insert(&s).second) {
+      ready.push_back({s.first_round, s.first_rank, s.first_index, &name, 0});
+    }
+  };
+  auto consider_fast = [&](uint32_t id) {
+    FastSlot& fs = fast_[id];
+    if (fs.listed_round != round_ && Ready(fs)) {
+      ready.push_back({fs.first_round, fs.first_rank, fs.first_index, nullptr, id});
+      fs.listed_round = round_;  // once
+    }
   };
   if (joins_changed) {
     for (auto& [name, s] : table_) consider(name, s);
+    for (uint32_t id = 0; id < fast_.size(); ++id) consider_fast(id);
   } else {
     for (const std::string& name : touched) {
       auto it = table_.find(name);
       if (it != table_.end()) consider(it->first, it->second);
     }
+    for (uint32_t id : touched_fast) consider_fast(id);
   }
-  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) {
-    const Slot& x = *a.second;
-    const Slot& y = *b.second;
-    if (x.first_round != y.first_round) return x.first_round < y.first_round;
-    if (x.first_rank != y.first_rank) return x.first_rank < y.first_rank;
-    return x.first_index < y.first_index;
+  std::sort(ready.begin(), ready.end(), [](const ReadyItem& x, const ReadyItem& y) {
+    if (x.round != y.round) return x.round < y.round;
+    if (x.rank != y.rank) return x.rank < y.rank;
+    return x.index < y.index;
   });
   std::vector<std::string> ready_names;
-  ready_names.reserve(ready.size());
-  for (const auto& [name, slot] : ready) ready_names.push_back(*name);
+  for (const ReadyItem& x : ready) {
+    if (x.name) ready_names.push_back(*x.name);
+  }
   std::vector<Response> out;
+  out.reserve(ready.size());
   std::optional<Response> join_done;
-  for (const std::string& name : ready_names) {
-    auto it = table_.find(name);
+  size_t next_name = 0;
+  for (const ReadyItem& x : ready) {
+    if (!x.name) {
+      out.push_back(BuildFast(x.id));
+      continue;
+    }
+    auto it = table_.find(ready_names[next_name++]);
     Response resp = Build(it->second);
     table_.erase(it);
+    if (const int64_t id = cache_.IdOf(resp.req.name); id >= 0) Fast(id).in_table = false;
     if (resp.type == Response::kJoinDone) {
       join_done = std::move(resp);
     } else {
@@ -144,6 +218,37 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
     joined_count_ = 0;
   }
   return out;
+}
+
+Response Controller::BuildFast(uint32_t id) {
+  FastSlot& fs = fast_[id];
+  Response resp;
+  resp.req = *cache_.Get(id);
+  resp.announced_us = fs.announced_us;
+  resp.contributors = size_ - joined_count_;
+  fs.count = 0;
+  --fast_pending_;
+  std::fill(fs.announced_us.begin(), fs.announced_us.end(), -1);
+  if (std::optional<Response> e = JoinedError(resp.req)) return std::move(*e);
+  return resp;
+}
+
+std::optional<Response> Controller::JoinedError(const Request& req) const {
+  if (joined_count_ == 0 || !(NeedsAllRanks(req.kind) || req.device)) return std::nullopt;
+  std::vector<int> joined;
+  for (int r = 0; r < size_; ++r) {
+    if (joined_[r]) joined.push_back(r);
+  }
+  Response resp;
+  resp.req = req;
+  resp.contributors = size_ - joined_count_;
+  resp.type = Response::kError;
+  resp.error_code = RINGRUN_ERR_JOINED;
+  resp.error = "tensor '" + req.name + "': " + KindName(req.kind) +
+               (req.device ? " of device memory" : "") +
+               " is not possible while ranks have joined (" + RankList(joined) +
+               "); only host allreduce and barrier run until every rank has joined";
+  return resp;
 }
 
 Response Controller::Build(Slot& s) {
@@ -190,18 +295,9 @@ Response Controller::Build(Slot& s) {
     resp.last_joined = last_joined_;
     return resp;
   }
-  if (joined_count_ > 0 && (NeedsAllRanks(resp.req.kind) || resp.req.device)) {
-    std::vector<int> joined;
-    for (int r = 0; r < size_; ++r) {
-      if (joined_[r]) joined.push_back(r);
-    }
-    resp.type = Response::kError;
-    resp.error_code = RINGRUN_ERR_JOINED;
-    resp.error = "tensor '" + name + "': " + KindName(resp.req.kind) +
-                 (resp.req.device ? " of device memory" : "") +
-                 " is not possible while ranks have joined (" + RankList(joined) +
-                 "); only host allreduce and barrier run until every rank has joined";
-    return resp;
+  if (std::optional<Response> e = JoinedError(resp.req)) {
+    e->announced_us = std::move(resp.announced_us);
+    return std::move(*e);
   }
   if (resp.req.kind == Kind::kAllgather || resp.req.kind == Kind::kAlltoall) {
     resp.by_rank = s.by_rank;
@@ -226,6 +322,13 @@ std::vector<PendingView> Controller::Pending() const {
   for (const auto& [name, s] : table_) {
     PendingView v{&name, s.first_us, std::vector<bool>(size_)};
     for (int r = 0; r < size_; ++r) v.announced[r] = s.by_rank[r].has_value() || joined_[r];
+    out.push_back(std::move(v));
+  }
+  for (uint32_t id = 0; fast_pending_ > 0 && id < fast_.size(); ++id) {
+    const FastSlot& fs = fast_[id];
+    if (fs.count == 0) continue;
+    PendingView v{&cache_.Get(id)->name, fs.first_us, std::vector<bool>(size_)};
+    for (int r = 0; r < size_; ++r) v.announced[r] = fs.announced_us[r] >= 0 || joined_[r];
     out.push_back(std::move(v));
   }
   return out;

@@ -5,6 +5,10 @@
 // coordinator. A frame lists the requests a rank announces in that round; a request whose name
 // and arguments are in the response cache travels as a 5-byte cache id, else in full.
 //
+// A cached announcement (the steady state) is counted in an array slot by cache id, without
+// touching the table of names; a name that some rank announces in full (its arguments changed,
+// or it is new) negotiates in the table, and cached announcements of it join it there.
+//
 // A name is ready when every rank that has not joined has announced it. Names that become ready
 // in one round run in the order of their first announcement (round, then rank, then position
 // in that rank's frame). Ready requests that disagree on any field that must match fail on
@@ -56,7 +60,7 @@ class Controller {
 
   // Names announced by some ranks and not all (joined ranks count as announced).
   std::vector<PendingView> Pending() const;
-  bool has_pending() const { return !table_.empty(); }
+  bool has_pending() const { return !table_.empty() || fast_pending_ > 0; }
   int joined_count() const { return joined_count_; }
   uint64_t round() const { return round_; }
 
@@ -70,12 +74,33 @@ class Controller {
     uint32_t first_index = 0;
     int64_t first_us = 0;
   };
+  // The negotiation of a cached request, by cache id (count 0: nothing announced).
+  struct FastSlot {
+    std::vector<int64_t> announced_us;  // by rank; -1: not announced
+    int count = 0;
+    uint64_t first_round = 0;
+    int first_rank = 0;
+    uint32_t first_index = 0;
+    int64_t first_us = 0;
+    bool in_table = false;      // its name negotiates in table_ now
+    uint64_t listed_round = 0;  // the round in which it was last found ready
+  };
   bool Ready(const Slot& s) const;
+  bool Ready(const FastSlot& s) const;
   Response Build(Slot& s);
+  Response BuildFast(uint32_t id);
+  // The error for a kind that cannot run while ranks have joined, or nullopt.
+  std::optional<Response> JoinedError(const Request& req) const;
+  FastSlot& Fast(uint32_t id);
+  // Moves the cached announcements of `id` into a table slot for its name (a rank announced
+  // the name in full, so they must be compared there).
+  void MoveToTable(uint32_t id, std::vector<std::string>* touched);
 
   const int size_;
   ResponseCache cache_;
   std::unordered_map<std::string, Slot> table_;
+  std::vector<FastSlot> fast_;  // by cache id
+  int fast_pending_ = 0;        // fast_ slots with a count
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

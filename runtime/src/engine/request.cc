@@ -1,5 +1,6 @@
 #include "runtime/src/engine/request.h"
 
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -103,6 +104,14 @@ bool Request::Fusable(const Request& o) const {
   return kind == Kind::kAllreduce && o.kind == Kind::kAllreduce && dtype == o.dtype && op == o.op &&
          device == o.device && prescale == o.prescale && postscale == o.postscale &&
          flags == o.flags;
+}
+
+bool Request::Identical(const Request& o) const {
+  return kind == o.kind && dtype == o.dtype && op == o.op && device == o.device &&
+         fixed == o.fixed && root == o.root && count == o.count && row_elems == o.row_elems &&
+         std::memcmp(&prescale, &o.prescale, sizeof(double)) == 0 &&
+         std::memcmp(&postscale, &o.postscale, sizeof(double)) == 0 && flags == o.flags &&
+         send_rows == o.send_rows && name == o.name;
 }
 
 size_t Request::ElemBytes() const { return DtypeSize(dtype); }

@@ -46,6 +46,8 @@ struct Request {
   bool Matches(const Request& o) const;
   // This request's value of such a field, for messages ("float32", "(1, 0.5)", ...).
   std::string FieldValue(const std::string& field) const;
+  // Every field equal, bit for bit (the scale factors too): what the response cache compares.
+  bool Identical(const Request& o) const;
   // Allreduces fuse when these are equal.
   bool Fusable(const Request& o) const;
   size_t ElemBytes() const;

@@ -2,26 +2,28 @@
 
 namespace ringrun::runtime::engine {
 
-int64_t ResponseCache::Find(const std::string& name, const std::string& encoded) const {
+int64_t ResponseCache::Find(const Request& req) const {
+  const int64_t id = IdOf(req.name);
+  return id >= 0 && entries_[id].Identical(req) ? id : -1;
+}
+
+int64_t ResponseCache::IdOf(const std::string& name) const {
   auto it = by_name_.find(name);
-  if (it == by_name_.end() || entries_[it->second].encoded != encoded) return -1;
-  return it->second;
+  return it == by_name_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
 void ResponseCache::Put(const Request& req) {
   if (req.name.find(".noname.") != std::string::npos) return;
-  std::string enc;
-  req.Encode(&enc);
   auto it = by_name_.find(req.name);
   if (it != by_name_.end()) {
     // Arguments changed: replace in place; every rank does the same, so the id stays valid.
-    Item& item = entries_[it->second];
-    if (item.encoded != enc) item = Item{req, std::move(enc)};
+    Request& cached = entries_[it->second];
+    if (!cached.Identical(req)) cached = req;
     return;
   }
   if (entries_.size() >= capacity_) return;
   by_name_.emplace(req.name, static_cast<uint32_t>(entries_.size()));
-  entries_.push_back(Item{req, std::move(enc)});
+  entries_.push_back(req);
 }
 
 }  // namespace ringrun::runtime::engine

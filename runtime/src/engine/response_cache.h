@@ -17,21 +17,18 @@ namespace ringrun::runtime::engine {
 class ResponseCache {
  public:
   explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
-  // The id under which `encoded` (Request::Encode) is cached, or -1.
-  int64_t Find(const std::string& name, const std::string& encoded) const;
-  const Request* Get(uint32_t id) const {
-    return id < entries_.size() ? &entries_[id].req : nullptr;
-  }
+  // The id under which a request identical to `req` is cached, or -1.
+  int64_t Find(const Request& req) const;
+  // The id of the entry named `name` (whatever its arguments), or -1.
+  int64_t IdOf(const std::string& name) const;
+  const Request* Get(uint32_t id) const { return id < entries_.size() ? &entries_[id] : nullptr; }
+  size_t size() const { return entries_.size(); }
   // Caches (or re-caches, if its arguments changed) a request that ran on every rank alike.
   void Put(const Request& req);
 
  private:
-  struct Item {
-    Request req;
-    std::string encoded;
-  };
   const size_t capacity_;
-  std::vector<Item> entries_;
+  std::vector<Request> entries_;
   std::unordered_map<std::string, uint32_t> by_name_;
 };
 

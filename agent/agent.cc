@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "agent/agent_loop.h"
+#include "agent/cpu_binding.h"
 #include "agent/launcher_link.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/version.h"
@@ -129,7 +130,7 @@ int RunAgent(const AgentConfig& config, Spawner& spawner) {
   }
 
   AgentLoop loop(host, spawner, *link, clock);
-  loop.Start(reply.value());
+  loop.Start(reply.value(), AllowedCpus());
   int stdin_fd = config.stdin_fd;
   while (loop.Step()) {
     if (!WaitAndDispatch(loop, sigfd.get(), link->wake_fd(), &stdin_fd, clock)) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "agent/cpu_binding.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/log.h"
 
@@ -21,18 +22,63 @@ static_assert(kMaxLineBytes + kReadChunk + 4096 <= size_t{kMaxJobServiceRequestB
 AgentLoop::AgentLoop(std::string hostname, Spawner& spawner, LauncherLink& link, const Clock& clock)
     : hostname_(std::move(hostname)), spawner_(spawner), link_(link), clock_(clock) {}
 
-void AgentLoop::Start(const v1::RegisterReply& reply) {
+namespace {
+
+// The CPUs of each local rank under --bind-to core (none bound: empty), and a debug line per host.
+std::map<int, std::vector<int>> ChooseCpus(const std::string& hostname,
+                                           const v1::RegisterReply& reply,
+                                           const Result<std::vector<int>>& allowed_cpus) {
+  std::map<int, std::vector<int>> out;
+  if (reply.cpu_binding() != v1::RegisterReply::CPU_BINDING_CORE || reply.ranks_size() == 0) {
+    return out;
+  }
+  if (!allowed_cpus.ok()) {
+    spdlog::warn("{}: --bind-to core: {}: binding no rank on this host", hostname,
+                 allowed_cpus.status().message());
+    return out;
+  }
+  const int local_size = reply.ranks_size();
+  std::string summary;
+  for (const auto& spec : reply.ranks()) {
+    Result<std::vector<int>> cpus =
+        CpusForRank(allowed_cpus.value(), local_size, spec.local_rank());
+    if (!cpus.ok()) {
+      spdlog::warn("{}: --bind-to core: {}: binding no rank on this host", hostname,
+                   cpus.status().message());
+      return {};
+    }
+    summary += (summary.empty() ? "" : ", ") + std::string("rank ") + std::to_string(spec.rank()) +
+               " -> " + CpuListText(*cpus);
+    out[spec.local_rank()] = std::move(cpus.value());
+  }
+  spdlog::debug("{}: --bind-to core over allowed CPUs {}: {}", hostname,
+                CpuListText(allowed_cpus.value()), summary);
+  return out;
+}
+
+}  // namespace
+
+void AgentLoop::Start(const v1::RegisterReply& reply,
+                      const Result<std::vector<int>>& allowed_cpus) {
   heartbeat_interval_ms_ =
       reply.heartbeat_interval_ms() > 0 ? reply.heartbeat_interval_ms() : kHeartbeatIntervalMs;
   heartbeat_timeout_ms_ =
       reply.heartbeat_timeout_ms() > 0 ? reply.heartbeat_timeout_ms() : kHeartbeatTimeoutMs;
   grace_ms_ = reply.grace_ms();
   next_heartbeat_ = clock_.Now();
+  const std::map<int, std::vector<int>> cpus = ChooseCpus(hostname_, reply, allowed_cpus);
+  const std::string cpus_prefix = std::string(kCpusVariable) + "=";
   for (const auto& spec : reply.ranks()) {
     SpawnRequest req;
     for (const auto& a : spec.argv()) req.argv.push_back(a);
-    for (const auto& e : spec.env()) req.env.push_back(e);
+    for (const auto& e : spec.env()) {
+      if (e.rfind(cpus_prefix, 0) != 0) req.env.push_back(e);
+    }
     req.cwd = spec.cwd();
+    if (auto it = cpus.find(spec.local_rank()); it != cpus.end()) {
+      req.cpus = it->second;
+      req.env.push_back(cpus_prefix + CpuListText(req.cpus));
+    }
     Rank& r = ranks_[spec.rank()];
     r.rank = spec.rank();
     auto p = spawner_.Spawn(req);

@@ -41,7 +41,13 @@ class AgentLoop {
   AgentLoop(std::string hostname, Spawner& spawner, LauncherLink& link, const Clock& clock);
 
   // Takes the reply's timings and spawns its ranks, reporting each as Started or SpawnFailed.
-  void Start(const v1::RegisterReply& reply);
+  // With reply.cpu_binding() CORE, each rank is confined to its share of `allowed_cpus` (the
+  // agent's own, AllowedCpus(); cpu_binding.h has the rule) and gets RINGRUN_CPUS naming it;
+  // when allowed_cpus is an error or there are more ranks than CPUs, no rank is bound and one
+  // warning names the host and why. Unbound ranks get no RINGRUN_CPUS (an inherited one is
+  // dropped).
+  void Start(const v1::RegisterReply& reply,
+             const Result<std::vector<int>>& allowed_cpus = std::vector<int>{});
 
   // A terminating signal reached the agent: end the ranks (grace), exit code 1.
   void OnSignal(int signo);

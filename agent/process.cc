@@ -3,13 +3,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+
+#include "agent/cpu_binding.h"
 
 namespace ringrun::agent {
 namespace {
@@ -25,9 +29,36 @@ bool IsExecutableFile(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+// A CPU mask made before fork (CPU_ALLOC), so that the child only makes the syscall.
+class CpuMask {
+ public:
+  explicit CpuMask(const std::vector<int>& cpus) {
+    if (cpus.empty()) return;
+    const int ncpus = *std::max_element(cpus.begin(), cpus.end()) + 1;
+    set_ = CPU_ALLOC(ncpus);
+    if (set_ == nullptr) return;
+    size_ = CPU_ALLOC_SIZE(ncpus);
+    CPU_ZERO_S(size_, set_);
+    for (int c : cpus) CPU_SET_S(c, size_, set_);
+  }
+  ~CpuMask() {
+    if (set_ != nullptr) CPU_FREE(set_);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  const cpu_set_t* set() const { return set_; }
+  size_t size() const { return size_; }
+
+ private:
+  cpu_set_t* set_ = nullptr;
+  size_t size_ = 0;
+};
+
 // Child side of fork: never returns. Reports a failure as {stage, errno} on `status_fd`.
+// Only async-signal-safe calls: the agent has other threads.
 [[noreturn]] void ExecChild(const std::string& path, char* const* argv, char* const* envp,
-                            const char* cwd, int out_fd, int err_fd, int status_fd, pid_t parent) {
+                            const char* cwd, const CpuMask& cpus, int out_fd, int err_fd,
+                            int status_fd, pid_t parent) {
   auto fail = [&](int stage) {
     int msg[2] = {stage, errno};
     (void)!::write(status_fd, msg, sizeof(msg));
@@ -50,6 +81,7 @@ bool IsExecutableFile(const std::string& path) {
   // Everything above 2 closes on exec: ours are O_CLOEXEC already, this catches the rest.
   ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
   if (::chdir(cwd) != 0) fail(1);
+  if (cpus.set() != nullptr && ::sched_setaffinity(0, cpus.size(), cpus.set()) != 0) fail(3);
   ::execve(path.c_str(), argv, envp);
   fail(2);
   ::_exit(127);  // not reached: fail() exits (a lambda cannot say so)
@@ -82,6 +114,15 @@ class ForkExecSpawner final : public Spawner {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
+    // Negative CPU numbers cannot be set: refused here rather than in the child.
+    for (int c : req.cpus) {
+      if (c < 0) return InvalidArgument("binding to CPUs " + CpuListText(req.cpus) + ": bad CPU");
+    }
+    CpuMask mask(req.cpus);
+    if (!req.cpus.empty() && mask.set() == nullptr) {
+      return ErrnoStatus("binding to CPUs " + CpuListText(req.cpus), ENOMEM);
+    }
+
     auto out = MakePipe();
     auto err = MakePipe();
     auto status = MakePipe();
@@ -92,7 +133,7 @@ class ForkExecSpawner final : public Spawner {
     pid_t pid = ::fork();
     if (pid < 0) return ErrnoStatus("fork", errno);
     if (pid == 0) {
-      ExecChild(path.value(), argv.data(), envp.data(), cwd.c_str(), out->write.get(),
+      ExecChild(path.value(), argv.data(), envp.data(), cwd.c_str(), mask, out->write.get(),
                 err->write.get(), status->write.get(), parent);
     }
     ::setpgid(pid, pid);  // also in the parent, so that killpg works before the child runs
@@ -108,6 +149,7 @@ class ForkExecSpawner final : public Spawner {
       ::waitpid(pid, nullptr, 0);
       if (msg[0] == 1) return ErrnoStatus("working directory " + req.cwd, msg[1]);
       if (msg[0] == 2) return ErrnoStatus("cannot execute '" + path.value() + "'", msg[1]);
+      if (msg[0] == 3) return ErrnoStatus("binding to CPUs " + CpuListText(req.cpus), msg[1]);
       return ErrnoStatus("redirecting stdio", msg[1]);
     }
     Status nonblocking = SetNonBlocking(out->read.get(), true);

@@ -18,6 +18,7 @@ struct SpawnRequest {
   std::vector<std::string> argv;  // argv[0] without '/' is looked up in env's PATH
   std::vector<std::string> env;   // "NAME=VALUE"
   std::string cwd;
+  std::vector<int> cpus;  // CPUs to confine the process to (sched_setaffinity); empty: inherit
 };
 
 struct SpawnedProcess {
@@ -45,8 +46,9 @@ class Spawner {
 
 // fork + execve. The child leads a new process group, has PR_SET_PDEATHSIG(SIGKILL) so that it
 // dies with the agent, default signal dispositions, an empty signal mask, stdin from /dev/null,
-// and no fd of ours beyond 0, 1 and 2. Spawn() must be called from the agent's main thread
-// (the death signal follows the forking thread).
+// and no fd of ours beyond 0, 1 and 2; with req.cpus, the affinity mask is set in the child
+// before execve (a CPU the agent may not use fails the spawn, naming the CPUs). Spawn() must be
+// called from the agent's main thread (the death signal follows the forking thread).
 std::unique_ptr<Spawner> MakeForkExecSpawner();
 
 // Resolves argv[0] as execvp would, but with the rank's PATH and from the rank's working

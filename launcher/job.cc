@@ -94,6 +94,9 @@ grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& 
   reply->set_grace_ms(options_.grace_ms);
   reply->set_heartbeat_interval_ms(kHeartbeatIntervalMs);
   reply->set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+  reply->set_cpu_binding(options_.bind_to == Options::BindTo::kCore
+                             ? v1::RegisterReply::CPU_BINDING_CORE
+                             : v1::RegisterReply::CPU_BINDING_NONE);
   return grpc::Status::OK;
 }
 

@@ -54,6 +54,9 @@ int PrintPlacement(const Options& options) {
   } else {
     std::printf("agents: %s\n", "over SSH (forked for this machine)");
   }
+  if (options.bind_to == Options::BindTo::kCore) {
+    std::printf("bind-to: core (each rank to its share of its host's allowed CPUs)\n");
+  }
   std::printf("%-6s %-24s %-10s %-10s %-10s %-10s\n", "rank", "host", "local_rank", "local_size",
               "cross_rank", "cross_size");
   for (const auto& p : placed.value()) {

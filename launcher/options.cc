@@ -60,6 +60,7 @@ enum class FlagId {
   kAllreduce,
   kCheckBuild,
   kStarter,
+  kBindTo,
   kFusionThresholdMb,
   kCacheCapacity,
   kNoStallCheck,
@@ -97,6 +98,9 @@ constexpr FlagDef kFlags[] = {
      "Time between SIGTERM and SIGKILL at teardown; fractions allowed."},
     {FlagId::kStarter, "--starter", "--starter", "", true, false, "Job", "ssh|slurm|auto",
      "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
+    {FlagId::kBindTo, "--bind-to", "--bind-to", "", true, false, "Job", "none|core",
+     "core: pin each rank to its own share of the host's CPUs; none: no pinning (jobs sharing "
+     "a host would share its first cores)."},
     {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
      "Print the placement table and start nothing."},
     {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false, "Output",
@@ -331,6 +335,8 @@ std::string DefaultText(FlagId id) {
     case FlagId::kGracePeriod:
       return kDefaultGraceMs % 1000 == 0 ? std::to_string(kDefaultGraceMs / 1000)
                                          : std::to_string(kDefaultGraceMs / 1000.0);
+    case FlagId::kBindTo:
+      return "none";
     case FlagId::kSshFanout:
       return std::to_string(kSshFanout);
     case FlagId::kSshConnectTimeout:
@@ -542,6 +548,16 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
     o.log_level = level;
   } else if (flag(FlagId::kVerbose)) {
     o.log_level = "debug";
+  }
+  if (given(FlagId::kBindTo)) {
+    std::string bind = value(FlagId::kBindTo);
+    for (char& c : bind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (bind == "core") {
+      o.bind_to = Options::BindTo::kCore;
+    } else if (bind != "none") {
+      return UsageError(name_of(FlagId::kBindTo) + " " + value(FlagId::kBindTo) +
+                        ": not one of none, core");
+    }
   }
   if (given(FlagId::kSshIdentityFile)) {
     o.ssh_identity_file = value(FlagId::kSshIdentityFile);

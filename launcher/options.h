@@ -23,6 +23,10 @@ struct Options {
   bool srun_overlap = false;         // kSlurm from inside a step: the agent step must overlap it
   std::vector<std::string> command;  // everything after the first non-option word or "--"
   std::vector<std::pair<std::string, std::string>> exports;  // -x, resolved
+  // --bind-to: kCore confines each rank to its share of its host's allowed CPUs (the agent's
+  // rule, agent/cpu_binding.h). kNone, the default as in horovodrun and torchrun, leaves ranks
+  // with the agent's CPUs, so that jobs sharing a host do not pile onto the same cores.
+  enum class BindTo { kNone, kCore } bind_to = BindTo::kNone;
 
   // Timing and output.
   int start_timeout_s = kDefaultStartTimeoutS;

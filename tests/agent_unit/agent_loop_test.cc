@@ -180,6 +180,72 @@ TEST_CASE("agent: a rank that cannot start is reported with 127 and the host", "
   CHECK_FALSE(loop.Step());
 }
 
+// Three ranks with local ranks 0..2 and --bind-to core; rank 1 inherited a stale RINGRUN_CPUS.
+v1::RegisterReply BoundReply(int ranks) {
+  v1::RegisterReply reply = Reply(ranks, 1000);
+  for (int r = 0; r < ranks; ++r) reply.mutable_ranks(r)->set_local_rank(r);
+  reply.set_cpu_binding(v1::RegisterReply::CPU_BINDING_CORE);
+  if (ranks > 1) reply.mutable_ranks(1)->add_env("RINGRUN_CPUS=7");
+  return reply;
+}
+
+// The RINGRUN_CPUS entries of a request's environment.
+std::vector<std::string> CpusVariables(const SpawnRequest& req) {
+  std::vector<std::string> out;
+  for (const auto& e : req.env) {
+    if (e.rfind("RINGRUN_CPUS=", 0) == 0) out.push_back(e);
+  }
+  return out;
+}
+
+TEST_CASE("agent: --bind-to core gives each local rank its share and names it", "[agent_loop]") {
+  ManualClock clock;
+  FakeSpawner spawner;
+  FakeLink link(clock);
+  AgentLoop loop("node1", spawner, link, clock);
+  loop.Start(BoundReply(3), std::vector<int>{0, 1, 2, 3, 4, 5, 6});
+  REQUIRE(spawner.requests.size() == 3);
+  CHECK(spawner.requests[0].cpus == std::vector<int>{0, 1});
+  CHECK(spawner.requests[1].cpus == std::vector<int>{2, 3});
+  CHECK(spawner.requests[2].cpus == std::vector<int>{4, 5});
+  CHECK(CpusVariables(spawner.requests[0]) == std::vector<std::string>{"RINGRUN_CPUS=0-1"});
+  CHECK(CpusVariables(spawner.requests[1]) == std::vector<std::string>{"RINGRUN_CPUS=2-3"});
+  CHECK(CpusVariables(spawner.requests[2]) == std::vector<std::string>{"RINGRUN_CPUS=4-5"});
+  CHECK(spawner.requests[0].env.front() == "PATH=/bin");  // the rest of the env is kept
+}
+
+TEST_CASE("agent: without --bind-to core no rank is bound or told RINGRUN_CPUS", "[agent_loop]") {
+  ManualClock clock;
+  FakeSpawner spawner;
+  FakeLink link(clock);
+  AgentLoop loop("node1", spawner, link, clock);
+  v1::RegisterReply reply = BoundReply(2);
+  reply.set_cpu_binding(v1::RegisterReply::CPU_BINDING_NONE);
+  loop.Start(reply, std::vector<int>{0, 1});
+  REQUIRE(spawner.requests.size() == 2);
+  for (const auto& req : spawner.requests) {
+    CHECK(req.cpus.empty());
+    CHECK(CpusVariables(req).empty());  // rank 1's inherited one is dropped
+  }
+}
+
+TEST_CASE("agent: more ranks than allowed CPUs, or no CPU list, binds no rank", "[agent_loop]") {
+  ManualClock clock;
+  FakeSpawner spawner;
+  FakeLink link(clock);
+  AgentLoop loop("node1", spawner, link, clock);
+  SECTION("three ranks, two CPUs") { loop.Start(BoundReply(3), std::vector<int>{0, 1}); }
+  SECTION("the affinity could not be read") {
+    loop.Start(BoundReply(3), Result<std::vector<int>>(Internal("sched_getaffinity: test")));
+  }
+  REQUIRE(spawner.requests.size() == 3);
+  for (const auto& req : spawner.requests) {
+    CHECK(req.cpus.empty());
+    CHECK(CpusVariables(req).empty());
+  }
+  CHECK(link.Sent(v1::AgentEvent::kStarted).size() == 3);  // the ranks run all the same
+}
+
 TEST_CASE("agent: Terminate sends SIGTERM, then SIGKILL after the grace period", "[agent_loop]") {
   Fixture f;
   f.link.Terminate(1000);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "agent/cpu_binding.h"
+
 namespace ringrun::agent {
 namespace {
 
@@ -78,6 +80,45 @@ TEST_CASE("a relative working directory and a relative command start the right p
   REQUIRE(::waitpid(p->pid, &status, 0) == p->pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+// The output of a finished child, from its stdout pipe.
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+TEST_CASE("a process with cpus runs on those CPUs only", "[cpu_binding]") {
+  Result<std::vector<int>> allowed = AllowedCpus();
+  REQUIRE(allowed.ok());
+  const int cpu = allowed->back();
+  SpawnRequest req;
+  req.argv = {"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  req.env = {"PATH=/usr/bin:/bin"};
+  req.cwd = "/";
+  req.cpus = {cpu};
+  Result<SpawnedProcess> p = MakeForkExecSpawner()->Spawn(req);
+  REQUIRE(p.ok());
+  int status = 0;
+  REQUIRE(::waitpid(p->pid, &status, 0) == p->pid);
+  CHECK(WIFEXITED(status));
+  CHECK(ReadAll(p->out.get()) == "Cpus_allowed_list:\t" + std::to_string(cpu) + "\n");
+}
+
+TEST_CASE("binding to a CPU the agent may not use fails the spawn, naming it", "[cpu_binding]") {
+  Result<std::vector<int>> allowed = AllowedCpus();
+  REQUIRE(allowed.ok());
+  SpawnRequest req;
+  req.argv = {"/bin/true"};
+  req.cwd = "/";
+  req.cpus = {allowed->back() + 4096};
+  Result<SpawnedProcess> p = MakeForkExecSpawner()->Spawn(req);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(),
+             Catch::Contains("binding to CPUs " + std::to_string(req.cpus[0])));
 }
 
 }  // namespace

@@ -210,6 +210,10 @@ t_usage_errors() {
   "$RINGRUN" --hostfile "$WORK/hosts" /bin/true 2>"$WORK/err"; rc=$?
   expect_rc 2 $rc "slots=abc"
   expect_contains "$WORK/err" "$WORK/hosts:1"
+  "$RINGRUN" -np 1 --bind-to socket touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--bind-to socket"
+  expect_contains "$WORK/err" "--bind-to socket"
+  [[ ! -e $WORK/started ]] || fail "--bind-to socket started the command"
   "$RINGRUN" -np 4 --dry-run -H localhost:2,127.0.0.1:2 /bin/true >"$WORK/out"; rc=$?
   expect_rc 0 $rc "--dry-run"
   expect_contains "$WORK/out" "127.0.0.1"
@@ -405,6 +409,61 @@ CXX
   # The installed library is the one that ran, not the build tree's.
   ldd "$WORK/consumer/build/c_app" | grep -q "$WORK/prefix/lib.*/libringrun.so" ||
     fail "c_app does not load the installed libringrun.so: $(ldd "$WORK/consumer/build/c_app" | grep ringrun)"
+  expect_no_orphans
+}
+
+# A CPU list ("0-2,5") as the numbers in it, one per line.
+expand_cpus() {
+  local part
+  IFS=, read -ra parts <<<"$1"
+  for part in "${parts[@]}"; do
+    if [[ $part == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
+  done
+}
+
+# --bind-to core: each rank runs on its own share of this machine's CPUs (the launcher's mask cut
+# into equal, contiguous parts) and RINGRUN_CPUS names it; --bind-to none keeps the launcher's
+# mask; more ranks than CPUs binds nothing, with one warning.
+t_bind_to() {
+  local mine report='echo "cpus=$(grep Cpus_allowed_list /proc/self/status | cut -f2) env=${RINGRUN_CPUS-unset}"'
+  mine=$(grep Cpus_allowed_list /proc/self/status | cut -f2)
+  local -a cpus
+  mapfile -t cpus < <(expand_cpus "$mine")
+  local n=${#cpus[@]}
+  (( n >= 1 )) || fail "cannot read this process's CPUs ($mine)"
+
+  "$RINGRUN" -np 2 --bind-to none sh -c "$report" >"$WORK/none" 2>"$WORK/err" ||
+    fail "ringrun --bind-to none failed: $(cat "$WORK/err")"
+  for r in 0 1; do expect_contains "$WORK/none" "[$r]<stdout>:cpus=$mine env=unset"; done
+
+  if (( n < 2 )); then
+    echo "SKIP: this process may use $n CPU; --bind-to core needs 2"
+    exit 77
+  fi
+  "$RINGRUN" -np 2 --bind-to core sh -c "$report" >"$WORK/core" 2>"$WORK/err" ||
+    fail "ringrun --bind-to core failed: $(cat "$WORK/err")"
+  expect_not_contains "$WORK/err" "allowed CPU"
+  local share=$((n / 2)) r line got want
+  for r in 0 1; do
+    line=$(grep -F "[$r]<stdout>:cpus=" "$WORK/core") || fail "no report from rank $r"
+    got=${line#*cpus=}; got=${got%% *}
+    [[ $line == *" env=$got" ]] || fail "rank $r: RINGRUN_CPUS does not match its CPUs: $line"
+    want=$(printf '%s\n' "${cpus[@]:$((r * share)):$share}")
+    [[ $(expand_cpus "$got") == "$want" ]] ||
+      fail "rank $r runs on CPUs $got, expected share $r of $n ($(echo $want))"
+  done
+  if (( n == 2 )); then
+    expect_contains "$WORK/core" "[0]<stdout>:cpus=${cpus[0]} env=${cpus[0]}"
+    expect_contains "$WORK/core" "[1]<stdout>:cpus=${cpus[1]} env=${cpus[1]}"
+  fi
+
+  if (( n <= 32 )); then
+    "$RINGRUN" -np $((n + 1)) --bind-to core sh -c "$report" >"$WORK/over" 2>"$WORK/err" ||
+      fail "ringrun -np $((n + 1)) --bind-to core failed: $(cat "$WORK/err")"
+    for ((r = 0; r <= n; r++)); do expect_contains "$WORK/over" "[$r]<stdout>:cpus=$mine env=unset"; done
+    expect_contains "$WORK/err" "$((n + 1)) ranks but $n allowed CPUs"
+    [[ $(grep -c "allowed CPU" "$WORK/err") == 1 ]] || fail "the warning is not said once: $(cat "$WORK/err")"
+  fi
   expect_no_orphans
 }
 

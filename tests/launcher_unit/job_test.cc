@@ -23,22 +23,30 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Ranks as scripted by argv[0]: "ok" prints a line and exits 0; "fail=R:C" makes rank R exit C
-// and the others run until signalled.
+// Ranks as scripted by argv[0]: "ok" prints a line and exits 0; "cpus" prints the CPUs it was
+// given and its RINGRUN_CPUS, and exits 0; "fail=R:C" makes rank R exit C and the others run
+// until signalled.
 class ScriptedSpawner final : public agent::Spawner {
  public:
   Result<agent::SpawnedProcess> Spawn(const agent::SpawnRequest& req) override {
     int rank = -1;
+    std::string cpus_variable = "none";
     for (const auto& kv : req.env) {
       if (kv.rfind("RINGRUN_RANK=", 0) == 0) rank = std::stoi(kv.substr(13));
+      if (kv.rfind("RINGRUN_CPUS=", 0) == 0) cpus_variable = kv.substr(13);
     }
     agent::SpawnedProcess p;
     p.pid = 1000 + rank;
     const std::string& script = req.argv.at(0);
-    if (script == "ok") {
+    if (script == "ok" || script == "cpus") {
       auto out = MakePipe();
       if (!out.ok()) return out.status();
       std::string line = "hello from " + std::to_string(rank) + "\n";
+      if (script == "cpus") {
+        line = "cpus";
+        for (int c : req.cpus) line += " " + std::to_string(c);
+        line += " RINGRUN_CPUS=" + cpus_variable + "\n";
+      }
       if (Status st = WriteAll(out->write.get(), line.data(), line.size()); !st.ok()) return st;
       p.out = std::move(out->read);
       exits_.push_back({p.pid, 0});
@@ -94,7 +102,7 @@ class ThreadAgent final : public AgentHandle {
     if (!reply.ok() || !link->OpenSession(launch.host_index).ok()) return 1;
     ScriptedSpawner spawner;
     agent::AgentLoop loop("thread-agent", spawner, *link, SteadyClock());
-    loop.Start(reply.value());
+    loop.Start(reply.value(), std::vector<int>{0, 1, 2, 3});  // as if each host had 4 CPUs
     while (loop.Step()) {
       if (killed_) loop.OnStdinClosed();
       for (const auto& w : loop.watches()) loop.OnPipeReadable(w.rank, w.stream);
@@ -170,22 +178,46 @@ Options JobOptions(const std::string& script) {
   return o;
 }
 
-TEST_CASE("job in-process: every rank runs, its output arrives, the job exits 0", "[job]") {
-  ThreadAgentStarter starter;
+// Runs a job with thread agents; each rank's last output line goes to `lines`.
+int RunForLines(const Options& options, ThreadAgentStarter& starter,
+                std::map<int, std::string>* lines) {
   Starters starters{&starter, &starter};
   std::mutex mu;
-  std::map<int, std::string> lines;
   JobHooks hooks;
   hooks.echo_to_console = false;
   hooks.on_line = [&](int rank, bool, std::string_view line) {
     std::lock_guard<std::mutex> lock(mu);
-    lines[rank] = std::string(line);
+    (*lines)[rank] = std::string(line);
   };
-  const Options options = JobOptions("ok");
-  CHECK(RunJob(options, starters, hooks) == 0);
+  return RunJob(options, starters, hooks);
+}
+
+TEST_CASE("job in-process: every rank runs, its output arrives, the job exits 0", "[job]") {
+  ThreadAgentStarter starter;
+  std::map<int, std::string> lines;
+  CHECK(RunForLines(JobOptions("ok"), starter, &lines) == 0);
   CHECK(starter.started.size() == 2);
   REQUIRE(lines.size() == 3);
   CHECK(lines[2] == "hello from 2");
+}
+
+TEST_CASE("job in-process: --bind-to core reaches the agents, none is the default", "[job]") {
+  ThreadAgentStarter starter;
+  std::map<int, std::string> lines;
+  Options options = JobOptions("cpus");
+  SECTION("core") {
+    options.bind_to = Options::BindTo::kCore;
+    CHECK(RunForLines(options, starter, &lines) == 0);
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[0] == "cpus 0 1 RINGRUN_CPUS=0-1");  // localhost: 2 ranks, 2 CPUs each
+    CHECK(lines[1] == "cpus 2 3 RINGRUN_CPUS=2-3");
+    CHECK(lines[2] == "cpus 0 1 2 3 RINGRUN_CPUS=0-3");  // 127.0.0.2: 1 rank, every CPU
+  }
+  SECTION("none") {
+    CHECK(RunForLines(options, starter, &lines) == 0);
+    REQUIRE(lines.size() == 3);
+    for (const auto& [rank, line] : lines) CHECK(line == "cpus RINGRUN_CPUS=none");
+  }
 }
 
 TEST_CASE("job in-process: the first failing rank's code ends the job", "[job]") {

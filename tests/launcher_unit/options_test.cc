@@ -344,6 +344,27 @@ TEST_CASE("cli error: values out of range name the flag", "[options]") {
              Contains("-i /nonexistent/key: No such file or directory"));
 }
 
+TEST_CASE("cli: --bind-to none|core, none by default and in --help", "[options]") {
+  CHECK(Ok({"-np", "1", "p"}).bind_to == Options::BindTo::kNone);
+  CHECK(Ok({"-np", "2", "--bind-to", "core", "p"}).bind_to == Options::BindTo::kCore);
+  CHECK(Ok({"-np", "2", "--bind-to=CORE", "p"}).bind_to == Options::BindTo::kCore);
+  CHECK(Ok({"-np", "2", "--bind-to", "core", "--bind-to", "none", "p"}).bind_to ==
+        Options::BindTo::kNone);
+  // The value is the flag's, not the command's.
+  Options o = Ok({"-np", "2", "--bind-to", "none", "core"});
+  CHECK(o.bind_to == Options::BindTo::kNone);
+  CHECK(o.command == std::vector<std::string>{"core"});
+  CHECK_THAT(ringrun::launcher::UsageText(),
+             Contains("--bind-to none|core") && Contains("Default: none."));
+}
+
+TEST_CASE("cli error: --bind-to with a bad or missing value names the flag", "[options]") {
+  CHECK(Usage({"-np", "2", "--bind-to", "socket", "p"}) ==
+        "--bind-to socket: not one of none, core");
+  CHECK_THAT(Usage({"-np", "2", "--bind-to=", "p"}), Contains("--bind-to"));
+  CHECK_THAT(Usage({"-np", "2", "--bind-to"}), Contains("--bind-to needs a value"));
+}
+
 TEST_CASE("cli error: -x problems name the flag", "[options]") {
   CHECK_THAT(Usage({"-np", "1", "-x", "NOT_SET_ANYWHERE", "p"}), Contains("-x NOT_SET_ANYWHERE"));
   CHECK_THAT(Usage({"-np", "1", "-x", "9BAD=1", "p"}), Contains("-x 9BAD=1"));

@@ -4,7 +4,8 @@
 //
 // Threads. Submit, Wait and Shutdown may be called from any thread. The engine thread is the
 // only one that touches the Transport, the controller, the fusion buffer and the device backend
-// (confined to it, not locked). mu_ guards the submission queue, the names in flight and the
+// (confined to it, not locked; only the backend's thread-safe Abort is called from Shutdown and
+// Abort, under device_mu_). mu_ guards the submission queue, the names in flight and the
 // failure state.
 //
 // Idle. With nothing submitted and nothing arriving, the engine thread sleeps in

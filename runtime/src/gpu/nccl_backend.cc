@@ -191,15 +191,20 @@ class NcclBackend final : public DeviceBackend {
     }
     unsigned char scalar[8];
     RINGRUN_RETURN_IF_ERROR(EncodeScalar(dtype, scale, scalar).Annotate(where_ + ": allreduce"));
-    // One operator per call, destroyed as soon as the collective is enqueued (NCCL allows it).
-    return Collective("allreduce (premulsum)", count, [&](ncclComm_t comm, cudaStream_t s) {
-      ncclRedOp_t premul;
-      ncclResult_t r = api_->RedOpCreatePreMulSum(&premul, scalar, *t, comm);
-      if (r != ncclSuccess) return r;
-      r = api_->AllReduce(send, recv, count, *t, premul, comm, s);
-      const ncclResult_t d = api_->RedOpDestroy(premul, comm);
-      return r != ncclSuccess ? r : d;
+    // One operator per call, destroyed once the collective is enqueued (NCCL allows it). Each
+    // step is its own NCCL call on the non-blocking communicator, polled until NCCL took it.
+    if (count == 0) return Status::Ok();
+    ncclRedOp_t premul;
+    RINGRUN_RETURN_IF_ERROR(
+        Collective("ncclRedOpCreatePreMulSum", 1, [&](ncclComm_t comm, cudaStream_t) {
+          return api_->RedOpCreatePreMulSum(&premul, scalar, *t, comm);
+        }));
+    Status st = Collective("allreduce (premulsum)", count, [&](ncclComm_t comm, cudaStream_t s) {
+      return api_->AllReduce(send, recv, count, *t, premul, comm, s);
     });
+    MutexLock lock(&mu_);
+    if (comm_ != nullptr) (void)api_->RedOpDestroy(premul, comm_);
+    return st;
   }
 
   Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) override {

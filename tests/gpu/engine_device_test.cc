@@ -2,9 +2,15 @@
 // the real NCCL backend and a FakeNcclApi joined in one FakeGpuWorld, which moves and reduces
 // the bytes. Checks values, how many NCCL calls a fused batch costs, the ordering with the
 // callers' streams, and that no pending device work outlives a deadline or a shutdown.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "runtime/src/gpu/nccl_backend.h"
@@ -36,7 +42,9 @@ struct DeviceJob {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
   std::vector<std::unique_ptr<Runtime>> rts;
 
-  explicit DeviceJob(int n, int backend_timeout_ms = 10000) : np(n) {
+  // timeline: a path for RINGRUN_TIMELINE ("" for none); rank r writes <stem>.<r>.json.
+  explicit DeviceJob(int n, int backend_timeout_ms = 10000, const std::string& timeline = "")
+      : np(n) {
     world = std::make_shared<FakeGpuWorld>(np);
     FakeNcclApi::Script script;
     script.device_count = 1;
@@ -50,6 +58,7 @@ struct DeviceJob {
     for (int r = 0; r < np; ++r) {
       EngineSettings s;
       s.is_device = InDevice;
+      s.timeline = timeline;
       s.make_nccl_id = [] {
         FakeNcclApi id_maker;
         ncclUniqueId id;
@@ -120,8 +129,12 @@ TEST_CASE(
     "with the right values",
     "[engine_device]") {
   const int np = 3, kTensors = 6;
-  DeviceJob job(np);
-  std::string failures = job.Run([&](int r, Runtime& rt, FakeNcclApi&, Failures& f) {
+  char dir[] = "/tmp/ringrun-device-timeline.XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string timeline = std::string(dir) + "/t.json";
+  auto job = std::make_unique<DeviceJob>(np, 10000, timeline);
+  DeviceJob& j = *job;
+  std::string failures = j.Run([&](int r, Runtime& rt, FakeNcclApi&, Failures& f) {
     for (int step = 0; step < 2; ++step) {  // the second step reuses the fusion buffer
       std::vector<Entry> group;
       for (int t = 0; t < kTensors; ++t) {
@@ -150,13 +163,25 @@ TEST_CASE(
   CHECK(failures.empty());
   for (int r = 0; r < np; ++r) {
     // One NCCL allreduce per step for six tensors; the scale is one PreMulSum of 3 * 0.5 / 3.
-    CHECK(job.Calls(r, "allreduce") == 2);
-    CHECK(job.Calls(r, "premulsum") == 2);
-    CHECK(job.apis[r]->record().collectives[0].find("scalar=0.5") != std::string::npos);
+    CHECK(j.Calls(r, "allreduce") == 2);
+    CHECK(j.Calls(r, "premulsum") == 2);
+    CHECK(j.apis[r]->record().collectives[0].find("scalar=0.5") != std::string::npos);
     // The fusion buffer: allocated once, reused by the second step.
-    CHECK(job.apis[r]->record().mallocs == 1);
-    CHECK(job.apis[r]->record().copies == 2 * 2 * kTensors);
+    CHECK(j.apis[r]->record().mallocs == 1);
+    CHECK(j.apis[r]->record().copies == 2 * 2 * kTensors);
   }
+  job.reset();  // flushes and closes the timelines
+  for (int r = 0; r < np; ++r) {
+    // Each tensor's row has its NCCL span, with the batch's size.
+    const std::string path = std::string(dir) + "/t." + std::to_string(r) + ".json";
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    CHECK_THAT(text.str(), Catch::Contains("\"NCCL_ALLREDUCE\"") &&
+                               Catch::Contains("\"tensors\": 6") && Catch::Contains("grad.5of6"));
+    std::remove(path.c_str());
+  }
+  rmdir(dir);
 }
 
 TEST_CASE("device engine: every collective of the API on device memory", "[engine_device]") {

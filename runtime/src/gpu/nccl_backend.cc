@@ -140,16 +140,25 @@ class NcclBackend final : public DeviceBackend {
     // Grows to the largest batch so far, in MiB steps: a handful of reallocations per job.
     constexpr size_t kStep = size_t{1} << 20;
     const size_t want = (bytes + kStep - 1) / kStep * kStep;
-    void* p = nullptr;
-    RINGRUN_RETURN_IF_ERROR(Cuda("cudaMalloc (device fusion buffer)", [&] {
-      if (fusion_ != nullptr) {
-        // cudaFree waits for the device, so no earlier batch still uses the old buffer.
+    if (fusion_ != nullptr) {
+      // The old buffer may still be in use by enqueued work (an _on_stream batch): wait for the
+      // stream within the deadline first (cudaFree would wait for the device without one).
+      RINGRUN_RETURN_IF_ERROR(
+          Cuda("cudaEventRecord", [&] { return api_->EventRecord(done_, own_stream_); }));
+      {
+        ScopedDevice on_device(*api_, device_);
+        RINGRUN_RETURN_IF_ERROR(
+            Wait("the device fusion buffer's last use", Clock::now() + timeout_, done_));
+      }
+      RINGRUN_RETURN_IF_ERROR(Cuda("cudaFree (device fusion buffer)", [&] {
         cudaError_t e = api_->Free(fusion_);
         fusion_ = nullptr, fusion_bytes_ = 0;
-        if (e != cudaSuccess) return e;
-      }
-      return api_->Malloc(&p, want);
-    }));
+        return e;
+      }));
+    }
+    void* p = nullptr;
+    RINGRUN_RETURN_IF_ERROR(
+        Cuda("cudaMalloc (device fusion buffer)", [&] { return api_->Malloc(&p, want); }));
     fusion_ = p, fusion_bytes_ = want;
     return fusion_;
   }

@@ -3,6 +3,10 @@
 # Builds ringrun with NCCL, then runs:
 #   1. a 1-rank NCCL job: gpu_collectives (every dtype, device memory) at np=1;
 #   2. two ranks on one GPU with distinct NCCL_HOSTID: allreduce/broadcast/allgather for every dtype;
+#   2c. the engine's device path alone at np=2 (gpu_collectives engine): fused named device
+#      allreduces with scale factors (one NCCL PreMulSum), reducescatter, alltoall with splits,
+#      ragged allgather (results in device memory owned by the handle), an _on_stream call
+#      ordered on the program's own stream, with a timeline that must show the NCCL spans;
 #   3. ringrun --check-gpu --allreduce;
 #   4. ringrun-bench --device cuda at np=1 and np=2 (busbw at 1 MiB and 256 MiB);
 #   5. a peer stopped (SIGSTOP) and a peer killed (SIGKILL) in the middle of an allreduce: the
@@ -95,6 +99,16 @@ rc=$?
 cuda_loads=$(grep -c 'find library=libcuda\.so' <<<"$out")
 row "CPU-only job loads no libcuda" "$([[ $rc == 0 && $cuda_loads == 0 ]] && echo PASS || echo FAIL)" \
   "$(since "$t")" "exit $rc; libcuda lookups: $cuda_loads"
+
+# 2c. The engine's device path at np=2: fusion, scale factors, every collective, streams.
+t=$(now)
+out=$(timeout 120 "$BIN/ringrun" -np 2 --timeline-filename "$TMP/dev-timeline.json" "$WRAP" \
+        "$BIN/gpu_collectives" engine 2>&1)
+rc=$?
+echo "$out" | tail -6
+spans=$(cat "$TMP"/dev-timeline.*.json 2>/dev/null | grep -c 'NCCL_ALLREDUCE')
+row "engine device path, np=2" "$([[ $rc == 0 && $spans -gt 0 ]] && echo PASS || echo FAIL)" \
+  "$(since "$t")" "exit $rc; $(grep -o 'rank [0-9]/2 checks=[0-9]* failures=[0-9]*' <<<"$out" | tr '\n' ' ')NCCL_ALLREDUCE spans: $spans"
 
 # 3. --check-gpu --allreduce.
 t=$(now)

@@ -287,6 +287,11 @@ ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t
   if (!s.done || s.status != RINGRUN_OK) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": has not completed successfully");
   }
+  if (s.device_output) {  // device memory: a device submission's result
+    *data = s.device_output.get();
+    *count = s.elem ? s.device_output_bytes / s.elem : 0;
+    return RINGRUN_OK;
+  }
   *data = s.output.data();
   *count = s.elem ? s.output.size() / s.elem : 0;
   return RINGRUN_OK;

@@ -238,6 +238,7 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
   o.is_device = std::move(settings.is_device);
   o.make_nccl_id = std::move(settings.make_nccl_id);
   o.make_device = std::move(settings.make_device);
+  o.record_event = std::move(settings.record_event);
   engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
 }
 

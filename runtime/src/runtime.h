@@ -65,6 +65,7 @@ struct EngineSettings {
   std::function<bool(const void*)> is_device;
   std::function<std::string()> make_nccl_id;
   std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string&)> make_device;
+  std::function<Result<std::shared_ptr<void>>(const void*, void*)> record_event;
 };
 
 class Runtime {

@@ -1,7 +1,10 @@
 // Allreduce (every op), broadcast and allgather on CUDA device memory, for every dtype, in place
-// and out of place, through the public C API; then named device allreduces through the engine's
-// handles, submitted in a different order on every rank. Run it under ringrun (scripts/gpu-check.sh
-// runs it at np=2 on one GPU with a distinct NCCL_HOSTID per rank), or alone as a job of size 1.
+// and out of place, through the public C API; then the engine's device path: named device
+// allreduces submitted in a different order on every rank, fused named allreduces with scale
+// factors, reducescatter, alltoall with splits, ragged allgather (results in device memory
+// owned by the handle) and the stream-ordered calls on a program's own stream. Run it under
+// ringrun (scripts/gpu-check.sh runs it at np=2 on one GPU with a distinct NCCL_HOSTID per
+// rank), or alone as a job of size 1. `gpu_collectives engine` runs only the engine's checks.
 // Exits 0 when every check passed, 1 on a wrong result or a failed call, 77 without a device.
 #include <cuda_runtime_api.h>
 
@@ -210,7 +213,187 @@ void* DeviceFill(Checker& c, ringrun_dtype t, size_t n, double (*value)(int, siz
 
 }  // namespace
 
-int main() {
+// The engine's device checks beyond plain named allreduces.
+void EngineDeviceChecks(Checker& c, int size) {
+  const int me = c.rank;
+  // Fused named allreduces with scale factors: a grouped AVERAGE with prescale 2 and postscale
+  // 0.5 (the average itself), and SUM with prescale 0.5 in float16 and float32, as handles.
+  {
+    constexpr int kGroup = 8;
+    constexpr size_t kLen = 1000;
+    std::vector<void*> bufs(kGroup);
+    std::vector<size_t> counts(kGroup);
+    for (int k = 0; k < kGroup; ++k) {
+      counts[k] = kLen + k;
+      bufs[k] = DeviceFill(c, RINGRUN_FLOAT32, counts[k], Value, me, counts[k]);
+    }
+    ringrun_handle g = nullptr;
+    if (c.Call(ringrun_grouped_allreduce_submit("engine.fused", kGroup, bufs.data(), bufs.data(),
+                                                counts.data(), RINGRUN_FLOAT32, RINGRUN_AVERAGE,
+                                                2.0, 0.5, 0, &g),
+               "grouped allreduce submit") &&
+        c.Call(ringrun_wait(g), std::string("engine.fused: ") + ringrun_handle_message(g))) {
+      for (int k = 0; k < kGroup; ++k) {
+        c.Compare("engine.fused." + std::to_string(k), RINGRUN_FLOAT32, bufs[k], counts[k],
+                  [&](size_t i) { return Expected(RINGRUN_AVERAGE, size, i); });
+      }
+    }
+    ringrun_release(g);
+    for (void* b : bufs) cudaFree(b);
+    for (ringrun_dtype t : {RINGRUN_FLOAT16, RINGRUN_FLOAT32}) {
+      const std::string name = std::string("engine.scaled.") + ringrun_dtype_name(t);
+      void* b = DeviceFill(c, t, kLen, Value, me, kLen);
+      ringrun_handle h = nullptr;
+      if (c.Call(
+              ringrun_allreduce_submit(name.c_str(), b, b, kLen, t, RINGRUN_SUM, 0.5, 1.0, 0, &h),
+              name + " submit") &&
+          c.Call(ringrun_wait(h), name + ": " + ringrun_handle_message(h))) {
+        c.Compare(name, t, b, kLen, [&](size_t i) { return 0.5 * Expected(RINGRUN_SUM, size, i); });
+      }
+      ringrun_release(h);
+      cudaFree(b);
+    }
+    // Scale factors with MAX on device memory: refused at submission, naming the op.
+    void* b = DeviceFill(c, RINGRUN_FLOAT32, 4, Value, me, 4);
+    ringrun_handle h = nullptr;
+    ++c.checks;
+    if (ringrun_allreduce_submit("engine.bad", b, b, 4, RINGRUN_FLOAT32, RINGRUN_MAX, 2.0, 1.0, 0,
+                                 &h) == RINGRUN_OK ||
+        std::strstr(ringrun_error_message(), "max") == nullptr) {
+      c.Fail(std::string("scale factors with MAX were not refused: ") + ringrun_error_message());
+      ringrun_release(h);
+    }
+    cudaFree(b);
+  }
+  // Reducescatter: named SUM and AVERAGE, and the blocking call in NCCL's in-place form.
+  for (ringrun_op op : {RINGRUN_SUM, RINGRUN_AVERAGE}) {
+    constexpr size_t kBlock = 513;
+    const std::string name = std::string("engine.rs.") + ringrun_op_name(op);
+    void* send = DeviceFill(c, RINGRUN_FLOAT32, kBlock * size, Value, me, kBlock * size);
+    void* recv = DeviceFill(c, RINGRUN_FLOAT32, 0, Value, me, kBlock);
+    ringrun_handle h = nullptr;
+    if (c.Call(
+            ringrun_reducescatter_submit(name.c_str(), send, recv, kBlock, RINGRUN_FLOAT32, op, &h),
+            name + " submit") &&
+        c.Call(ringrun_wait(h), name + ": " + ringrun_handle_message(h))) {
+      c.Compare(name, RINGRUN_FLOAT32, recv, kBlock,
+                [&](size_t i) { return Expected(op, size, me * kBlock + i); });
+    }
+    ringrun_release(h);
+    cudaFree(send);
+    cudaFree(recv);
+  }
+  {
+    constexpr size_t kBlock = 100;
+    float* buf = static_cast<float*>(
+        DeviceFill(c, RINGRUN_FLOAT32, kBlock * size, Value, me, kBlock * size));
+    if (buf != nullptr &&
+        c.Call(ringrun_reducescatter(buf, buf + me * kBlock, kBlock, RINGRUN_FLOAT32, RINGRUN_SUM),
+               "blocking reducescatter in place")) {
+      c.Compare("reducescatter in place", RINGRUN_FLOAT32, buf + me * kBlock, kBlock,
+                [&](size_t i) { return Expected(RINGRUN_SUM, size, me * kBlock + i); });
+    }
+    cudaFree(buf);
+  }
+  // Alltoall with splits: rank r sends j + 1 + r rows of 3 to rank j, values 100 r + j. The
+  // result is device memory owned by the handle.
+  {
+    constexpr size_t kRow = 3;
+    std::vector<size_t> splits(size);
+    std::vector<float> host;
+    for (int j = 0; j < size; ++j) {
+      splits[j] = j + 1 + me;
+      host.insert(host.end(), splits[j] * kRow, static_cast<float>(100 * me + j));
+    }
+    void* send = nullptr;
+    ringrun_handle h = nullptr;
+    if (c.Cuda(cudaMalloc(&send, host.size() * 4), "cudaMalloc") &&
+        c.Cuda(cudaMemcpy(send, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "H2D") &&
+        c.Call(
+            ringrun_alltoall_submit("engine.a2a", send, splits.data(), kRow, RINGRUN_FLOAT32, &h),
+            "alltoall submit") &&
+        c.Call(ringrun_wait(h), std::string("engine.a2a: ") + ringrun_handle_message(h))) {
+      const void* out = nullptr;
+      size_t n = 0;
+      std::vector<size_t> rows(size);
+      std::vector<double> want;
+      for (int q = 0; q < size; ++q) {
+        want.insert(want.end(), (me + 1 + q) * kRow, 100.0 * q + me);
+      }
+      if (c.Call(ringrun_handle_output(h, &out, &n), "alltoall output") &&
+          c.Call(ringrun_handle_rows(h, rows.data(), rows.size()), "alltoall rows")) {
+        ++c.checks;
+        if (n != want.size()) c.Fail("alltoall: " + std::to_string(n) + " elements");
+        for (int q = 0; q < size; ++q) {
+          if (rows[q] != static_cast<size_t>(me + 1 + q)) c.Fail("alltoall rows");
+        }
+        if (n == want.size()) {
+          c.Compare("engine.a2a", RINGRUN_FLOAT32, out, n, [&](size_t i) { return want[i]; });
+        }
+      }
+    }
+    ringrun_release(h);
+    cudaFree(send);
+  }
+  // Ragged allgather: rank r sends r + 1 rows of 2.
+  {
+    void* send = DeviceFill(c, RINGRUN_FLOAT32, 2 * (me + 1), Value, me, 2 * (me + 1));
+    ringrun_handle h = nullptr;
+    if (send != nullptr &&
+        c.Call(ringrun_allgather_submit("engine.ragged", send, me + 1, 2, RINGRUN_FLOAT32, &h),
+               "ragged allgather submit") &&
+        c.Call(ringrun_wait(h), std::string("engine.ragged: ") + ringrun_handle_message(h))) {
+      const void* out = nullptr;
+      size_t n = 0;
+      std::vector<double> want;
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < 2 * static_cast<size_t>(q + 1); ++i) want.push_back(Value(q, i));
+      }
+      if (c.Call(ringrun_handle_output(h, &out, &n), "ragged allgather output")) {
+        ++c.checks;
+        if (n != want.size()) {
+          c.Fail("ragged allgather: " + std::to_string(n) + " elements");
+        } else {
+          c.Compare("engine.ragged", RINGRUN_FLOAT32, out, n, [&](size_t i) { return want[i]; });
+        }
+      }
+    }
+    ringrun_release(h);
+    cudaFree(send);
+  }
+  // The stream-ordered call on the program's own stream: the input is written on that stream
+  // right before the call and read back on it right after, with no synchronization between.
+  {
+    constexpr size_t kLen = 1 << 16;
+    cudaStream_t s = nullptr;
+    void* buf = nullptr;
+    std::vector<float> in(kLen), out(kLen, -1.0f);
+    for (size_t i = 0; i < kLen; ++i) in[i] = static_cast<float>(Value(me, i));
+    if (c.Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate") &&
+        c.Cuda(cudaMalloc(&buf, kLen * 4), "cudaMalloc") &&
+        c.Cuda(cudaMemsetAsync(buf, 0, kLen * 4, s), "cudaMemsetAsync") &&
+        c.Cuda(cudaMemcpyAsync(buf, in.data(), kLen * 4, cudaMemcpyHostToDevice, s), "H2D async") &&
+        c.Call(ringrun_allreduce_on_stream(buf, buf, kLen, RINGRUN_FLOAT32, RINGRUN_SUM, s),
+               "allreduce on stream") &&
+        c.Cuda(cudaMemcpyAsync(out.data(), buf, kLen * 4, cudaMemcpyDeviceToHost, s),
+               "D2H async") &&
+        c.Cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize")) {
+      ++c.checks;
+      for (size_t i = 0; i < kLen; ++i) {
+        if (out[i] != static_cast<float>(Expected(RINGRUN_SUM, size, i))) {
+          c.Fail("allreduce on stream: element " + std::to_string(i) + " is " +
+                 std::to_string(out[i]));
+          break;
+        }
+      }
+    }
+    cudaFree(buf);
+    if (s != nullptr) cudaStreamDestroy(s);
+  }
+}
+
+int main(int argc, char** argv) {
+  const bool engine_only = argc > 1 && std::strcmp(argv[1], "engine") == 0;
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
@@ -230,7 +413,7 @@ int main() {
   c.rank = ringrun_rank();
   const int size = ringrun_size();
 
-  for (size_t ti = 0; ti < sizeof(kDtypes) / sizeof(kDtypes[0]); ++ti) {
+  for (size_t ti = 0; !engine_only && ti < sizeof(kDtypes) / sizeof(kDtypes[0]); ++ti) {
     const ringrun_dtype t = kDtypes[ti];
     const size_t es = ringrun_dtype_size(t);
     for (size_t count : kCounts) {
@@ -330,6 +513,8 @@ int main() {
       cudaFree(bufs[t]);
     }
   }
+
+  EngineDeviceChecks(c, size);
 
   std::printf("gpu_collectives: rank %d/%d checks=%d failures=%d\n", c.rank, size, c.checks,
               c.failures);

@@ -121,22 +121,111 @@ TEST_CASE("an init that never completes times out and is aborted", "[backend]") 
   CHECK(took < std::chrono::seconds(5));
 }
 
-TEST_CASE("collectives map their arguments and wait for the stream when synchronous", "[backend]") {
+TEST_CASE("collectives map their arguments; only Finish waits, for the result event", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
   DeviceBackend& b = **backend;
-  REQUIRE(b.Allreduce(g_buf, g_buf, 3, RINGRUN_BFLOAT16, RINGRUN_AVERAGE, nullptr, true).ok());
-  REQUIRE(b.Broadcast(g_buf, 4, RINGRUN_INT64, 1, nullptr, true).ok());
-  REQUIRE(b.Allgather(g_buf, g_buf, 2, RINGRUN_FLOAT16, nullptr, false).ok());
+  REQUIRE(b.Allreduce(g_buf, g_buf, 3, RINGRUN_BFLOAT16, RINGRUN_AVERAGE, 1.0).ok());
+  REQUIRE(b.Broadcast(g_buf, 4, RINGRUN_INT64, 1).ok());
+  REQUIRE(b.Allgatherv(g_buf, g_buf, {2, 2}, RINGRUN_FLOAT16).ok());
+  REQUIRE(b.ReduceScatter(g_buf, g_buf, 2, RINGRUN_FLOAT32, RINGRUN_MAX).ok());
   auto rec = api->record();
-  REQUIRE(rec.collectives.size() == 3);
+  REQUIRE(rec.collectives.size() == 4);
   CHECK(rec.collectives[0] == "allreduce dtype=" + std::to_string(ncclBfloat16) +
                                   " op=" + std::to_string(ncclAvg) + " count=3");
   CHECK(rec.collectives[1] == "broadcast dtype=" + std::to_string(ncclInt64) + " root=1 count=4");
   CHECK(rec.collectives[2] == "allgather dtype=" + std::to_string(ncclHalf) + " count=2");
-  // Synchronous calls drained the stream; the asynchronous one left it pending.
-  CHECK(api->StreamQuery(nullptr) == cudaErrorNotReady);
+  CHECK(rec.collectives[3] == "reducescatter dtype=" + std::to_string(ncclFloat32) +
+                                  " op=" + std::to_string(ncclMax) + " count=2");
+  // Finish without waiting records the result event and makes the caller's stream wait.
+  cudaStream_t caller;
+  api->StreamCreateNonBlocking(&caller);
+  REQUIRE(b.Finish({caller}, /*wait=*/false).ok());
+  CHECK(api->StreamQuery(caller) == cudaErrorNotReady);
+  rec = api->record();
+  REQUIRE(rec.stream_waits.size() == 1);
+  CHECK(rec.stream_waits[0] == api->Name(caller) + "->e1");
+  // Finish with waiting returns once the event completed: the caller's stream is free then.
+  REQUIRE(b.Finish({}, /*wait=*/true).ok());
+  CHECK(api->StreamQuery(caller) == cudaSuccess);
+}
+
+TEST_CASE("ragged allgather and alltoall are grouped sends and receives", "[backend]") {
+  auto api = std::make_shared<FakeNcclApi>();
+  auto backend = MakeNcclBackend(api, Opts(1, 2, 1));
+  REQUIRE(backend.ok());
+  DeviceBackend& b = **backend;
+  REQUIRE(b.Allgatherv(g_buf, g_buf, {1, 3}, RINGRUN_FLOAT32).ok());
+  REQUIRE(b.Alltoallv(g_buf, {2, 0}, g_buf, {1, 1}, RINGRUN_INT32).ok());
+  const std::string f = std::to_string(ncclFloat32), i = std::to_string(ncclInt32);
+  const std::vector<std::string> want = {
+      "group start",
+      "send dtype=" + f + " peer=0 count=3",
+      "recv dtype=" + f + " peer=0 count=1",
+      "send dtype=" + f + " peer=1 count=3",
+      "recv dtype=" + f + " peer=1 count=3",
+      "group end",
+      "group start",
+      "send dtype=" + i + " peer=0 count=2",
+      "recv dtype=" + i + " peer=0 count=1",
+      "recv dtype=" + i + " peer=1 count=1",  // nothing to send to itself: no call
+      "group end"};
+  CHECK(api->record().collectives == want);
+}
+
+TEST_CASE("scale factors are one PreMulSum, created and destroyed per call; other ops refuse them",
+          "[backend]") {
+  auto api = std::make_shared<FakeNcclApi>();
+  auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+  REQUIRE(backend.ok());
+  DeviceBackend& b = **backend;
+  REQUIRE(b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 0.25).ok());
+  const std::string f = std::to_string(ncclFloat32);
+  CHECK(api->record().collectives ==
+        std::vector<std::string>{"premulsum dtype=" + f + " scalar=0.25",
+                                 "allreduce dtype=" + f + " op=premulsum count=8"});
+  Status max = b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_MAX, 0.25);
+  CHECK(max.code() == Code::kInvalidArgument);
+  CHECK_THAT(max.message(), Catch::Contains("needs SUM, not max"));
+  Status integer = b.Allreduce(g_buf, g_buf, 8, RINGRUN_INT32, RINGRUN_SUM, 0.25);
+  CHECK(integer.code() == Code::kInvalidArgument);
+  CHECK(api->record().collectives.size() == 2);
+
+  FakeNcclApi::Script old;
+  old.nccl_version = 21003;
+  auto api_old = std::make_shared<FakeNcclApi>(old);
+  auto b_old = MakeNcclBackend(api_old, Opts(0, 2, 0));
+  REQUIRE(b_old.ok());
+  Status st = (*b_old)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 0.5);
+  CHECK_THAT(st.message(), Catch::Contains("NCCL >= 2.11"));
+}
+
+TEST_CASE("the fusion buffer is allocated once, grown when needed, freed with the backend",
+          "[backend]") {
+  auto api = std::make_shared<FakeNcclApi>();
+  {
+    auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+    REQUIRE(backend.ok());
+    DeviceBackend& b = **backend;
+    Result<void*> a = b.FusionBuffer(100);
+    Result<void*> a2 = b.FusionBuffer(1000);
+    REQUIRE(a.ok());
+    REQUIRE(a2.ok());
+    CHECK(*a == *a2);  // 1 MiB steps
+    CHECK(api->record().mallocs == 1);
+    Result<void*> big = b.FusionBuffer((3 << 20) + 1);
+    REQUIRE(big.ok());
+    CHECK(api->record().mallocs == 2);
+    CHECK(api->record().frees == 1);
+    CHECK(api->IsAllocated(static_cast<char*>(*big) + (4 << 20) - 1));
+    Result<DeviceMemory> out = b.Allocate(64);
+    REQUIRE(out.ok());
+    CHECK(api->live_allocations() == 2);
+  }
+  CHECK(api->live_allocations() == 0);
+  auto rec = api->record();
+  CHECK(rec.events_created == rec.events_destroyed);
 }
 
 TEST_CASE("rejected arguments communicate nothing and leave the backend usable", "[backend]") {
@@ -144,12 +233,13 @@ TEST_CASE("rejected arguments communicate nothing and leave the backend usable",
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
   DeviceBackend& b = **backend;
-  Status avg = b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_AVERAGE, nullptr, true);
+  Status avg = b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_AVERAGE, 1.0);
   CHECK(avg.code() == Code::kInvalidArgument);
   CHECK_THAT(avg.message(), Catch::Contains("rank 0/2") && Catch::Contains("allreduce"));
-  CHECK(b.Broadcast(g_buf, 3, RINGRUN_FLOAT32, 2, nullptr, true).code() == Code::kInvalidArgument);
+  CHECK(b.Broadcast(g_buf, 3, RINGRUN_FLOAT32, 2).code() == Code::kInvalidArgument);
+  CHECK(b.Allgatherv(g_buf, g_buf, {1}, RINGRUN_FLOAT32).code() == Code::kInvalidArgument);
   CHECK(api->record().collectives.empty());
-  CHECK(b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_SUM, nullptr, true).ok());
+  CHECK(b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_SUM, 1.0).ok());
 }
 
 TEST_CASE("an asynchronous NCCL error aborts the communicator; later calls fail fast",
@@ -160,45 +250,48 @@ TEST_CASE("an asynchronous NCCL error aborts the communicator; later calls fail 
   auto backend = MakeNcclBackend(api, Opts(1, 2, 1));
   REQUIRE(backend.ok());
   DeviceBackend& b = **backend;
-  Status st = b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, nullptr, true);
+  Status st = b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0);
   CHECK(st.code() == Code::kUnavailable);
   CHECK_THAT(st.message(), Catch::Contains("rank 1/2") && Catch::Contains("remote process exited"));
   CHECK(api->record().aborts == 1);
-  Status again = b.Allgather(g_buf, g_buf, 1, RINGRUN_FLOAT32, nullptr, true);
+  Status again = b.Allgatherv(g_buf, g_buf, {1, 1}, RINGRUN_FLOAT32);
   CHECK(again.message() == st.message());
+  CHECK(b.Copy(g_buf, g_buf + 1, 4).message() == st.message());
+  CHECK(b.Finish({}, true).message() == st.message());
   CHECK(api->record().collectives.size() == 1);
   CHECK(api->record().calls_after_end == 0);
 }
 
-TEST_CASE("a collective that never completes times out and aborts", "[backend]") {
+TEST_CASE("work that never completes times out in Finish and aborts", "[backend]") {
   FakeNcclApi::Script s;
   s.collective_hangs = true;
   auto api = std::make_shared<FakeNcclApi>(s);
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/100));
   REQUIRE(backend.ok());
-  Status st = (*backend)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, nullptr, true);
+  DeviceBackend& b = **backend;
+  REQUIRE(b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0).ok());
+  // Not waiting: returns at once, the work still pending.
+  REQUIRE(b.Finish({}, /*wait=*/false).ok());
+  Status st = b.Finish({}, /*wait=*/true);
   CHECK(st.code() == Code::kTimeout);
-  CHECK_THAT(st.message(), Catch::Contains("allreduce did not complete within 100 ms"));
+  CHECK_THAT(st.message(), Catch::Contains("device collectives did not complete within 100 ms"));
   CHECK(api->record().aborts == 1);
 }
 
-TEST_CASE("Abort() from another thread ends an allreduce in flight", "[backend]") {
+TEST_CASE("Abort() from another thread ends a Finish in flight", "[backend]") {
   FakeNcclApi::Script s;
   s.collective_hangs = true;
   auto api = std::make_shared<FakeNcclApi>(s);
   auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/60000));
   REQUIRE(backend.ok());
   DeviceBackend* b = backend->get();
-  std::thread aborter([b, api] {
-    // In flight: the fake has the allreduce, whose stream never drains (5 s at most).
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (api->record().collectives.empty() && std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  REQUIRE(b->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0).ok());
+  std::thread aborter([b] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     b->Abort("rank 1 on node2 exited with code 137");
   });
   const auto start = std::chrono::steady_clock::now();
-  Status st = b->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, nullptr, true);
+  Status st = b->Finish({}, /*wait=*/true);
   const auto took = std::chrono::steady_clock::now() - start;
   aborter.join();
   CHECK(st.code() == Code::kAborted);
@@ -208,6 +301,23 @@ TEST_CASE("Abort() from another thread ends an allreduce in flight", "[backend]"
   b->Abort("again");  // idempotent
   CHECK(api->record().aborts == 1);
   CHECK(api->record().calls_after_end == 0);
+}
+
+TEST_CASE("a ready event is recorded on the caller's stream, on the buffer's device", "[backend]") {
+  FakeNcclApi::Script s;
+  s.current_device = 1;
+  auto api = std::make_shared<FakeNcclApi>(s);
+  cudaStream_t caller;
+  api->StreamCreateNonBlocking(&caller);
+  const int gate = api->EnqueueGate(caller);
+  Result<DeviceEvent> ev = RecordNcclEvent(api, g_buf, caller);
+  REQUIRE(ev.ok());
+  auto* e = static_cast<cudaEvent_t>(ev->get());
+  CHECK(api->EventQuery(e) == cudaErrorNotReady);  // behind the caller's pending work
+  api->OpenGate(gate);
+  CHECK(api->EventQuery(e) == cudaSuccess);
+  ev->reset();
+  CHECK(api->record().events_destroyed == 1);
 }
 
 TEST_CASE("a healthy backend is finalized and destroyed, not aborted", "[backend]") {

@@ -2,6 +2,8 @@
 #include "runtime/src/gpu/nccl_mapping.h"
 
 #include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
 
 #include "ringrun/names.h"
 
@@ -91,4 +93,29 @@ TEST_CASE("a machine without CUDA is described as --check-gpu shows it", "[mappi
   CHECK_THAT(DescribeCudaUnavailable(cudaErrorNoDevice, "no CUDA-capable device is detected", 13000,
                                      13000),
              Catch::StartsWith("no CUDA device: no CUDA-capable device"));
+}
+
+TEST_CASE("PreMulSum scalars are encoded in the dtype, rounded to nearest even", "[mapping]") {
+  auto bits16 = [](ringrun_dtype t, double v) {
+    unsigned char out[8];
+    REQUIRE(EncodeScalar(t, v, out).ok());
+    uint16_t b;
+    std::memcpy(&b, out, 2);
+    return b;
+  };
+  CHECK(bits16(RINGRUN_FLOAT16, 1.0) == 0x3c00);
+  CHECK(bits16(RINGRUN_FLOAT16, 0.1) == 0x2e66);
+  CHECK(bits16(RINGRUN_FLOAT16, -0.25) == 0xb400);
+  CHECK(bits16(RINGRUN_FLOAT16, 65504.0) == 0x7bff);
+  CHECK(bits16(RINGRUN_FLOAT16, 65520.0) == 0x7c00);           // rounds up to infinity
+  CHECK(bits16(RINGRUN_FLOAT16, 1.0 / (1 << 24)) == 0x0001);   // the smallest subnormal
+  CHECK(bits16(RINGRUN_FLOAT16, 1.0 + 1.0 / 2048) == 0x3c00);  // a tie: to even
+  CHECK(bits16(RINGRUN_BFLOAT16, 1.0) == 0x3f80);
+  CHECK(bits16(RINGRUN_BFLOAT16, 1.0 + 1.0 / 256) == 0x3f80);  // a tie: to even
+  unsigned char out[8];
+  REQUIRE(EncodeScalar(RINGRUN_FLOAT64, 0.125, out).ok());
+  double d;
+  std::memcpy(&d, out, 8);
+  CHECK(d == 0.125);
+  CHECK(EncodeScalar(RINGRUN_INT32, 2.0, out).code() == Code::kInvalidArgument);
 }

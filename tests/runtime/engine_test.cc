@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ringrun/names.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/gpu/device_backend.h"
@@ -601,29 +602,70 @@ TEST_CASE("engine: an idle engine uses no CPU", "[engine][idle]") {
   }
 }
 
-// A device backend that records what reaches it (the engine's GPU seam).
+// A device backend that records what reaches it (the engine's GPU seam). Events are
+// numbered host objects; nothing is computed.
 class FakeDevice : public DeviceBackend {
  public:
   explicit FakeDevice(std::vector<std::string>* log) : log_(log) {}
-  Status Allreduce(const void*, void*, size_t count, ringrun_dtype, ringrun_op, void* stream,
-                   bool sync) override {
-    log_->push_back("allreduce " + std::to_string(count) + (stream ? " on stream" : "") +
-                    (sync ? " sync" : ""));
+  Status WaitFor(const DeviceEvent& ready) override {
+    log_->push_back("wait " + (ready ? *static_cast<std::string*>(ready.get()) : "none"));
     return Status::Ok();
   }
-  Status Broadcast(void*, size_t count, ringrun_dtype, int root, void*, bool) override {
+  Result<void*> FusionBuffer(size_t bytes) override {
+    if (fusion_.size() < bytes) fusion_.resize(bytes);
+    return static_cast<void*>(fusion_.data());
+  }
+  Result<DeviceMemory> Allocate(size_t bytes) override {
+    return DeviceMemory(::operator new(bytes + 1), [](void* p) { ::operator delete(p); });
+  }
+  Status Copy(void*, const void*, size_t bytes) override {
+    log_->push_back("copy " + std::to_string(bytes));
+    return Status::Ok();
+  }
+  Status Allreduce(const void*, void*, size_t count, ringrun_dtype, ringrun_op op,
+                   double scale) override {
+    std::ostringstream o;
+    o << "allreduce " << count << " " << ringrun_op_name(op) << " x" << scale;
+    log_->push_back(o.str());
+    return Status::Ok();
+  }
+  Status Broadcast(void*, size_t count, ringrun_dtype, int root) override {
     log_->push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root));
     return Status::Ok();
   }
-  Status Allgather(const void*, void*, size_t count, ringrun_dtype, void*, bool) override {
-    log_->push_back("allgather " + std::to_string(count));
+  Status Allgatherv(const void*, void*, const std::vector<size_t>& counts, ringrun_dtype) override {
+    std::string c;
+    for (size_t x : counts) c += " " + std::to_string(x);
+    log_->push_back("allgatherv" + c);
+    return Status::Ok();
+  }
+  Status ReduceScatter(const void*, void*, size_t count, ringrun_dtype, ringrun_op) override {
+    log_->push_back("reducescatter " + std::to_string(count));
+    return Status::Ok();
+  }
+  Status Alltoallv(const void*, const std::vector<size_t>& send, void*,
+                   const std::vector<size_t>& recv, ringrun_dtype) override {
+    std::string c;
+    for (size_t i = 0; i < send.size(); ++i)
+      c += " " + std::to_string(send[i]) + "/" + std::to_string(recv[i]);
+    log_->push_back("alltoallv" + c);
+    return Status::Ok();
+  }
+  Status Finish(const std::vector<void*>& streams, bool wait) override {
+    log_->push_back("finish streams=" + std::to_string(streams.size()) + (wait ? " wait" : ""));
     return Status::Ok();
   }
   void Abort(const std::string&) override {}
 
  private:
   std::vector<std::string>* log_;
+  std::vector<char> fusion_;
 };
+
+// A ready event for FakeDevice: its text says which stream it was recorded on.
+Result<std::shared_ptr<void>> FakeReadyEvent(const void*, void* stream) {
+  return std::shared_ptr<void>(std::make_shared<std::string>(stream ? "caller-stream" : "default"));
+}
 
 TEST_CASE(
     "engine: device tensors go through the same negotiation; the NCCL id is made at the "
@@ -654,6 +696,7 @@ TEST_CASE(
       ++backends;
       return std::unique_ptr<DeviceBackend>(new FakeDevice(&logs[r]));
     };
+    s.record_event = FakeReadyEvent;
     Shape shape;
     shape.rank = r, shape.size = np, shape.local_rank = -1, shape.cross_rank = -1;
     rts.push_back(std::make_unique<Runtime>(std::move(ts[r]), shape, 20000, s));
@@ -696,10 +739,171 @@ TEST_CASE(
   CHECK(backends == np);
   for (int r = 0; r < np; ++r) {
     CHECK(ids[r] == std::string("fake-nccl-id\0with-zero", 22));
-    // Both ranks ran the device allreduces in the same agreed order.
+    // Every rank ran the device allreduces in the same agreed order, each on its own (two
+    // tensors ready in different rounds), after its ready event.
     CHECK(logs[r] == logs[0]);
-    CHECK(logs[r].size() == 2);
+    // 8 + 9 elements in one or two allreduces (fused when ready in the same round).
+    int reduced = 0;
+    for (const std::string& l : logs[r]) {
+      if (l.rfind("allreduce ", 0) == 0) reduced += std::atoi(l.c_str() + 10);
+    }
+    CHECK(reduced == 17);
   }
+}
+
+// Ranks as threads whose device backends are FakeDevices writing to logs[rank]; device memory
+// is dev_mem (is_device says so for any address inside it).
+struct FakeDeviceJob {
+  static constexpr int np = 2;
+  static float dev_mem[np][4][80000];
+  std::vector<std::string> logs[np];
+  std::vector<std::unique_ptr<Runtime>> rts;
+
+  std::string Start(size_t fusion_threshold = engine::kDefaultFusionThreshold) {
+    std::vector<std::unique_ptr<Transport>> ts;
+    std::string err = MakeThreadTransports(Opts(np), &ts);
+    if (!err.empty()) return err;
+    for (int r = 0; r < np; ++r) {
+      EngineSettings s;
+      s.fusion_threshold = fusion_threshold;
+      s.is_device = [](const void* p) {
+        const char* c = static_cast<const char*>(p);
+        const char* base = reinterpret_cast<const char*>(dev_mem);
+        return c >= base && c < base + sizeof(dev_mem);
+      };
+      s.make_nccl_id = [] { return std::string("id"); };
+      s.make_device = [this, r](const std::string&) -> Result<std::unique_ptr<DeviceBackend>> {
+        return std::unique_ptr<DeviceBackend>(new FakeDevice(&logs[r]));
+      };
+      s.record_event = FakeReadyEvent;
+      Shape shape;
+      shape.rank = r, shape.size = np, shape.local_rank = -1, shape.cross_rank = -1;
+      rts.push_back(std::make_unique<Runtime>(std::move(ts[r]), shape, 20000, s));
+    }
+    return "";
+  }
+  std::string Run(const std::function<void(int, Runtime&, Failures&)>& body) {
+    Failures f;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < np; ++r) threads.emplace_back([&, r] { body(r, *rts[r], f); });
+    for (auto& t : threads) t.join();
+    return f.Joined();
+  }
+};
+float FakeDeviceJob::dev_mem[FakeDeviceJob::np][4][80000];
+
+TEST_CASE(
+    "engine: device allreduces fuse into one collective after their ready events, with "
+    "the scale factors folded into one PreMulSum scale",
+    "[engine][gpu]") {
+  FakeDeviceJob job;
+  REQUIRE(job.Start() == "");
+  std::string failures = job.Run([&](int r, Runtime& rt, Failures& f) {
+    // A grouped allreduce: its four tensors become ready in one round and fuse.
+    std::vector<Entry> group;
+    for (int i = 0; i < 4; ++i) {
+      float* p = FakeDeviceJob::dev_mem[r][i];
+      Entry e = Allreduce("g", p, p, 10 + i, RINGRUN_AVERAGE);
+      e.req.prescale = 0.5, e.req.postscale = 4.0;
+      group.push_back(std::move(e));
+    }
+    engine::SubmitResult g = rt.Submit(std::move(group), /*group=*/true);
+    if (!g.handle) return f.Add(r, "group refused: " + g.message);
+    std::string err = WaitOk(*g.handle);
+    if (!err.empty()) f.Add(r, err);
+    // 256 KiB and more: straight from the caller's buffers, no copies.
+    float* big = FakeDeviceJob::dev_mem[r][0];
+    auto hb = Submit(rt, Allreduce("big", big, big, 70000));
+    if (!hb || !WaitOk(*hb).empty()) f.Add(r, "big");
+    // Scale factors with MIN: refused at submission, naming the op.
+    Entry bad = Allreduce("bad", big, big, 4, RINGRUN_MIN);
+    bad.req.prescale = 2.0;
+    std::string msg;
+    if (Submit(rt, std::move(bad), &msg) || msg.find("not min") == std::string::npos) {
+      f.Add(r, "MIN with a scale factor: " + msg);
+    }
+    // An _on_stream call: its stream waits for the result; the engine does not wait.
+    if (!rt.Allreduce(big, big, 3, RINGRUN_FLOAT32, RINGRUN_SUM, reinterpret_cast<void*>(0x5))
+             .ok()) {
+      f.Add(r, "on stream");
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+  for (int r = 0; r < FakeDeviceJob::np; ++r) {
+    const std::vector<std::string>& log = job.logs[r];
+    INFO("rank " << r);
+    const std::vector<std::string> want = {
+        "wait default",
+        "wait default",
+        "wait default",
+        "wait default",  // ready events
+        "copy 40",
+        "copy 44",
+        "copy 48",
+        "copy 52",              // into the buffer
+        "allreduce 46 sum x1",  // 0.5 * 4 / 2 ranks: AVERAGE becomes SUM x1
+        "copy 40",
+        "copy 44",
+        "copy 48",
+        "copy 52",  // out of it
+        "finish streams=0 wait",
+        "wait default",
+        "allreduce 70000 sum x1",
+        "finish streams=0 wait",
+        "wait caller-stream",
+        "allreduce 3 sum x1",
+        "finish streams=1"};
+    CHECK(log == want);
+  }
+}
+
+TEST_CASE("engine: every collective reaches the device backend", "[engine][gpu]") {
+  FakeDeviceJob job;
+  REQUIRE(job.Start() == "");
+  std::string failures = job.Run([&](int r, Runtime& rt, Failures& f) {
+    float* a = FakeDeviceJob::dev_mem[r][0];
+    float* b = FakeDeviceJob::dev_mem[r][1];
+    // reducescatter
+    Entry rs;
+    rs.req.name = "rs", rs.req.kind = Kind::kReduceScatter, rs.req.dtype = RINGRUN_FLOAT32;
+    rs.req.count = 3, rs.req.op = RINGRUN_AVERAGE, rs.send = a, rs.recv = b;
+    auto h1 = Submit(rt, std::move(rs));
+    // ragged allgather: rank r sends r + 1 rows of 2
+    Entry ag;
+    ag.req.name = "ag", ag.req.kind = Kind::kAllgather, ag.req.dtype = RINGRUN_FLOAT32;
+    ag.req.count = r + 1, ag.req.row_elems = 2, ag.send = a;
+    auto h2 = Submit(rt, std::move(ag));
+    // alltoall with splits: rank r sends j + 1 + r rows to rank j
+    Entry at;
+    at.req.name = "at", at.req.kind = Kind::kAlltoall, at.req.dtype = RINGRUN_FLOAT32;
+    at.req.row_elems = 1, at.send = a;
+    for (int j = 0; j < FakeDeviceJob::np; ++j) at.req.send_rows.push_back(j + 1 + r);
+    at.req.count = at.req.send_rows[0] + at.req.send_rows[1];
+    auto h3 = Submit(rt, std::move(at));
+    for (auto* h : {h1.get(), h2.get(), h3.get()}) {
+      std::string err = h ? WaitOk(*h) : "refused";
+      if (!err.empty()) f.Add(r, err);
+    }
+    if (h2 && (h2->device_output == nullptr || h2->device_output_bytes != 3 * 2 * 4 ||
+               h2->rows != std::vector<size_t>{1, 2})) {
+      f.Add(r, "ragged allgather output");
+    }
+    if (h3 &&
+        (h3->device_output_bytes != static_cast<size_t>(r + 1 + r + 2) * 4 ||
+         h3->rows != std::vector<size_t>{static_cast<size_t>(r + 1), static_cast<size_t>(r + 2)})) {
+      f.Add(r, "alltoall output");
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+  std::vector<std::string> want0 = {"wait default", "reducescatter 3",   "finish streams=0 wait",
+                                    "wait default", "allgatherv 2 4",    "finish streams=0 wait",
+                                    "wait default", "alltoallv 1/1 2/2", "finish streams=0 wait"};
+  std::vector<std::string> want1 = want0;
+  want1[7] = "alltoallv 2/2 3/3";
+  CHECK(job.logs[0] == want0);
+  CHECK(job.logs[1] == want1);
 }
 
 TEST_CASE("engine: the controller orders ready names by first announcement", "[engine]") {

@@ -62,7 +62,11 @@
  *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md)
  *
  * Buffers may be host or CUDA device memory (device memory is routed to the GPU backend when
- * this build has one); both buffers of a call are of the same kind.
+ * this build has one); both buffers of a call are of the same kind. A device submission reads
+ * its buffers after the work enqueued before it on the legacy default stream (and on the
+ * blocking streams that it follows); its handle completes when the result is in place. Device
+ * allgather and alltoall results (ringrun_handle_output) are device memory owned by the handle.
+ * Scale factors on device memory need SUM or AVERAGE.
  */
 #ifndef RINGRUN_RINGRUN_H_
 #define RINGRUN_RINGRUN_H_
@@ -275,11 +279,12 @@ RINGRUN_API ringrun_status ringrun_join(int* last_joined_rank);
 
 /* ---- GPU streams ------------------------------------------------------------------------ */
 /* These take CUDA device memory only and a cudaStream_t (passed as void* so that this header
- * needs no CUDA header): they enqueue the NCCL collective on `cuda_stream` and return at once;
- * the result is ready when the stream reaches it. They are unnamed requests, ordered like the
- * blocking calls (every rank calls them in the same order); each returns once its NCCL
- * collective is enqueued, not when it completes. Host buffers or a NULL stream are rejected
- * before any communication. */
+ * needs no CUDA header). The collective reads the buffers after the work already enqueued on
+ * `cuda_stream` (an event recorded on it at the call), runs on the library's own stream, and
+ * `cuda_stream` waits for its result: work enqueued on the stream after the call sees the
+ * result. They are unnamed requests, ordered like the blocking calls (every rank calls them in
+ * the same order); each returns once its NCCL collective is enqueued, not when it completes.
+ * Host buffers or a NULL stream are rejected before any communication. */
 RINGRUN_API ringrun_status ringrun_allreduce_on_stream(const void* sendbuf, void* recvbuf,
                                                        size_t count, ringrun_dtype dtype,
                                                        ringrun_op op, void* cuda_stream);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "runtime/src/engine/device_fusion.h"
 #include "runtime/src/engine/wire.h"
 #include "runtime/src/gpu/device_backend.h"  // the interface; its factories are linked with the seam
 #include "runtime/src/reduce.h"
@@ -52,7 +53,6 @@ Status Validate(const Entry& e, int size, const std::function<bool(const void*)>
       return InvalidArgument(std::string("scale factors need a floating dtype, not ") +
                              NameOfDtype(r.dtype));
     }
-    if (r.device) return InvalidArgument("scale factors on device memory are not supported yet");
   }
   if (r.kind == Kind::kAllreduce && (r.flags & ~RINGRUN_AVERAGE_BY_CONTRIBUTORS)) {
     return InvalidArgument("unknown flags " + std::to_string(r.flags));
@@ -95,13 +95,7 @@ Status Validate(const Entry& e, int size, const std::function<bool(const void*)>
   if (e.send && e.recv && is_device(e.send) != is_device(e.recv)) {
     return InvalidArgument("one buffer is device memory and the other host memory");
   }
-  if (r.device && (r.kind == Kind::kAlltoall || r.kind == Kind::kReduceScatter)) {
-    return InvalidArgument(std::string(KindName(r.kind)) +
-                           " on device memory is not supported yet");
-  }
-  if (r.device && r.kind == Kind::kAllgather && !r.fixed) {
-    return InvalidArgument("ragged allgather on device memory is not supported yet");
-  }
+  if (r.device) RINGRUN_RETURN_IF_ERROR(ValidateDeviceRequest(r));
   if (e.stream && !r.device) {
     return InvalidArgument(
         "the _on_stream calls take CUDA device memory; these buffers are host memory");
@@ -155,6 +149,7 @@ void Engine::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  AbortDevice("ringrun_shutdown was called with device collectives pending");
   const uint64_t one = 1;
   (void)!::write(doorbell_.get(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
@@ -166,6 +161,7 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
   for (Entry& e : entries) {
     e.req.device = is_device_(e.send) || is_device_(e.recv);
     Status st = Validate(e, options_.size, is_device_);
+    if (st.ok() && e.req.device) st = RecordReady(e);
     if (!st.ok()) {
       out.status = RINGRUN_ERR_INVALID_ARGUMENT;
       out.message = (e.req.name.empty() ? std::string(KindName(e.req.kind)) : e.req.name) + ": " +
@@ -256,6 +252,7 @@ void Engine::Abort(const Status& st) {
     if (failed_code_ != RINGRUN_OK || !abort_.ok()) return;
     abort_ = st;
   }
+  AbortDevice(st.message());
   const uint64_t one = 1;
   (void)!::write(doorbell_.get(), &one, sizeof(one));
 }
@@ -476,8 +473,7 @@ void Engine::Execute(std::vector<Response>& responses) {
   for (const Response& r : responses) {
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
     const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
-                         !r.req.device && threshold > 0 && bytes <= threshold &&
-                         bytes < kDirectAllreduceBytes;
+                         threshold > 0 && bytes <= threshold && bytes < kDirectAllreduceBytes;
     if (fusable) {
       bool placed = false;
       for (size_t i : open) {
@@ -527,10 +523,10 @@ Status Engine::RunBatch(Batch& b) {
                       "\"announced_after_us\": {" + who + "}");
     }
   }
+  if (r.req.device) return RunDevice(b);
   if (b.responses.size() > 1) return RunFused(b);
   auto it = entries_.find(r.req.name);
   Entry* e = it == entries_.end() ? nullptr : &it->second;
-  if (r.req.device) return RunDevice(r, e);
   if (r.type == Response::kJoinDone) {
     if (e) e->handle->last_joined = r.last_joined;
     return Status::Ok();
@@ -784,34 +780,46 @@ Result<DeviceBackend*> Engine::Device() {
     return device_error_;
   }
   device_ = std::move(made.value());
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    device_live_ = device_.get();
+  }
   return device_.get();
 }
 
-Status Engine::RunDevice(const Response& r, Entry* e) {
+void Engine::AbortDevice(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_abort_.empty()) device_abort_ = reason;
+  // Only work in progress is aborted: an idle communicator is finalized cleanly at the end.
+  if (device_busy_ && device_live_ != nullptr) device_live_->Abort(reason);
+}
+
+Status Engine::RecordReady(Entry& e) {
+  const void* buffer = e.send != nullptr ? e.send : e.recv;
+  Result<std::shared_ptr<void>> ready = options_.record_event
+                                            ? options_.record_event(buffer, e.stream)
+                                            : RecordDeviceEvent(buffer, e.stream);
+  if (!ready.ok()) return ready.status();
+  e.ready = std::move(ready.value());
+  return Status::Ok();
+}
+
+Status Engine::RunDevice(Batch& b) {
   Result<DeviceBackend*> dev = Device();
   if (!dev.ok()) return dev.status();
-  if (!e) return InvalidArgument("device collective without a local entry");
-  const Request& q = r.req;
-  const bool sync = e->stream == nullptr;
-  const int64_t t0 = Now();
-  Status st;
-  switch (q.kind) {
-    case Kind::kAllreduce:
-      st = (*dev)->Allreduce(e->send, e->recv, q.count, q.dtype, q.op, e->stream, sync);
-      break;
-    case Kind::kBroadcast:
-      st = (*dev)->Broadcast(e->recv, q.count, q.dtype, q.root, e->stream, sync);
-      break;
-    case Kind::kAllgather:
-      st = (*dev)->Allgather(e->send, e->recv, q.count, q.dtype, e->stream, sync);
-      break;
-    default:
-      st = InvalidArgument(std::string(KindName(q.kind)) + " on device memory is not supported");
+  std::vector<DeviceItem> items;
+  for (const Response* r : b.responses) {
+    auto it = entries_.find(r->req.name);
+    items.push_back({r, it == entries_.end() ? nullptr : &it->second});
   }
-  if (timeline_) {
-    timeline_->Span(q.name, "NCCL", t0, Now(),
-                    "\"bytes\": " + std::to_string(q.count * q.ElemBytes()));
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    if (!device_abort_.empty()) return Aborted(device_abort_);
+    device_busy_ = true;
   }
+  Status st = RunDeviceBatch({*dev, options_.rank, options_.size, timeline_.get(), clock_}, items);
+  std::lock_guard<std::mutex> lock(device_mu_);
+  device_busy_ = false;
   return st;
 }
 

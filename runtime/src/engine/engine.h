@@ -4,7 +4,8 @@
 //
 // Threads. Submit, Wait and Shutdown may be called from any thread. The engine thread is the
 // only one that touches the Transport, the controller, the fusion buffer and the device backend
-// (confined to it, not locked). mu_ guards the submission queue, the names in flight and the
+// (confined to it, not locked; only the backend's thread-safe Abort is called from Shutdown and
+// Abort, under device_mu_). mu_ guards the submission queue, the names in flight and the
 // failure state.
 //
 // Idle. With nothing submitted and nothing arriving, the engine thread sleeps in
@@ -66,6 +67,10 @@ struct EngineOptions {
   std::function<bool(const void*)> is_device;
   std::function<std::string()> make_nccl_id;
   std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string& nccl_id)> make_device;
+  // Records a device entry's ready event at submission, on the submitting thread: a CUDA event
+  // on the device of `buffer`, recorded on `stream` (nullptr: the legacy default stream).
+  // Unset: the build's RecordDeviceEvent.
+  std::function<Result<std::shared_ptr<void>>(const void* buffer, void* stream)> record_event;
 };
 
 // The object behind a ringrun_handle.
@@ -85,6 +90,10 @@ struct HandleState {
   std::vector<char> output;
   std::vector<size_t> rows;
   int last_joined = -1;
+  // Device allgather/alltoall through a handle: the result, in device memory that the handle
+  // owns (freed with it), instead of `output`.
+  std::shared_ptr<void> device_output;
+  size_t device_output_bytes = 0;
 };
 
 struct SubmitResult {
@@ -132,7 +141,10 @@ class Engine {
   Status RunAllreduce(const Response& r, Entry* e);
   Status RunFused(Batch& b);
   Status RunOther(const Response& r, Entry* e);
-  Status RunDevice(const Response& r, Entry* e);
+  Status RunDevice(Batch& b);
+  // Records e's ready event on its caller's stream (device entries, at submission).
+  Status RecordReady(Entry& e);
+  void AbortDevice(const std::string& reason);
   Status HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
                        int contributors);
   Result<DeviceBackend*> Device();
@@ -170,6 +182,12 @@ class Engine {
   std::unordered_map<std::string, Entry> entries_;  // announced, by name
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
+  // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so
+  // that its wait ends at once instead of at the collective timeout.
+  std::mutex device_mu_;
+  DeviceBackend* device_live_ = nullptr;  // device_mu_: device_.get() once made
+  bool device_busy_ = false;              // device_mu_: a device batch is running
+  std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
 

@@ -65,6 +65,9 @@ struct Entry {
   const void* send = nullptr;
   void* recv = nullptr;
   void* stream = nullptr;  // _on_stream: enqueue on this cudaStream_t and return
+  // Device memory: a CUDA event recorded on the caller's stream (`stream`, or the legacy
+  // default stream) at submission; the engine's stream waits for it before reading.
+  std::shared_ptr<void> ready;
   std::shared_ptr<HandleState> handle;
   int64_t submit_us = 0;
 };

@@ -35,6 +35,29 @@ class RealNcclApi final : public NcclApi {
   }
   cudaError_t StreamDestroy(cudaStream_t stream) override { return cudaStreamDestroy(stream); }
   cudaError_t StreamQuery(cudaStream_t stream) override { return cudaStreamQuery(stream); }
+  cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) override {
+    return cudaStreamWaitEvent(stream, event, 0);
+  }
+  cudaError_t EventCreate(cudaEvent_t* event) override {
+    return cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+  }
+  cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) override {
+    return cudaEventRecord(event, stream);
+  }
+  cudaError_t EventQuery(cudaEvent_t event) override { return cudaEventQuery(event); }
+  cudaError_t EventDestroy(cudaEvent_t event) override { return cudaEventDestroy(event); }
+  cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) override {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  cudaError_t Malloc(void** p, size_t bytes) override { return cudaMalloc(p, bytes); }
+  cudaError_t Free(void* p) override { return cudaFree(p); }
+  cudaError_t PointerGetDevice(const void* p, int* device) override {
+    cudaPointerAttributes attr;
+    std::memset(&attr, 0, sizeof(attr));
+    cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e == cudaSuccess) *device = attr.device;
+    return e;
+  }
   const char* CudaErrorString(cudaError_t error) override { return cudaGetErrorString(error); }
 
   ncclResult_t GetVersion(int* version) override { return ncclGetVersion(version); }
@@ -60,6 +83,27 @@ class RealNcclApi final : public NcclApi {
   ncclResult_t AllGather(const void* send, void* recv, size_t send_count, ncclDataType_t dtype,
                          ncclComm_t comm, cudaStream_t stream) override {
     return ncclAllGather(send, recv, send_count, dtype, comm, stream);
+  }
+  ncclResult_t ReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t dtype,
+                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) override {
+    return ncclReduceScatter(send, recv, recv_count, dtype, op, comm, stream);
+  }
+  ncclResult_t GroupStart() override { return ncclGroupStart(); }
+  ncclResult_t GroupEnd() override { return ncclGroupEnd(); }
+  ncclResult_t Send(const void* send, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                    cudaStream_t stream) override {
+    return ncclSend(send, count, dtype, peer, comm, stream);
+  }
+  ncclResult_t Recv(void* recv, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                    cudaStream_t stream) override {
+    return ncclRecv(recv, count, dtype, peer, comm, stream);
+  }
+  ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,
+                                    ncclComm_t comm) override {
+    return ncclRedOpCreatePreMulSum(op, scalar, dtype, ncclScalarHostImmediate, comm);
+  }
+  ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) override {
+    return ncclRedOpDestroy(op, comm);
   }
   const char* GetErrorString(ncclResult_t result) override { return ncclGetErrorString(result); }
   const char* GetLastError(ncclComm_t comm) override { return ncclGetLastError(comm); }

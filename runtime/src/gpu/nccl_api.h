@@ -30,6 +30,21 @@ class NcclApi {
   virtual cudaError_t StreamDestroy(cudaStream_t stream) = 0;
   // cudaSuccess when all work on `stream` is done, cudaErrorNotReady while some is pending.
   virtual cudaError_t StreamQuery(cudaStream_t stream) = 0;
+  // cudaStreamWaitEvent(stream, event, 0): later work on `stream` waits for `event`.
+  virtual cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) = 0;
+  // cudaEventCreateWithFlags(event, cudaEventDisableTiming), on the current device.
+  virtual cudaError_t EventCreate(cudaEvent_t* event) = 0;
+  virtual cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) = 0;
+  // cudaSuccess once the work before the event's last record is done; cudaErrorNotReady before.
+  virtual cudaError_t EventQuery(cudaEvent_t event) = 0;
+  virtual cudaError_t EventDestroy(cudaEvent_t event) = 0;
+  // cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream).
+  virtual cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes,
+                                  cudaStream_t stream) = 0;
+  virtual cudaError_t Malloc(void** p, size_t bytes) = 0;
+  virtual cudaError_t Free(void* p) = 0;
+  // The device that holds `p` (cudaPointerGetAttributes).
+  virtual cudaError_t PointerGetDevice(const void* p, int* device) = 0;
   virtual const char* CudaErrorString(cudaError_t error) = 0;
 
   // NCCL.
@@ -47,6 +62,20 @@ class NcclApi {
                                  int root, ncclComm_t comm, cudaStream_t stream) = 0;
   virtual ncclResult_t AllGather(const void* send, void* recv, size_t send_count,
                                  ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                     ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                                     cudaStream_t stream) = 0;
+  virtual ncclResult_t GroupStart() = 0;
+  virtual ncclResult_t GroupEnd() = 0;
+  virtual ncclResult_t Send(const void* send, size_t count, ncclDataType_t dtype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) = 0;
+  virtual ncclResult_t Recv(void* recv, size_t count, ncclDataType_t dtype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) = 0;
+  // ncclRedOpCreatePreMulSum with a host scalar (ncclScalarHostImmediate): `scalar` points at
+  // one value of `dtype`.
+  virtual ncclResult_t RedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,
+                                            ncclComm_t comm) = 0;
+  virtual ncclResult_t RedOpDestroy(ncclRedOp_t op, ncclComm_t comm) = 0;
   virtual const char* GetErrorString(ncclResult_t result) = 0;
   // NCCL's last error text for `comm` (may be nullptr or empty).
   virtual const char* GetLastError(ncclComm_t comm) = 0;

@@ -11,6 +11,7 @@
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/thread_annotations.h"
+#include "ringrun/names.h"
 #include "runtime/src/gpu/nccl_mapping.h"
 
 namespace ringrun::runtime {
@@ -55,7 +56,7 @@ class ScopedDevice {
 class NcclBackend final : public DeviceBackend {
  public:
   NcclBackend(std::shared_ptr<NcclApi> api, const NcclBackendOptions& options, int device,
-              int nccl_version, cudaStream_t stream)
+              int nccl_version, cudaStream_t stream, cudaEvent_t done)
       : api_(std::move(api)),
         rank_(options.rank),
         size_(options.size),
@@ -65,7 +66,8 @@ class NcclBackend final : public DeviceBackend {
         poll_interval_(std::chrono::microseconds(std::max(1, options.poll_interval_us))),
         where_("rank " + std::to_string(options.rank) + "/" + std::to_string(options.size) +
                " (cuda:" + std::to_string(device) + ")"),
-        own_stream_(stream) {}
+        own_stream_(stream),
+        done_(done) {}
 
   ~NcclBackend() override {
     ncclComm_t comm = nullptr;
@@ -100,6 +102,9 @@ class NcclBackend final : public DeviceBackend {
         api_->CommAbort(comm);
       }
     }
+    ScopedDevice on_device(*api_, device_);
+    if (fusion_ != nullptr) api_->Free(fusion_);
+    if (done_ != nullptr) api_->EventDestroy(done_);
     if (own_stream_ != nullptr) api_->StreamDestroy(own_stream_);
   }
 
@@ -120,40 +125,201 @@ class NcclBackend final : public DeviceBackend {
       MutexLock lock(&mu_);
       comm_ = comm;
     }
-    return Wait("NCCL init", Clock::now() + timeout_, /*stream=*/nullptr, /*wait_stream=*/false);
+    return Wait("NCCL init", Clock::now() + timeout_, /*event=*/nullptr);
   }
 
-  Status Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype, ringrun_op op,
-                   void* stream, bool sync) override {
-    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
-    if (!t.ok()) return t.status().Annotate(where_ + ": allreduce");
-    Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
-    if (!o.ok()) return o.status().Annotate(where_ + ": allreduce");
-    return Collective("allreduce", stream, sync, count, [&](ncclComm_t comm, cudaStream_t s) {
-      return api_->AllReduce(send, recv, count, *t, *o, comm, s);
+  Status WaitFor(const DeviceEvent& ready) override {
+    if (!ready) return Status::Ok();
+    return Cuda("cudaStreamWaitEvent", [&] {
+      return api_->StreamWaitEvent(own_stream_, static_cast<cudaEvent_t>(ready.get()));
     });
   }
 
-  Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream,
-                   bool sync) override {
+  Result<void*> FusionBuffer(size_t bytes) override {
+    if (bytes <= fusion_bytes_) return fusion_;
+    // Grows to the largest batch so far, in MiB steps: a handful of reallocations per job.
+    constexpr size_t kStep = size_t{1} << 20;
+    const size_t want = (bytes + kStep - 1) / kStep * kStep;
+    if (fusion_ != nullptr) {
+      // The old buffer may still be in use by enqueued work (an _on_stream batch): wait for the
+      // stream within the deadline first (cudaFree would wait for the device without one).
+      RINGRUN_RETURN_IF_ERROR(
+          Cuda("cudaEventRecord", [&] { return api_->EventRecord(done_, own_stream_); }));
+      {
+        ScopedDevice on_device(*api_, device_);
+        RINGRUN_RETURN_IF_ERROR(
+            Wait("the device fusion buffer's last use", Clock::now() + timeout_, done_));
+      }
+      RINGRUN_RETURN_IF_ERROR(Cuda("cudaFree (device fusion buffer)", [&] {
+        cudaError_t e = api_->Free(fusion_);
+        fusion_ = nullptr, fusion_bytes_ = 0;
+        return e;
+      }));
+    }
+    void* p = nullptr;
+    RINGRUN_RETURN_IF_ERROR(
+        Cuda("cudaMalloc (device fusion buffer)", [&] { return api_->Malloc(&p, want); }));
+    fusion_ = p, fusion_bytes_ = want;
+    return fusion_;
+  }
+
+  Result<DeviceMemory> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    RINGRUN_RETURN_IF_ERROR(Cuda("cudaMalloc", [&] { return api_->Malloc(&p, bytes); }));
+    std::shared_ptr<NcclApi> api = api_;
+    return DeviceMemory(p, [api](void* q) {
+      if (q != nullptr) api->Free(q);
+    });
+  }
+
+  Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0 || dst == src) return Status::Ok();
+    return Cuda("cudaMemcpyAsync", [&] { return api_->MemcpyAsync(dst, src, bytes, own_stream_); });
+  }
+
+  Status Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype, ringrun_op op,
+                   double scale) override {
+    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    if (!t.ok()) return t.status().Annotate(where_ + ": allreduce");
+    if (scale == 1.0) {
+      Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
+      if (!o.ok()) return o.status().Annotate(where_ + ": allreduce");
+      return Collective("allreduce", count, [&](ncclComm_t comm, cudaStream_t s) {
+        return api_->AllReduce(send, recv, count, *t, *o, comm, s);
+      });
+    }
+    if (op != RINGRUN_SUM) {
+      return InvalidArgument(where_ +
+                             ": allreduce: a scale factor on device memory needs SUM, not " +
+                             ringrun_op_name(op));
+    }
+    if (nccl_version_ < kNcclVersionWithPreMulSum) {
+      return InvalidArgument(where_ +
+                             ": allreduce: scale factors on device memory need NCCL >= 2.11 "
+                             "(ncclRedOpCreatePreMulSum)");
+    }
+    unsigned char scalar[8];
+    RINGRUN_RETURN_IF_ERROR(EncodeScalar(dtype, scale, scalar).Annotate(where_ + ": allreduce"));
+    // One operator per call, destroyed once the collective is enqueued (NCCL allows it). Each
+    // step is its own NCCL call on the non-blocking communicator, polled until NCCL took it.
+    if (count == 0) return Status::Ok();
+    ncclRedOp_t premul;
+    RINGRUN_RETURN_IF_ERROR(
+        Collective("ncclRedOpCreatePreMulSum", 1, [&](ncclComm_t comm, cudaStream_t) {
+          return api_->RedOpCreatePreMulSum(&premul, scalar, *t, comm);
+        }));
+    Status st = Collective("allreduce (premulsum)", count, [&](ncclComm_t comm, cudaStream_t s) {
+      return api_->AllReduce(send, recv, count, *t, premul, comm, s);
+    });
+    MutexLock lock(&mu_);
+    if (comm_ != nullptr) (void)api_->RedOpDestroy(premul, comm_);
+    return st;
+  }
+
+  Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) override {
     Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": broadcast");
     if (root < 0 || root >= size_) {
       return InvalidArgument(where_ + ": broadcast: root " + std::to_string(root) +
                              " is not a rank of a job of size " + std::to_string(size_));
     }
-    return Collective("broadcast", stream, sync, count, [&](ncclComm_t comm, cudaStream_t s) {
+    return Collective("broadcast", count, [&](ncclComm_t comm, cudaStream_t s) {
       return api_->Broadcast(buf, buf, count, *t, root, comm, s);
     });
   }
 
-  Status Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype, void* stream,
-                   bool sync) override {
+  Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& counts,
+                    ringrun_dtype dtype) override {
     Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": allgather");
-    return Collective("allgather", stream, sync, count, [&](ncclComm_t comm, cudaStream_t s) {
-      return api_->AllGather(send, recv, count, *t, comm, s);
+    if (counts.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument(where_ + ": allgather: " + std::to_string(counts.size()) +
+                             " counts for " + std::to_string(size_) + " ranks");
+    }
+    const bool equal =
+        std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    if (equal) {
+      return Collective("allgather", total, [&](ncclComm_t comm, cudaStream_t s) {
+        return api_->AllGather(send, recv, counts[0], *t, comm, s);
+      });
+    }
+    const size_t elem = NcclTypeSize(*t);
+    return Collective("allgather (send/recv)", total, [&](ncclComm_t comm, cudaStream_t s) {
+      return Grouped([&]() -> ncclResult_t {
+        size_t off = 0;
+        for (int p = 0; p < size_; ++p) {
+          if (counts[rank_] > 0) {
+            ncclResult_t r = api_->Send(send, counts[rank_], *t, p, comm, s);
+            if (r != ncclSuccess) return r;
+          }
+          if (counts[p] > 0) {
+            ncclResult_t r =
+                api_->Recv(static_cast<char*>(recv) + off * elem, counts[p], *t, p, comm, s);
+            if (r != ncclSuccess) return r;
+          }
+          off += counts[p];
+        }
+        return ncclSuccess;
+      });
     });
+  }
+
+  Status ReduceScatter(const void* send, void* recv, size_t recv_count, ringrun_dtype dtype,
+                       ringrun_op op) override {
+    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    if (!t.ok()) return t.status().Annotate(where_ + ": reducescatter");
+    Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
+    if (!o.ok()) return o.status().Annotate(where_ + ": reducescatter");
+    return Collective("reducescatter", recv_count, [&](ncclComm_t comm, cudaStream_t s) {
+      return api_->ReduceScatter(send, recv, recv_count, *t, *o, comm, s);
+    });
+  }
+
+  Status Alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                   const std::vector<size_t>& recv_counts, ringrun_dtype dtype) override {
+    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    if (!t.ok()) return t.status().Annotate(where_ + ": alltoall");
+    if (send_counts.size() != static_cast<size_t>(size_) ||
+        recv_counts.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument(where_ + ": alltoall: needs one count per rank");
+    }
+    size_t total = 0;
+    for (int p = 0; p < size_; ++p) total += send_counts[p] + recv_counts[p];
+    const size_t elem = NcclTypeSize(*t);
+    return Collective("alltoall", total, [&](ncclComm_t comm, cudaStream_t s) {
+      return Grouped([&]() -> ncclResult_t {
+        size_t send_off = 0, recv_off = 0;
+        for (int p = 0; p < size_; ++p) {
+          if (send_counts[p] > 0) {
+            ncclResult_t r = api_->Send(static_cast<const char*>(send) + send_off * elem,
+                                        send_counts[p], *t, p, comm, s);
+            if (r != ncclSuccess) return r;
+          }
+          if (recv_counts[p] > 0) {
+            ncclResult_t r = api_->Recv(static_cast<char*>(recv) + recv_off * elem, recv_counts[p],
+                                        *t, p, comm, s);
+            if (r != ncclSuccess) return r;
+          }
+          send_off += send_counts[p], recv_off += recv_counts[p];
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  Status Finish(const std::vector<void*>& streams, bool wait) override {
+    RINGRUN_RETURN_IF_ERROR(Cuda("cudaEventRecord", [&] {
+      cudaError_t e = api_->EventRecord(done_, own_stream_);
+      for (size_t i = 0; i < streams.size() && e == cudaSuccess; ++i) {
+        e = api_->StreamWaitEvent(static_cast<cudaStream_t>(streams[i]), done_);
+      }
+      return e;
+    }));
+    if (!wait) return Status::Ok();
+    ScopedDevice on_device(*api_, device_);
+    return Wait("device collectives", Clock::now() + timeout_, done_);
   }
 
   void Abort(const std::string& reason) override {
@@ -163,11 +329,41 @@ class NcclBackend final : public DeviceBackend {
   }
 
  private:
-  // Enqueues one collective, waits for NCCL to accept it and, when `sync`, for the stream to
-  // drain, all within the timeout. Collectives are serialized by call_mu_; mu_ is held only for
-  // the short non-blocking NCCL calls, so that Abort() from another thread gets in between polls.
+  // ncclGroupStart, `calls`, ncclGroupEnd (whose result is the group's: on a non-blocking
+  // communicator, ncclInProgress until NCCL has taken every call).
+  template <typename Calls>
+  ncclResult_t Grouped(Calls calls) {
+    ncclResult_t r = api_->GroupStart();
+    if (r != ncclSuccess) return r;
+    r = calls();
+    const ncclResult_t end = api_->GroupEnd();
+    return r != ncclSuccess ? r : end;
+  }
+
+  // A CUDA runtime call on the backend's device while the communicator is alive. A failure
+  // is returned, not fatal to the communicator.
+  template <typename Call>
+  Status Cuda(const char* what, Call call) {
+    std::lock_guard<std::mutex> serial(call_mu_);
+    {
+      MutexLock lock(&mu_);
+      if (comm_ == nullptr) return broken_;
+    }
+    ScopedDevice on_device(*api_, device_);
+    if (on_device.status() != cudaSuccess) {
+      return CudaStatus(std::string(what) + ": cudaSetDevice", on_device.status());
+    }
+    cudaError_t e = call();
+    if (e != cudaSuccess) return CudaStatus(what, e);
+    return Status::Ok();
+  }
+
+  // Enqueues one collective on the backend's stream and waits, within the timeout, for NCCL to
+  // accept it (not for it to complete: Finish does that). Calls are serialized by call_mu_; mu_
+  // is held only for the short non-blocking NCCL calls, so that Abort() from another thread
+  // gets in between polls.
   template <typename Enqueue>
-  Status Collective(const char* what, void* user_stream, bool sync, size_t count, Enqueue enqueue) {
+  Status Collective(const char* what, size_t count, Enqueue enqueue) {
     std::lock_guard<std::mutex> serial(call_mu_);
     {
       MutexLock lock(&mu_);
@@ -178,25 +374,23 @@ class NcclBackend final : public DeviceBackend {
     if (on_device.status() != cudaSuccess) {
       return CudaStatus(std::string(what) + ": cudaSetDevice", on_device.status());
     }
-    cudaStream_t stream =
-        user_stream != nullptr ? static_cast<cudaStream_t>(user_stream) : own_stream_;
     const auto deadline = Clock::now() + timeout_;
     {
       MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
-      ncclResult_t r = enqueue(comm_, stream);
+      ncclResult_t r = enqueue(comm_, own_stream_);
       if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
         // Rejected before any communication: the communicator is still good.
         return NcclStatus(what, r, comm_);
       }
       if (r != ncclSuccess && r != ncclInProgress) return BreakLocked(NcclStatus(what, r, comm_));
     }
-    return Wait(what, deadline, stream, /*wait_stream=*/sync);
+    return Wait(what, deadline, nullptr);
   }
 
-  // Polls until the communicator has nothing in progress and, with `wait_stream`, `stream` is
-  // idle. A timeout or an asynchronous error aborts the communicator.
-  Status Wait(const char* what, Clock::time_point deadline, cudaStream_t stream, bool wait_stream) {
+  // Polls until the communicator has nothing in progress and, with an `event`, the event has
+  // completed. A timeout or an asynchronous error aborts the communicator.
+  Status Wait(const char* what, Clock::time_point deadline, cudaEvent_t event) {
     for (;;) {
       {
         MutexLock lock(&mu_);
@@ -208,8 +402,8 @@ class NcclBackend final : public DeviceBackend {
           return BreakLocked(NcclStatus(what, async, comm_));
         }
         if (async == ncclSuccess) {
-          if (!wait_stream) return Status::Ok();
-          cudaError_t e = api_->StreamQuery(stream);
+          if (event == nullptr) return Status::Ok();
+          cudaError_t e = api_->EventQuery(event);
           if (e == cudaSuccess) return Status::Ok();
           if (e != cudaErrorNotReady) return BreakLocked(CudaStatus(what, e));
         }
@@ -224,7 +418,6 @@ class NcclBackend final : public DeviceBackend {
       std::this_thread::sleep_for(poll_interval_);
     }
   }
-
   // Ends the communicator for good; every later call returns `why`.
   Status BreakLocked(Status why) REQUIRES(mu_) {
     if (comm_ != nullptr) {
@@ -257,8 +450,13 @@ class NcclBackend final : public DeviceBackend {
   const std::chrono::microseconds poll_interval_;
   const std::string where_;  // "rank 1/4 (cuda:1)", the prefix of every message
   const cudaStream_t own_stream_;
+  const cudaEvent_t done_;  // the result event, recorded again by each Finish
 
-  std::mutex call_mu_;  // held for a whole collective: one at a time on the communicator
+  // The engine thread's own (the only caller of everything but Abort).
+  void* fusion_ = nullptr;
+  size_t fusion_bytes_ = 0;
+
+  std::mutex call_mu_;  // held for a whole call: one at a time on the communicator
 
   Mutex mu_;
   ncclComm_t comm_ GUARDED_BY(mu_) = nullptr;  // nullptr once aborted or destroyed
@@ -276,6 +474,31 @@ Status NoCudaStatus(NcclApi& api, cudaError_t e) {
 }
 
 }  // namespace
+
+Result<DeviceEvent> RecordNcclEvent(std::shared_ptr<NcclApi> api, const void* buffer,
+                                    void* stream) {
+  int device = 0;
+  if (cudaError_t e = api->PointerGetDevice(buffer, &device); e != cudaSuccess) {
+    return Internal(std::string("cudaPointerGetAttributes: ") + api->CudaErrorString(e));
+  }
+  ScopedDevice on_device(*api, device);
+  if (on_device.status() != cudaSuccess) {
+    return Internal("cudaSetDevice(" + std::to_string(device) +
+                    "): " + api->CudaErrorString(on_device.status()));
+  }
+  cudaEvent_t event = nullptr;
+  if (cudaError_t e = api->EventCreate(&event); e != cudaSuccess) {
+    return Internal("cudaEventCreate on cuda:" + std::to_string(device) + ": " +
+                    api->CudaErrorString(e));
+  }
+  if (cudaError_t e = api->EventRecord(event, static_cast<cudaStream_t>(stream));
+      e != cudaSuccess) {
+    api->EventDestroy(event);
+    return Internal("cudaEventRecord on the caller's stream (cuda:" + std::to_string(device) +
+                    "): " + api->CudaErrorString(e));
+  }
+  return DeviceEvent(event, [api](cudaEvent_t ev) { api->EventDestroy(ev); });
+}
 
 std::string CreateNcclUniqueId(NcclApi& api) {
   int count = 0;
@@ -328,6 +551,7 @@ Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> 
     if (api->GetDevice(&current) == cudaSuccess) device = current;
   }
   cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
   {
     ScopedDevice on_device(*api, device);
     if (on_device.status() != cudaSuccess) {
@@ -338,8 +562,13 @@ Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> 
       return Internal(who + ": cudaStreamCreate on cuda:" + std::to_string(device) + ": " +
                       api->CudaErrorString(se));
     }
+    if (cudaError_t ee = api->EventCreate(&done); ee != cudaSuccess) {
+      api->StreamDestroy(stream);
+      return Internal(who + ": cudaEventCreate on cuda:" + std::to_string(device) + ": " +
+                      api->CudaErrorString(ee));
+    }
   }
-  auto backend = std::make_unique<NcclBackend>(api, options, device, nccl_version, stream);
+  auto backend = std::make_unique<NcclBackend>(api, options, device, nccl_version, stream, done);
   RINGRUN_RETURN_IF_ERROR(backend->Init(id));
   return std::unique_ptr<DeviceBackend>(std::move(backend));
 }
@@ -360,6 +589,11 @@ bool IsDevicePointer(const void* p) {
 }
 
 std::string MaybeCreateNcclUniqueId() { return CreateNcclUniqueId(*MakeRealNcclApi()); }
+
+Result<DeviceEvent> RecordDeviceEvent(const void* buffer, void* stream) {
+  static const std::shared_ptr<NcclApi> api = MakeRealNcclApi();
+  return RecordNcclEvent(api, buffer, stream);
+}
 
 Result<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(int rank, int size, int local_rank,
                                                          const std::string& nccl_id,

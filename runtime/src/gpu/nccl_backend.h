@@ -43,4 +43,8 @@ std::string CreateNcclUniqueId(NcclApi& api);
 Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> api,
                                                        const NcclBackendOptions& options);
 
+// RecordDeviceEvent (device_backend.h) through `api`: an event on the device that holds
+// `buffer`, recorded on `stream`, destroyed through `api` with its last reference.
+Result<DeviceEvent> RecordNcclEvent(std::shared_ptr<NcclApi> api, const void* buffer, void* stream);
+
 }  // namespace ringrun::runtime

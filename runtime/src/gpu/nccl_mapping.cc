@@ -1,5 +1,8 @@
 #include "runtime/src/gpu/nccl_mapping.h"
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "ringrun/names.h"
@@ -13,7 +16,80 @@ bool IsFloating(ringrun_dtype dtype) {
          dtype == RINGRUN_FLOAT64;
 }
 
+// IEEE binary16 bits of f, rounded to nearest even.
+uint16_t FloatToHalfBits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 2^16: inf
+  if (abs < 0x38800000u) {  // below 2^-14: a subnormal (or zero) in units of 2^-24
+    float a;
+    std::memcpy(&a, &abs, 4);
+    const uint32_t n = static_cast<uint32_t>(std::nearbyint(a * 16777216.0f));
+    return static_cast<uint16_t>(sign | n);  // n == 0x400 is the smallest normal: still right
+  }
+  const uint32_t mant = abs & 0x7fffffu;
+  uint32_t h = (((abs >> 23) - 127 + 15) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry may reach inf: right
+  return static_cast<uint16_t>(sign | h);
+}
+
+// bfloat16 bits of f, rounded to nearest even.
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 }  // namespace
+
+size_t NcclTypeSize(ncclDataType_t dtype) {
+  switch (dtype) {
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+Status EncodeScalar(ringrun_dtype dtype, double value, unsigned char (&out)[8]) {
+  std::memset(out, 0, sizeof(out));
+  switch (dtype) {
+    case RINGRUN_FLOAT16: {
+      const uint16_t h = FloatToHalfBits(static_cast<float>(value));
+      std::memcpy(out, &h, 2);
+      return Status::Ok();
+    }
+    case RINGRUN_BFLOAT16: {
+      const uint16_t b = FloatToBf16Bits(static_cast<float>(value));
+      std::memcpy(out, &b, 2);
+      return Status::Ok();
+    }
+    case RINGRUN_FLOAT32: {
+      const float f = static_cast<float>(value);
+      std::memcpy(out, &f, 4);
+      return Status::Ok();
+    }
+    case RINGRUN_FLOAT64:
+      std::memcpy(out, &value, 8);
+      return Status::Ok();
+    default:
+      return InvalidArgument("a scale factor needs a floating dtype, not dtype " +
+                             std::to_string(static_cast<int>(dtype)));
+  }
+}
 
 std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int driver_version,
                                     int runtime_version) {

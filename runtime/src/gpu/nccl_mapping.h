@@ -17,12 +17,22 @@ namespace ringrun::runtime {
 // The first NCCL that has ncclAvg and ncclBfloat16 (2.10.0, as ncclGetVersion codes it).
 inline constexpr int kNcclVersionWithAvgAndBf16 = 21000;
 
+// The first NCCL that has ncclRedOpCreatePreMulSum (2.11.0).
+inline constexpr int kNcclVersionWithPreMulSum = 21100;
+
 // FLOAT16 -> ncclFloat16, BFLOAT16 -> ncclBfloat16, ... `nccl_version` is ncclGetVersion's code.
 Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version);
 
 // SUM -> ncclSum, AVERAGE -> ncclAvg, PRODUCT -> ncclProd, MIN -> ncclMin, MAX -> ncclMax.
 // AVERAGE is for floating types only (ringrun.h), whatever NCCL would do with integers.
 Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_version);
+
+// Bytes of one element of an NCCL dtype.
+size_t NcclTypeSize(ncclDataType_t dtype);
+
+// `value` as one element of a floating dtype, rounded to nearest even (the scalar that
+// ncclRedOpCreatePreMulSum reads); InvalidArgument for integer dtypes.
+Status EncodeScalar(ringrun_dtype dtype, double value, unsigned char (&out)[8]);
 
 // Why CUDA is unusable, from cudaGetDeviceCount's error (`cuda_error`, `error_text`) and
 // cudaDriverGetVersion (0: no driver): "no CUDA driver: <CUDA's text>", "no CUDA device: ...",

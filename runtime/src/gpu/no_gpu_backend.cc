@@ -8,6 +8,12 @@ bool IsDevicePointer(const void* /*p*/) { return false; }
 
 std::string MaybeCreateNcclUniqueId() { return ""; }
 
+Result<DeviceEvent> RecordDeviceEvent(const void* /*buffer*/, void* /*stream*/) {
+  return Unavailable(
+      "this build has no NCCL backend (configured with RINGRUN_WITH_NCCL=OFF, or CUDA/NCCL were "
+      "not found); device memory cannot be used");
+}
+
 Result<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(int rank, int size, int /*local_rank*/,
                                                          const std::string& /*nccl_id*/,
                                                          int /*timeout_ms*/) {

@@ -224,7 +224,7 @@ Response Controller::BuildFast(uint32_t id) {
   FastSlot& fs = fast_[id];
   Response resp;
   resp.req = *cache_.Get(id);
-  resp.announced_us = fs.announced_us;
+  if (record_announcements_) resp.announced_us = fs.announced_us;
   resp.contributors = size_ - joined_count_;
   fs.count = 0;
   --fast_pending_;

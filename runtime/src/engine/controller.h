@@ -60,6 +60,8 @@ class Controller {
 
   // Names announced by some ranks and not all (joined ranks count as announced).
   std::vector<PendingView> Pending() const;
+  // Whether responses carry announced_us (for the timeline; a copy per response otherwise).
+  void set_record_announcements(bool on) { record_announcements_ = on; }
   bool has_pending() const { return !table_.empty() || fast_pending_ > 0; }
   int joined_count() const { return joined_count_; }
   uint64_t round() const { return round_; }
@@ -100,7 +102,8 @@ class Controller {
   ResponseCache cache_;
   std::unordered_map<std::string, Slot> table_;
   std::vector<FastSlot> fast_;  // by cache id
-  int fast_pending_ = 0;        // fast_ slots with a count
+  bool record_announcements_ = true;
+  int fast_pending_ = 0;  // fast_ slots with a count
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

@@ -139,6 +139,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
                    t.status().ToString().c_str());
     }
   }
+  controller_.set_record_announcements(timeline_ != nullptr);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -427,8 +428,7 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
 Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   const int64_t start = Now();
   std::vector<const Request*> announce;
-  std::vector<std::string> names;
-  for (Entry& e : fresh) names.push_back(e.req.name);
+  announce.reserve(fresh.size());
   for (Entry& e : fresh) {
     auto [it, ok] = entries_.emplace(e.req.name, std::move(e));
     announce.push_back(&it->second.req);
@@ -461,6 +461,7 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
 
 struct Engine::Batch {
   std::vector<const Response*> responses;
+  std::vector<Entry*> locals;  // this rank's entry of each response (nullptr: joined)
   size_t bytes = 0;
 };
 
@@ -471,6 +472,8 @@ void Engine::Execute(std::vector<Response>& responses) {
   std::vector<size_t> open;
   const size_t threshold = fusion_.threshold();
   for (const Response& r : responses) {
+    auto found = entries_.find(r.req.name);
+    Entry* local = found == entries_.end() ? nullptr : &found->second;
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
     const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
                          threshold > 0 && bytes <= threshold && bytes < kDirectAllreduceBytes;
@@ -479,19 +482,19 @@ void Engine::Execute(std::vector<Response>& responses) {
       for (size_t i : open) {
         Batch& b = plan[i];
         if (b.responses[0]->req.Fusable(r.req) && b.bytes + bytes <= threshold) {
-          b.responses.push_back(&r), b.bytes += bytes, placed = true;
+          b.responses.push_back(&r), b.locals.push_back(local), b.bytes += bytes, placed = true;
           break;
         }
       }
       if (placed) continue;
       open.push_back(plan.size());
     }
-    plan.push_back(Batch{{&r}, bytes});
+    plan.push_back(Batch{{&r}, {local}, bytes});
   }
   for (Batch& b : plan) {
     const Response& first = *b.responses[0];
     if (first.type == Response::kError) {
-      Complete(first.req.name, first.error_code, first.error);
+      Complete(b.locals[0], first.error_code, first.error);
       continue;
     }
     Status st = RunBatch(b);
@@ -499,9 +502,7 @@ void Engine::Execute(std::vector<Response>& responses) {
       FailAll(ToRingrunStatus(transport_->status()), transport_->status());  // notifies all
       return;
     }
-    for (const Response* r : b.responses) {
-      Complete(r->req.name, ToRingrunStatus(st), st.message());
-    }
+    for (Entry* e : b.locals) Complete(e, ToRingrunStatus(st), st.message());
   }
   NotifyCompleted();
 }
@@ -510,23 +511,23 @@ Status Engine::RunBatch(Batch& b) {
   const Response& r = *b.responses[0];
   if (timeline_) {
     const int64_t now = Now();
-    for (const Response* x : b.responses) {
-      auto it = entries_.find(x->req.name);
-      if (it == entries_.end()) continue;
+    for (size_t i = 0; i < b.responses.size(); ++i) {
+      const Response* x = b.responses[i];
+      const Entry* local = b.locals[i];
+      if (!local) continue;
       std::string who;
       for (size_t k = 0; k < x->announced_us.size(); ++k) {
         if (x->announced_us[k] < 0) continue;
         who += (who.empty() ? "" : ", ") + std::string("\"rank ") + std::to_string(k) +
-               "\": " + std::to_string(x->announced_us[k] - it->second.submit_us);
+               "\": " + std::to_string(x->announced_us[k] - local->submit_us);
       }
-      timeline_->Span(x->req.name, "NEGOTIATE", it->second.submit_us, now,
+      timeline_->Span(x->req.name, "NEGOTIATE", local->submit_us, now,
                       "\"announced_after_us\": {" + who + "}");
     }
   }
   if (r.req.device) return RunDevice(b);
   if (b.responses.size() > 1) return RunFused(b);
-  auto it = entries_.find(r.req.name);
-  Entry* e = it == entries_.end() ? nullptr : &it->second;
+  Entry* e = b.locals[0];
   if (r.type == Response::kJoinDone) {
     if (e) e->handle->last_joined = r.last_joined;
     return Status::Ok();
@@ -593,11 +594,10 @@ Status Engine::RunFused(Batch& b) {
   size_t off = 0;
   const int64_t t0 = Now();
   std::string label;
-  for (const Response* r : b.responses) {
-    const size_t bytes = r->req.count * elem;
-    auto it = entries_.find(r->req.name);
-    if (it != entries_.end() && bytes > 0) {
-      std::memcpy(buf + off, it->second.send, bytes);
+  for (size_t i = 0; i < b.responses.size(); ++i) {
+    const size_t bytes = b.responses[i]->req.count * elem;
+    if (b.locals[i] && bytes > 0) {
+      std::memcpy(buf + off, b.locals[i]->send, bytes);
     } else if (bytes > 0) {
       std::memset(buf + off, 0, bytes);
     }
@@ -609,10 +609,9 @@ Status Engine::RunFused(Batch& b) {
   RINGRUN_RETURN_IF_ERROR(HostAllreduce(buf, buf, off / elem, fused, b.responses[0]->contributors));
   const int64_t t2 = Now();
   off = 0;
-  for (const Response* r : b.responses) {
-    const size_t bytes = r->req.count * elem;
-    auto it = entries_.find(r->req.name);
-    if (it != entries_.end() && bytes > 0) std::memcpy(it->second.recv, buf + off, bytes);
+  for (size_t i = 0; i < b.responses.size(); ++i) {
+    const size_t bytes = b.responses[i]->req.count * elem;
+    if (b.locals[i] && bytes > 0) std::memcpy(b.locals[i]->recv, buf + off, bytes);
     off += bytes;
   }
   if (timeline_) {
@@ -808,10 +807,7 @@ Status Engine::RunDevice(Batch& b) {
   Result<DeviceBackend*> dev = Device();
   if (!dev.ok()) return dev.status();
   std::vector<DeviceItem> items;
-  for (const Response* r : b.responses) {
-    auto it = entries_.find(r->req.name);
-    items.push_back({r, it == entries_.end() ? nullptr : &it->second});
-  }
+  for (size_t i = 0; i < b.responses.size(); ++i) items.push_back({b.responses[i], b.locals[i]});
   {
     std::lock_guard<std::mutex> lock(device_mu_);
     if (!device_abort_.empty()) return Aborted(device_abort_);
@@ -823,15 +819,12 @@ Status Engine::RunDevice(Batch& b) {
   return st;
 }
 
-void Engine::Complete(const std::string& name, ringrun_status st, const std::string& message) {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) return;  // joined: this rank had nothing under that name
-  std::shared_ptr<HandleState> h = std::move(it->second.handle);
+void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
+  if (!e) return;  // joined: this rank had nothing under that name
+  auto it = entries_.find(e->req.name);
+  std::shared_ptr<HandleState> h = std::move(e->handle);
+  finished_names_.push_back(std::move(e->req.name));
   entries_.erase(it);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.erase(name);
-  }
   bool done;
   {
     std::lock_guard<std::mutex> lock(h->mu);
@@ -840,17 +833,23 @@ void Engine::Complete(const std::string& name, ringrun_status st, const std::str
       h->message = message;
     }
     done = --h->remaining == 0;
-    h->done = done;
   }
-  // Waiters are woken after the whole round's handles are done (NotifyCompleted): a thread
-  // waiting on one handle after another then finds the next ones done instead of being woken,
-  // and preempting the engine, once per handle.
   if (done) completed_.push_back(std::move(h));
 }
 
 void Engine::NotifyCompleted() {
+  // The names become free for resubmission before any handle is seen done, under one lock for
+  // the whole round. Handles are marked done and their waiters woken after the whole round's
+  // work: a thread waiting on one handle after another then finds the next ones done instead
+  // of being woken, and preempting the engine, once per handle.
+  if (!finished_names_.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& name : finished_names_) in_flight_.erase(name);
+  }
+  finished_names_.clear();
   for (const std::shared_ptr<HandleState>& h : completed_) {
     std::lock_guard<std::mutex> lock(h->mu);  // pairs with the waiter's check of done
+    h->done = true;
     h->cv.notify_all();
   }
   completed_.clear();
@@ -867,9 +866,9 @@ void Engine::FailAll(ringrun_status code, const Status& st) {
     queued.swap(queue_);
   }
   for (Entry& e : queued) entries_.emplace(e.req.name, std::move(e));
-  std::vector<std::string> names;
-  for (const auto& [name, e] : entries_) names.push_back(name);
-  for (const std::string& n : names) Complete(n, code, st.message());
+  std::vector<Entry*> all;
+  for (auto& [name, e] : entries_) all.push_back(&e);
+  for (Entry* e : all) Complete(e, code, st.message());
   NotifyCompleted();
 }
 

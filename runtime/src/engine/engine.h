@@ -148,7 +148,9 @@ class Engine {
   Status HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
                        int contributors);
   Result<DeviceBackend*> Device();
-  void Complete(const std::string& name, ringrun_status st, const std::string& message);
+  // Finishes this rank's entry e (nullptr: none, the rank had joined); its handle is marked
+  // done, and its name freed, by the NotifyCompleted that follows.
+  void Complete(Entry* e, ringrun_status st, const std::string& message);
   void NotifyCompleted();
   // Fails everything pending and queued with st; later submissions fail with it too.
   void FailAll(ringrun_status code, const Status& st);
@@ -190,6 +192,7 @@ class Engine {
   std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
+  std::vector<std::string> finished_names_;              // to leave in_flight_ at NotifyCompleted
 
   std::thread thread_;
 };

@@ -3,7 +3,8 @@
 # models, batch and threads (one OpenMP and one BLAS thread per rank, as the anchor sets).
 # The two alternate in rounds; the table gives the median samples/s over rounds.
 #   benchmarks/torch_vs_ddp.sh [BUILD_DIR]     env: ROUNDS (5), STEPS (30), BATCH (32),
-#                                              MODELS ("mlp deep convnet"), NPS ("1 2")
+#                                              MODELS ("mlp deep convnet"), NPS ("1 2"),
+#                                              BIND (none|core: ringrun's --bind-to; default none)
 # The anchor is /work/shared/anchors/run.sh train NP MODEL STEPS BATCH (torch_ddp_train.py),
 # ANCHORS=DIR to use another copy.
 set -euo pipefail
@@ -11,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 anchors=${ANCHORS:-/work/shared/anchors}
 rounds=${ROUNDS:-5} steps=${STEPS:-30} batch=${BATCH:-32}
-models=${MODELS:-mlp deep convnet} nps=${NPS:-1 2}
+models=${MODELS:-mlp deep convnet} nps=${NPS:-1 2} bind=${BIND:-none}
 export PYTHONPATH=$build/python
 out=$(mktemp /tmp/ringrun-torch-bench.XXXXXX)
 trap 'rm -f "$out"' EXIT
@@ -21,7 +22,7 @@ for ((round = 1; round <= rounds; round++)); do
   for model in $models; do
     for np in $nps; do
       ddp=$("$anchors/run.sh" train "$np" "$model" "$steps" "$batch" | field samples_per_s)
-      rr=$("$build/bin/ringrun" -np "$np" -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
+      rr=$("$build/bin/ringrun" -np "$np" --bind-to "$bind" -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
              /usr/bin/python3 "$here/torch_train.py" "$model" "$steps" "$batch" 2>/dev/null |
            field samples_per_s)
       echo "$round $model $np ${ddp:-0} ${rr:-0}" | tee -a "$out" >&2

@@ -3,8 +3,9 @@ the ranks sharing the machine's GPUs). Every collective on device tensors, with 
 once on the default stream and once on a non-default stream: inputs are produced on the
 caller's current stream after a delay (a collective that did not follow that stream would read
 them too early) and results are read on that stream with no device-wide synchronization. Then
-DistributedOptimizer on a CUDA model against one CPU process trained on the whole batch: plain,
-and with fp16 compression and a gradient_predivide_factor.
+DistributedOptimizer on a CUDA model (after broadcast_parameters and broadcast_optimizer_state)
+against one CPU process trained on the whole batch: plain, and with fp16 compression and a
+gradient_predivide_factor.
 Exit 0 on success, 1 on a wrong value, 77 when this torch has no CUDA."""
 import sys
 
@@ -135,10 +136,15 @@ def train(compression, predivide):
     ref = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     ref.load_state_dict(model.state_dict())
     model.to(dev)
+    with torch.no_grad():  # broadcast_parameters must undo this on every rank but the root
+        for p in model.parameters():
+            p.add_(r)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
                                    compression=compression, gradient_predivide_factor=predivide)
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         x = torch.randn(8 * n, 32, generator=g)

@@ -446,6 +446,14 @@ def _release_when_done(ptr, waitable):
         _deferred.append((ptr, waitable))
 
 
+def _finished(waitable):
+    """A query that fails (the device has failed) counts as finished: nothing reads any more."""
+    try:
+        return waitable.query()
+    except Exception:  # noqa: B902 - e.g. a CUDA error surfaced by the event
+        return True
+
+
 def _release_deferred(deadline_s=None):
     """Releases the deferred handles whose copies have finished. With deadline_s, waits up to
     that long for the others; a handle still read after it is left unreleased (leaked rather
@@ -455,7 +463,7 @@ def _release_deferred(deadline_s=None):
         with _deferred_lock:
             done, pending = [], []
             for d in _deferred:
-                (done if d[1].query() else pending).append(d)
+                (done if _finished(d[1]) else pending).append(d)
             _deferred[:] = pending
             left = len(pending)
         for ptr, _ in done:

@@ -129,6 +129,14 @@ def test_release_deferred_waits_until_its_deadline_then_leaks(released):
     assert _engine._release_deferred(deadline_s=0.02) == 0 and released == [2, 1]
 
 
+def test_a_failing_query_counts_as_finished(released):
+    class Failed:
+        def query(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    _engine._release_when_done(7, Failed())
+    assert _engine._release_deferred() == 0 and released == [7]
+
+
 def test_cpu_collectives_unchanged_after_device_helpers():
     hvd.init()
     n = hvd.size()

@@ -20,6 +20,7 @@ import collections
 import os
 import ctypes
 import threading
+import time
 
 from ringrun import _lib
 
@@ -107,6 +108,7 @@ def start():
 
 def stop(timeout_s=5.0):
     global _worker
+    _release_deferred(timeout_s)
     with _worker_lock:
         w, _worker = _worker, None
     if w is not None:
@@ -230,9 +232,8 @@ def _check_scales(dtype, prescale, postscale, what):
                          f"{_lib.DTYPE_NAMES[dtype]}")
 
 
-def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=(),
-              stream=None):
-    """recv = postscale * op over ranks of (prescale * send)."""
+def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=()):
+    """recv = postscale * op over ranks of (prescale * send). Host memory only."""
     _check_scales(dtype, prescale, postscale, f"allreduce '{name}'")
     esize = _lib.dtype_size(dtype)
 
@@ -245,10 +246,7 @@ def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1
                 ctypes.memmove(recv, send, count * esize)
             src = recv
             _scale(recv, count, dtype, prescale)
-        if stream is not None and "allreduce" in _lib.STREAM_CALLS:
-            _lib.check(_lib.STREAM_CALLS["allreduce"](src, recv, count, dtype, op, stream), what)
-        else:
-            _lib.check(_lib.lib.ringrun_allreduce(src, recv, count, dtype, op), what)
+        _lib.check(_lib.lib.ringrun_allreduce(src, recv, count, dtype, op), what)
         _scale(recv, count, dtype, postscale)
     return submit(fn, name, keep)
 
@@ -277,20 +275,21 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
     return submit(fn, name, keep)
 
 
-def broadcast(send, recv, count, dtype, root, name=None, keep=(), stream=None):
+def broadcast(send, recv, count, dtype, root, name=None, keep=()):
     esize = _lib.dtype_size(dtype)
 
     def fn():
         _announce(_BROADCAST, count, dtype, root, name)
         if recv != send:
             ctypes.memmove(recv, send, count * esize)
-        if stream is not None and "broadcast" in _lib.STREAM_CALLS:
-            _lib.check(_lib.STREAM_CALLS["broadcast"](recv, count, dtype, root, stream),
-                       f"broadcast '{name}'")
-        else:
-            _lib.check(_lib.lib.ringrun_broadcast(recv, count, dtype, root),
-                       f"broadcast '{name}'")
+        _lib.check(_lib.lib.ringrun_broadcast(recv, count, dtype, root), f"broadcast '{name}'")
     return submit(fn, name, keep)
+
+
+def _host_only(device_copy, what):
+    if device_copy is not None:
+        raise NotImplementedError(f"{what} of device memory needs libringrun's engine "
+                                  "(RINGRUN_PY_ENGINE=0 runs host memory only)")
 
 
 def _gather_counts(value, what):
@@ -301,9 +300,11 @@ def _gather_counts(value, what):
     return list(counts)
 
 
-def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=()):
+def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_copy=None):
     """Concatenates every rank's `rows` rows (row_elems elements each) in rank order.
-    alloc(rows_per_rank) -> (result, recv_pointer) runs on the worker thread."""
+    alloc(rows_per_rank) -> (result, recv_pointer) runs on the worker thread. Host memory only
+    (device_copy: see _native_allgatherv)."""
+    _host_only(device_copy, "allgather")
     esize = _lib.dtype_size(dtype)
 
     def fn():
@@ -327,9 +328,10 @@ def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=()):
     return submit(fn, name, keep)
 
 
-def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=()):
+def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_copy=None):
     """Rows splits[j] of send (in order) go to rank j. alloc(received_splits) ->
-    (result, recv_pointer). The handle's result is alloc's result."""
+    (result, recv_pointer). The handle's result is alloc's result. Host memory only."""
+    _host_only(device_copy, "alltoall")
     esize = _lib.dtype_size(dtype)
     n = len(splits)
 
@@ -399,10 +401,14 @@ def barrier(name=None):
 
 class NativeHandle:
     """A libringrun handle; `finish(handle)` turns a successful completion into the result."""
-    __slots__ = ("ptr", "name", "_finish", "_keep", "_done", "_result", "_error")
+    __slots__ = ("ptr", "name", "release_after", "_finish", "_keep", "_done", "_result",
+                 "_error")
 
     def __init__(self, ptr, name, finish, keep):
         self.ptr, self.name, self._finish, self._keep = ptr, name, finish, keep
+        # Set by finish when device work enqueued on the caller's stream still reads memory
+        # that the handle owns: an object whose query() is True once that work is done.
+        self.release_after = None
         self._done = False
         self._result = self._error = None
 
@@ -415,8 +421,12 @@ class NativeHandle:
         else:
             msg = _lib.lib.ringrun_handle_message(self.ptr).decode("utf-8", "replace")
             self._error = _lib.RingrunError(msg or f"collective '{self.name}' failed ({status})")
-        _lib.lib.ringrun_release(self.ptr)
-        self.ptr = None
+        ptr, self.ptr = self.ptr, None
+        if self.release_after is not None:
+            _release_when_done(ptr, self.release_after)
+        else:
+            _lib.lib.ringrun_release(ptr)
+        self.release_after = None
         self._keep = self._finish = None
         self._done = True
 
@@ -425,15 +435,47 @@ class NativeHandle:
             _lib.lib.ringrun_release(self.ptr)  # detached: the collective still runs
 
 
-class _Done:
-    """An already completed operation (stream-ordered CUDA calls return once enqueued)."""
-    __slots__ = ("_result",)
+# Handles whose device output is still read by a copy on a caller's stream: (ptr, waitable),
+# released once waitable.query() is True (checked at each submission and at stop()).
+_deferred = []
+_deferred_lock = threading.Lock()
 
-    def __init__(self, result=None):
-        self._result = result
+
+def _release_when_done(ptr, waitable):
+    with _deferred_lock:
+        _deferred.append((ptr, waitable))
+
+
+def _finished(waitable):
+    """A query that fails (the device has failed) counts as finished: nothing reads any more."""
+    try:
+        return waitable.query()
+    except Exception:  # noqa: B902 - e.g. a CUDA error surfaced by the event
+        return True
+
+
+def _release_deferred(deadline_s=None):
+    """Releases the deferred handles whose copies have finished. With deadline_s, waits up to
+    that long for the others; a handle still read after it is left unreleased (leaked rather
+    than freed under a running copy)."""
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    while True:
+        with _deferred_lock:
+            done, pending = [], []
+            for d in _deferred:
+                (done if _finished(d[1]) else pending).append(d)
+            _deferred[:] = pending
+            left = len(pending)
+        for ptr, _ in done:
+            _lib.lib.ringrun_release(ptr)
+        if not left or end is None or time.monotonic() >= end:
+            return left
+        time.sleep(0.001)
 
 
 def _native_submit(what, call, name, finish=None, keep=()):
+    if _deferred:
+        _release_deferred()
     h = ctypes.c_void_p()
     status = call(ctypes.byref(h))
     if status != 0:
@@ -471,20 +513,10 @@ def _name(name):
 
 
 def _native_allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0,
-                      keep=(), stream=None):
+                      keep=()):
     _check_scales(dtype, prescale, postscale, f"allreduce '{name}'")
-    if stream is not None and "allreduce" in _lib.STREAM_CALLS:
-        _scale_unsupported_on_stream(prescale, postscale)
-        _lib.check(_lib.STREAM_CALLS["allreduce"](send, recv, count, dtype, op, stream),
-                   f"allreduce '{name}'")
-        return _Done()
     return _native_submit(f"allreduce '{name}'", lambda h: _lib.lib.ringrun_allreduce_submit(
         _name(name), send, recv, count, dtype, op, prescale, postscale, 0, h), name, keep=keep)
-
-
-def _scale_unsupported_on_stream(prescale, postscale):
-    if prescale != 1.0 or postscale != 1.0:
-        raise ValueError("prescale/postscale factors are not supported on CUDA streams")
 
 
 def _native_grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0,
@@ -500,18 +532,18 @@ def _native_grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, posts
         name, keep=(keep, sends, recvs, counts))
 
 
-def _native_broadcast(send, recv, count, dtype, root, name=None, keep=(), stream=None):
+def _native_broadcast(send, recv, count, dtype, root, name=None, keep=()):
+    """Host memory may have send != recv (copied first); device memory needs send == recv."""
     if recv != send:
         ctypes.memmove(recv, send, count * _lib.dtype_size(dtype))
-    if stream is not None and "broadcast" in _lib.STREAM_CALLS:
-        _lib.check(_lib.STREAM_CALLS["broadcast"](recv, count, dtype, root, stream),
-                   f"broadcast '{name}'")
-        return _Done()
     return _native_submit(f"broadcast '{name}'", lambda h: _lib.lib.ringrun_broadcast_submit(
         _name(name), recv, count, dtype, root, h), name, keep=keep)
 
 
-def _copy_output(h, row_elems, dtype, alloc):
+def _copy_output(h, dtype, alloc, device_copy):
+    """The handle's output into alloc's buffer. Device output (device_copy given) is copied by
+    device_copy(recv, data, nbytes), which returns what says when the copy is done; the handle
+    is released after it."""
     n = _lib.lib.ringrun_size()
     rows = (ctypes.c_size_t * n)()
     _lib.check(_lib.lib.ringrun_handle_rows(h.ptr, rows, n), f"'{h.name}': rows")
@@ -519,24 +551,31 @@ def _copy_output(h, row_elems, dtype, alloc):
     _lib.check(_lib.lib.ringrun_handle_output(h.ptr, ctypes.byref(data), ctypes.byref(count)),
                f"'{h.name}': output")
     result, recv = alloc(list(rows))
-    if count.value:
-        ctypes.memmove(recv, data.value, count.value * _lib.dtype_size(dtype))
+    nbytes = count.value * _lib.dtype_size(dtype)
+    if nbytes:
+        if device_copy is None:
+            ctypes.memmove(recv, data.value, nbytes)
+        else:
+            h.release_after = device_copy(recv, data.value, nbytes)
     return result
 
 
-def _native_allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=()):
+def _native_allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(),
+                       device_copy=None):
+    """device_copy: for device memory (the result is device memory that the handle owns)."""
     return _native_submit(
         f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h: _copy_output(h, row_elems, dtype, alloc), keep)
+        lambda h: _copy_output(h, dtype, alloc, device_copy), keep)
 
 
-def _native_alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=()):
+def _native_alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(),
+                      device_copy=None):
     rows = (ctypes.c_size_t * len(splits))(*splits)
     return _native_submit(
         f"alltoall '{name}'", lambda h: _lib.lib.ringrun_alltoall_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h: _copy_output(h, row_elems, dtype, alloc), (keep, rows))
+        lambda h: _copy_output(h, dtype, alloc, device_copy), (keep, rows))
 
 
 def _native_reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
@@ -573,8 +612,6 @@ def poll(h):
     """True once h has completed (never blocks)."""
     if isinstance(h, NativeHandle):
         return _native_poll(h)
-    if isinstance(h, _Done):
-        return True
     return h._done.is_set()
 
 
@@ -582,8 +619,6 @@ def wait(h):
     """The handle's result; raises what the collective raised. Interruptible by Ctrl-C."""
     if isinstance(h, NativeHandle):
         return _native_wait(h)
-    if isinstance(h, _Done):
-        return h._result
     return _worker_wait(h)
 
 

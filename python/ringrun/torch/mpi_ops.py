@@ -163,16 +163,64 @@ def handle_average_backwards_compatibility(op, average):
     return Average
 
 
-def _stream(tensor):
-    if tensor.is_cuda:
-        return torch.cuda.current_stream(tensor.device).cuda_stream
-    return None
+# ---- CUDA tensors ------------------------------------------------------------------------------
+# A device submission reads its buffers after the work enqueued before it on the legacy default
+# stream (ringrun.h). torch's other streams are non-blocking (the default stream does not follow
+# them), so before submitting, the default stream waits for the caller's current stream
+# (cudaStreamWaitEvent, no host wait): the collective reads what the caller's stream produced,
+# and writes outputs only after the caller's earlier work (the caching allocator may hand out a
+# block that earlier work on that stream still reads). The handle completes once the result is
+# in device memory, so after synchronize() every stream sees it. Results that the C API returns
+# in memory the handle owns (allgather, alltoall) are copied into a new tensor on the current
+# stream, and the handle is released once that copy has run.
 
 
-def _prepare_device(tensor):
-    """Without stream-ordered calls, a CUDA tensor's producer must finish first."""
-    if tensor.is_cuda and not _lib.STREAM_CALLS:
-        torch.cuda.current_stream(tensor.device).synchronize()
+def _prepare_device(*tensors):
+    """Orders CUDA tensors' submission after the caller's current stream (see above)."""
+    devices = {t.device for t in tensors if t.is_cuda}
+    if not devices:
+        return
+    if not _engine.USING_ENGINE:
+        raise NotImplementedError("CUDA tensors need libringrun's engine (RINGRUN_PY_ENGINE=0 "
+                                  "runs host tensors only)")
+    if len(devices) > 1 or len(devices) != len({t.device for t in tensors}):
+        raise ValueError("the tensors of one collective must be on one device, not "
+                         f"{sorted(str(d) for d in {t.device for t in tensors})}")
+    for d in devices:
+        current, default = torch.cuda.current_stream(d), torch.cuda.default_stream(d)
+        if current.cuda_stream != default.cuda_stream:
+            default.wait_stream(current)
+
+
+def _cuda_array(ptr, nbytes):
+    """nbytes of device memory at ptr as a __cuda_array_interface__ (v2: no stream to wait for;
+    the memory is ready when this is used)."""
+    return {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "strides": None,
+            "version": 2}
+
+
+class _DeviceBytes:
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = _cuda_array(ptr, nbytes)
+
+
+def _byte_view(tensor):
+    """A contiguous tensor's bytes as a 1-D uint8 view."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _device_copier(out):
+    """device_copy for _engine.allgatherv/alltoallv: out[0] (set by alloc) gets the handle's
+    device output, on the current stream; returns the event that says when the copy is done."""
+    def copy(_recv, data, nbytes):
+        dst = out[0]
+        _byte_view(dst).copy_(torch.as_tensor(_DeviceBytes(data, nbytes), device=dst.device))
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(dst.device))
+        return done
+    return copy
 
 
 class _Pending:
@@ -240,13 +288,12 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if not output.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     tensor = tensor.contiguous()
-    _prepare_device(tensor)
+    _prepare_device(tensor, output)
     integer_average = op == Average and dtype not in _lib.FLOATING
     c_op = Sum if integer_average else op
     h = _submit(lambda: _engine.allreduce(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
                                           dtype, c_op, name, float(prescale_factor),
-                                          float(postscale_factor), keep=(tensor, output),
-                                          stream=_stream(tensor)))
+                                          float(postscale_factor), keep=(tensor, output)))
 
     def finish(_):
         if integer_average:
@@ -316,25 +363,23 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     _check_op(op)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    by_dtype = {}
-    inputs = []
-    for i, (t, o) in enumerate(zip(tensors, outputs)):
+    inputs, keys = [], []
+    for t, o in zip(tensors, outputs):
         d = _dtype(t)
         if not o.is_contiguous():
             raise ValueError("Tensor is required to be contiguous.")
-        if t.is_cuda:
-            raise NotImplementedError("grouped_allreduce of CUDA tensors: use allreduce_async_ "
-                                      "per tensor")
-        t = t.contiguous()
-        inputs.append(t)
-        by_dtype.setdefault(d, []).append(i)
+        if o.device != t.device:
+            raise ValueError(f"grouped_allreduce: an output on {o.device} for a tensor on "
+                             f"{t.device}")
+        inputs.append(t.contiguous())
+        keys.append((d, str(t.device)))
+    _prepare_device(*inputs, *outputs)
     handles, integer = [], []
-    for d, idx in sorted(by_dtype.items()):
+    for (d, _), idx, group_name in _groups(keys, name):
         integer_average = op == Average and d not in _lib.FLOATING
         if integer_average:
             integer.extend(idx)
         entries = [(inputs[i].data_ptr(), outputs[i].data_ptr(), inputs[i].numel()) for i in idx]
-        group_name = name if len(by_dtype) == 1 or name is None else f"{name}.{_lib.DTYPE_NAMES[d]}"
         handles.append(_submit(lambda: _engine.grouped_allreduce(
             entries, d, Sum if integer_average else op, group_name, float(prescale_factor),
             float(postscale_factor), keep=(inputs, outputs))))
@@ -344,6 +389,23 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
             outputs[i].copy_(torch.div(outputs[i], size(), rounding_mode="floor"))
         return list(outputs)
     return _register(handles, finish, (inputs, outputs))
+
+
+def _groups(keys, name):
+    """Splits a grouped allreduce into one collective per (dtype, device) key: [(key, indices,
+    name)] in key order. With several groups, each name gets the dtype (and, when the devices
+    differ, the device) as a suffix."""
+    by_key = {}
+    for i, k in enumerate(keys):
+        by_key.setdefault(k, []).append(i)
+    several_devices = len({dev for _, dev in by_key}) > 1
+    groups = []
+    for (d, dev), idx in sorted(by_key.items()):
+        group_name = name
+        if name is not None and len(by_key) > 1:
+            group_name = f"{name}.{_lib.DTYPE_NAMES[d]}" + (f".{dev}" if several_devices else "")
+        groups.append(((d, dev), idx, group_name))
+    return groups
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -410,18 +472,18 @@ def _rows(tensor):
 
 def _allgather_async(tensor, name):
     dtype = _dtype(tensor)
-    if tensor.is_cuda:
-        raise NotImplementedError("allgather of CUDA tensors needs the engine's GPU path; copy "
-                                  "to the CPU first")
     t, rows, row_elems = _rows(tensor)
-    counts_out = []
+    _prepare_device(t)
+    counts_out, out = [], []
 
     def alloc(counts):
         counts_out.extend(counts)
-        out = torch.empty((sum(counts),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-        return out, out.data_ptr()
+        out.append(torch.empty((sum(counts),) + tuple(t.shape[1:]), dtype=t.dtype,
+                               device=t.device))
+        return out[0], out[0].data_ptr()
+    copy = _device_copier(out) if t.is_cuda else None
     h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems, dtype, alloc, name,
-                                           keep=(t,)))
+                                           keep=(t,), device_copy=copy))
     return h, counts_out
 
 
@@ -466,10 +528,12 @@ def _broadcast_async(tensor, output, root_rank, name):
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {n})")
     tensor = tensor.contiguous()
-    _prepare_device(tensor)
+    if tensor.is_cuda and output.data_ptr() != tensor.data_ptr():
+        output.copy_(tensor)  # on the current stream; the device broadcast runs in place
+        tensor = output
+    _prepare_device(tensor, output)
     h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
-                                          dtype, root_rank, name, keep=(tensor, output),
-                                          stream=_stream(tensor)))
+                                          dtype, root_rank, name, keep=(tensor, output)))
     return _register([h], lambda _: output, (tensor, output))
 
 
@@ -515,8 +579,6 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     _check_process_set(process_set)
     dtype = _dtype(tensor)
-    if tensor.is_cuda:
-        raise NotImplementedError("alltoall of CUDA tensors: copy to the CPU first")
     t, rows, row_elems = _rows(tensor)
     n = size()
     if splits is None:
@@ -530,11 +592,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         raise ValueError(f"alltoall: splits {split_list} must have {n} non-negative entries that "
                          f"sum to the first dimension ({rows})")
 
+    _prepare_device(t)
+    out = []
+
     def alloc(received):
-        out = torch.empty((sum(received),) + tuple(t.shape[1:]), dtype=t.dtype)
-        return (out, torch.tensor(received, dtype=torch.int32)), out.data_ptr()
+        out.append(torch.empty((sum(received),) + tuple(t.shape[1:]), dtype=t.dtype,
+                               device=t.device))
+        return (out[0], torch.tensor(received, dtype=torch.int32)), out[0].data_ptr()
+    copy = _device_copier(out) if t.is_cuda else None
     h = _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
-                                          name, keep=(t,)))
+                                          name, keep=(t,), device_copy=copy))
     return _register([h], lambda results: results[0] if splits is not None else results[0][0])
 
 
@@ -550,23 +617,32 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
                         postscale_factor=1.0):
     _check_process_set(process_set)
     _check_op(op)
-    if tensor.is_cuda:
-        raise NotImplementedError("reducescatter of CUDA tensors: copy to the CPU first")
     compressed, cctx = compression.compress(tensor)
     t, rows, row_elems = _rows(compressed)
     dtype = _dtype(t)
     n, me = size(), rank()
     q, rem = divmod(rows, n)
-    out = torch.empty((q + (1 if me < rem else 0),) + tuple(t.shape[1:]), dtype=t.dtype)
+    first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
     integer_average = op == Average and dtype not in _lib.FLOATING
+    c_op = Sum if integer_average else op
     if prescale_factor != 1.0:
         t = t * prescale_factor
-    h = _submit(lambda: _engine.reducescatter(t.data_ptr(), out.data_ptr(), rows, row_elems, dtype,
-                                              Sum if integer_average else op, name,
-                                              keep=(t, out)))
+    if t.is_cuda and rem:
+        # Uneven shares on the device: the full reduction, then this rank's rows (a view).
+        out = torch.empty_like(t)
+        _prepare_device(t, out)
+        h = _submit(lambda: _engine.allreduce(t.data_ptr(), out.data_ptr(), rows * row_elems,
+                                              dtype, c_op, name, keep=(t, out)))
+        shard = out.narrow(0, first, mine)
+    else:
+        out = torch.empty((mine,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        _prepare_device(t, out)
+        h = _submit(lambda: _engine.reducescatter(t.data_ptr(), out.data_ptr(), rows, row_elems,
+                                                  dtype, c_op, name, keep=(t, out)))
+        shard = out
 
     def finish(_):
-        result = out
+        result = shard
         if integer_average:
             result = torch.div(result, n, rounding_mode="floor")
         if postscale_factor != 1.0:

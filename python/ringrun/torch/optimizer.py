@@ -211,8 +211,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         mpi_ops._prepare_device(wire)
         b.handle = mpi_ops._submit(lambda: _engine.allreduce(
             wire.data_ptr(), wire.data_ptr(), wire.numel(), dtype, op,
-            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post, keep=(wire,),
-            stream=mpi_ops._stream(wire)))
+            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post, keep=(wire,)))
 
     def synchronize(self):
         """Waits for every gradient's allreduce (starting those not started: gradients that were

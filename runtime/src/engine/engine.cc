@@ -462,13 +462,8 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
 struct Engine::Batch {
   std::vector<const Response*> responses;
   std::vector<Entry*> locals;  // this rank's entry of each response (nullptr: joined)
-  size_t bytes = 0;            // of the responses packed into the fusion buffer
+  size_t bytes = 0;
 };
-
-bool Engine::Packed(const Request& req, size_t threshold) {
-  const size_t bytes = req.count * req.ElemBytes();
-  return bytes <= threshold && bytes < kDirectAllreduceBytes;
-}
 
 void Engine::Execute(std::vector<Response>& responses) {
   // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
@@ -480,26 +475,21 @@ void Engine::Execute(std::vector<Response>& responses) {
     auto found = entries_.find(r.req.name);
     Entry* local = found == entries_.end() ? nullptr : &found->second;
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
-    // Small allreduces are packed into the fusion buffer; large host ones join a batch without
-    // a copy (the ring runs over the buffers as they are: AllreduceSegments).
-    const bool packed = Packed(r.req, threshold);
     const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
-                         threshold > 0 && (packed || !r.req.device);
-    const size_t packed_bytes = packed ? bytes : 0;
+                         threshold > 0 && bytes <= threshold && bytes < kDirectAllreduceBytes;
     if (fusable) {
       bool placed = false;
       for (size_t i : open) {
         Batch& b = plan[i];
-        if (b.responses[0]->req.Fusable(r.req) && b.bytes + packed_bytes <= threshold) {
-          b.responses.push_back(&r), b.locals.push_back(local), b.bytes += packed_bytes;
-          placed = true;
+        if (b.responses[0]->req.Fusable(r.req) && b.bytes + bytes <= threshold) {
+          b.responses.push_back(&r), b.locals.push_back(local), b.bytes += bytes, placed = true;
           break;
         }
       }
       if (placed) continue;
       open.push_back(plan.size());
     }
-    plan.push_back(Batch{{&r}, {local}, packed_bytes});
+    plan.push_back(Batch{{&r}, {local}, bytes});
   }
   for (Batch& b : plan) {
     const Response& first = *b.responses[0];
@@ -546,30 +536,25 @@ Status Engine::RunBatch(Batch& b) {
   return RunOther(r, e);
 }
 
-Status Engine::HostAllreduce(std::vector<Segment> segments, const Request& req, int contributors,
-                             const char* span) {
+Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
+                             int contributors) {
   const int n = options_.size;
+  if (count == 0) return Status::Ok();
   const ringrun_dtype dtype = req.dtype;
-  const size_t elem = DtypeSize(dtype);
-  size_t total = 0;
-  for (const Segment& sg : segments) total += sg.count;
-  if (total == 0) return Status::Ok();
   const int divisor = (req.flags & RINGRUN_AVERAGE_BY_CONTRIBUTORS) ? std::max(contributors, 1) : n;
   const bool average = req.op == RINGRUN_AVERAGE && divisor > 1;
   const ReduceFn fn = GetReduceFn(dtype, req.op);
   double pre = req.prescale;
   if (average && dtype == RINGRUN_FLOAT16) pre /= divisor;  // see ScaleHalf
   if (pre != 1.0) {
-    for (Segment& sg : segments) {
-      if (sg.send != sg.recv) std::memcpy(sg.recv, sg.send, sg.count * elem);
-      if (dtype == RINGRUN_FLOAT16) {
-        ScaleHalf(static_cast<uint16_t*>(sg.recv), static_cast<const uint16_t*>(sg.recv), sg.count,
-                  static_cast<float>(pre));
-      } else {
-        ScaleInPlace(sg.recv, sg.count, dtype, pre);
-      }
-      sg.send = sg.recv;
+    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
+    if (dtype == RINGRUN_FLOAT16) {
+      ScaleHalf(static_cast<uint16_t*>(recv), static_cast<const uint16_t*>(recv), count,
+                static_cast<float>(pre));
+    } else {
+      ScaleInPlace(recv, count, dtype, pre);
     }
+    send = recv;
   }
   Finish finish;
   finish.dtype = dtype;
@@ -578,103 +563,68 @@ Status Engine::HostAllreduce(std::vector<Segment> segments, const Request& req, 
   const int64_t t0 = Now();
   if (transport_) {
     RINGRUN_RETURN_IF_ERROR(
-        runtime::AllreduceSegments(Context(), world_, segments, dtype, fn, &finish));
+        runtime::Allreduce(Context(), world_, send, recv, count, dtype, fn, &finish));
   } else {
-    for (const Segment& sg : segments) {
-      if (sg.send != sg.recv) std::memcpy(sg.recv, sg.send, sg.count * elem);
-      finish.Apply(sg.recv, sg.count);
-    }
+    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
+    finish.Apply(recv, count);
   }
-  if (timeline_ && span) {
-    const char* algo = transport_ ? AllreduceAlgorithm(*transport_, world_, total, elem) : "local";
-    timeline_->Span(span, "ALLREDUCE", t0, Now(),
-                    "\"bytes\": " + std::to_string(total * elem) + ", \"buffers\": " +
-                        std::to_string(segments.size()) + ", \"algorithm\": \"" + algo + "\"");
+  if (timeline_) {
+    const char* algo =
+        transport_ ? AllreduceAlgorithm(*transport_, world_, count, DtypeSize(dtype)) : "local";
+    timeline_->Span(req.name, "ALLREDUCE", t0, Now(),
+                    "\"bytes\": " + std::to_string(count * DtypeSize(dtype)) +
+                        ", \"algorithm\": \"" + algo + "\"");
   }
   return Status::Ok();
 }
 
 Status Engine::RunAllreduce(const Response& r, Entry* e) {
   const size_t bytes = r.req.count * r.req.ElemBytes();
-  if (e) {
-    return HostAllreduce({Segment{e->send, e->recv, r.req.count}}, r.req, r.contributors,
-                         r.req.name.c_str());
-  }
+  if (e) return HostAllreduce(e->send, e->recv, r.req.count, r.req, r.contributors);
   // Joined: contribute zeros.
   if (zeros_.size() < bytes) zeros_.resize(bytes);
   std::memset(zeros_.data(), 0, bytes);
-  return HostAllreduce({Segment{zeros_.data(), zeros_.data(), r.req.count}}, r.req, r.contributors,
-                       r.req.name.c_str());
+  return HostAllreduce(zeros_.data(), zeros_.data(), r.req.count, r.req, r.contributors);
 }
 
 Status Engine::RunFused(Batch& b) {
+  char* buf = fusion_.data();
   const Request& key = b.responses[0]->req;
   const size_t elem = key.ElemBytes();
-  const size_t threshold = fusion_.threshold();
-  // The small ones are packed into the fusion buffer (one segment); the large ones are segments
-  // of their own, reduced where they are. A joined rank contributes zeros for each.
-  size_t zero_bytes = 0;
-  for (size_t i = 0; i < b.responses.size(); ++i) {
-    if (!b.locals[i] && !Packed(b.responses[i]->req, threshold)) {
-      zero_bytes += b.responses[i]->req.count * elem;
-    }
-  }
-  if (zero_bytes > 0) {
-    if (zeros_.size() < zero_bytes) zeros_.resize(zero_bytes);
-    std::memset(zeros_.data(), 0, zero_bytes);
-  }
-  char* buf = b.bytes > 0 ? fusion_.data() : nullptr;
-  std::vector<Segment> segments;
-  if (buf) segments.push_back(Segment{buf, buf, b.bytes / elem});
-  size_t off = 0, zero_off = 0;
+  size_t off = 0;
   const int64_t t0 = Now();
+  std::string label;
   for (size_t i = 0; i < b.responses.size(); ++i) {
-    const Request& q = b.responses[i]->req;
-    const size_t bytes = q.count * elem;
-    if (!Packed(q, threshold)) {
-      if (b.locals[i]) {
-        segments.push_back(Segment{b.locals[i]->send, b.locals[i]->recv, q.count});
-      } else {
-        segments.push_back(Segment{zeros_.data() + zero_off, zeros_.data() + zero_off, q.count});
-        zero_off += bytes;
-      }
+    const size_t bytes = b.responses[i]->req.count * elem;
+    if (b.locals[i] && bytes > 0) {
+      std::memcpy(buf + off, b.locals[i]->send, bytes);
     } else if (bytes > 0) {
-      if (b.locals[i]) {
-        std::memcpy(buf + off, b.locals[i]->send, bytes);
-      } else {
-        std::memset(buf + off, 0, bytes);
-      }
-      off += bytes;
+      std::memset(buf + off, 0, bytes);
     }
+    off += bytes;
   }
   const int64_t t1 = Now();
-  RINGRUN_RETURN_IF_ERROR(
-      HostAllreduce(std::move(segments), key, b.responses[0]->contributors, nullptr));
+  Request fused = key;
+  fused.name = "fused:" + std::to_string(b.responses.size()) + " tensors";
+  RINGRUN_RETURN_IF_ERROR(HostAllreduce(buf, buf, off / elem, fused, b.responses[0]->contributors));
   const int64_t t2 = Now();
   off = 0;
-  size_t total = 0;
   for (size_t i = 0; i < b.responses.size(); ++i) {
-    const Request& q = b.responses[i]->req;
-    const size_t bytes = q.count * elem;
-    total += bytes;
-    if (!Packed(q, threshold)) continue;
+    const size_t bytes = b.responses[i]->req.count * elem;
     if (b.locals[i] && bytes > 0) std::memcpy(b.locals[i]->recv, buf + off, bytes);
     off += bytes;
   }
   if (timeline_) {
     const int64_t t3 = Now();
     const char* algo =
-        transport_ ? AllreduceAlgorithm(*transport_, world_, total / elem, elem) : "local";
-    const std::string args = "\"fused_bytes\": " + std::to_string(total) +
-                             ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
-                             ", \"packed_bytes\": " + std::to_string(b.bytes) +
-                             ", \"algorithm\": \"" + algo + "\"";
+        transport_ ? AllreduceAlgorithm(*transport_, world_, off / elem, elem) : "local";
     for (const Response* r : b.responses) {
-      if (Packed(r->req, threshold))
-        timeline_->Span(r->req.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+      const std::string args = "\"fused_bytes\": " + std::to_string(off) +
+                               ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
+                               ", \"algorithm\": \"" + algo + "\"";
+      timeline_->Span(r->req.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
       timeline_->Span(r->req.name, "ALLREDUCE", t1, t2, args);
-      if (Packed(r->req, threshold))
-        timeline_->Span(r->req.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+      timeline_->Span(r->req.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
     }
   }
   return Status::Ok();

@@ -183,6 +183,79 @@ Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, v
   return RingAllgather(c, g, recv, count, elem);
 }
 
+namespace {
+
+// Calls fn(segment index, element offset in it, elements) for each piece of the virtual range
+// [begin, begin + count) of the segments' concatenation (offsets: each segment's first element).
+template <typename Fn>
+void ForPieces(const std::vector<Segment>& segs, const std::vector<size_t>& offsets, size_t begin,
+               size_t count, Fn fn) {
+  size_t i = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
+  while (count > 0) {
+    const size_t at = begin - offsets[i];
+    const size_t n = std::min(count, segs[i].count - at);
+    if (n > 0) fn(i, at, n);
+    begin += n, count -= n, ++i;
+  }
+}
+
+}  // namespace
+
+Status AllreduceSegments(const CollectiveContext& c, const Group& g,
+                         const std::vector<Segment>& segs, ringrun_dtype dtype, ReduceFn fn,
+                         const Finish* finish) {
+  const size_t elem = DtypeSize(dtype);
+  const int n = g.size(), me = g.me;
+  std::vector<Segment> live;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const Segment& s : segs) {
+    if (s.count == 0) continue;
+    live.push_back(s), offsets.push_back(total), total += s.count;
+  }
+  Group local, cross;
+  if (live.size() <= 1 || n == 1 || total * elem <= kSmallAllreduceBytes ||
+      total < static_cast<size_t>(n) || HierarchicalGroups(*c.transport, g, &local, &cross)) {
+    for (const Segment& s : live) {
+      RINGRUN_RETURN_IF_ERROR(Allreduce(c, g, s.send, s.recv, s.count, dtype, fn, finish));
+    }
+    return Status::Ok();
+  }
+  const bool finishing = finish && finish->active();
+  std::vector<Op> ops;
+  // Reduce-scatter (as RingReduceScatterTo, with recv as the work buffer).
+  for (int k = 0; k + 1 < n; ++k) {
+    const int sblock = ((me - k - 1) % n + n) % n;
+    const int rblock = ((me - k - 2) % n + 2 * n) % n;
+    const BlockRange sb = Block(total, n, sblock), rb = Block(total, n, rblock);
+    ops.clear();
+    ForPieces(live, offsets, sb.begin, sb.count, [&](size_t i, size_t at, size_t cnt) {
+      const void* from = k == 0 ? live[i].send : static_cast<const void*>(live[i].recv);
+      AddSend(ops, g.peer(me + 1), At(from, at * elem), cnt * elem);
+    });
+    ForPieces(live, offsets, rb.begin, rb.count, [&](size_t i, size_t at, size_t cnt) {
+      ops.push_back(Op::RecvReduce(g.peer(me - 1), At(live[i].recv, at * elem),
+                                   At(live[i].send, at * elem), cnt * elem, fn, elem));
+      if (rblock == me && finishing) ops.back().finish = finish;
+    });
+    RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
+  }
+  // Allgather of the finished blocks.
+  for (int k = 0; k + 1 < n; ++k) {
+    const BlockRange sb = Block(total, n, ((me - k) % n + n) % n);
+    const BlockRange rb = Block(total, n, ((me - k - 1) % n + n) % n);
+    ops.clear();
+    ForPieces(live, offsets, sb.begin, sb.count, [&](size_t i, size_t at, size_t cnt) {
+      AddSend(ops, g.peer(me + 1), At(live[i].recv, at * elem), cnt * elem);
+    });
+    ForPieces(live, offsets, rb.begin, rb.count, [&](size_t i, size_t at, size_t cnt) {
+      AddRecv(ops, g.peer(me - 1), At(live[i].recv, at * elem), cnt * elem);
+    });
+    RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
+  }
+  return Status::Ok();
+}
+
 Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t bytes, int root) {
   const int n = g.size();
   if (n == 1 || bytes == 0) return Status::Ok();

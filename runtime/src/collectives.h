@@ -51,6 +51,20 @@ inline constexpr size_t kSmallBroadcastBytes = 256 << 10;  // binomial tree belo
 // reduce-scatter on each host, allreduce across hosts, allgather on each host.
 Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, void* recv,
                  size_t count, ringrun_dtype dtype, ReduceFn fn, const Finish* finish = nullptr);
+// One buffer of AllreduceSegments: count elements from send, reduced into recv (may be send).
+struct Segment {
+  const void* send;
+  void* recv;
+  size_t count;
+};
+// Allreduce of several buffers at the cost of one: the ring runs over their concatenation
+// without copying them together. A ring block that spans buffers moves as one message per piece
+// (every member cuts the same pieces, so each Send meets its RecvReduce), and `finish` applies as
+// in Allreduce. Where the ring would not run (a small total, fewer elements than members, a
+// hierarchical group), each buffer is reduced on its own.
+Status AllreduceSegments(const CollectiveContext& c, const Group& g,
+                         const std::vector<Segment>& segments, ringrun_dtype dtype, ReduceFn fn,
+                         const Finish* finish = nullptr);
 Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t bytes, int root);
 // recv block i (bytes each) = member i's send. send may be recv + me * bytes (in place).
 Status Allgather(const CollectiveContext& c, const Group& g, const void* send, void* recv,

@@ -149,6 +149,48 @@ TEST_CASE("engine: AVERAGE and a postscale over the ring, at 2 and 3 ranks", "[e
   }
 }
 
+TEST_CASE("engine: between hosts, a batch of large and small allreduces runs as one ring",
+          "[engine]") {
+  // Ranks on two loopback "hosts": large allreduces of one round join the packed small ones in
+  // one ring over all the buffers (AllreduceSegments); np=4 (two per host) takes the
+  // hierarchical path, which reduces each buffer on its own. Values must be exact either way.
+  for (int np : {2, 3, 4}) {
+    ThreadJobOptions o = Opts(np);
+    for (int r = 0; r < np; ++r) o.hosts.push_back(r < (np + 1) / 2 ? "127.0.0.1" : "127.0.0.2");
+    std::string failures = RunThreadJob(o, [&](int rank, Runtime& rt, Failures& f) {
+      const std::vector<size_t> counts = {70000, 3, 100000, 1, 65536 + 7, 20, 300000};
+      std::vector<std::vector<float>> in(counts.size()), out(counts.size());
+      std::vector<Entry> group;
+      for (size_t t = 0; t < counts.size(); ++t) {
+        in[t].resize(counts[t]), out[t].assign(counts[t], -1.0f);
+        for (size_t i = 0; i < counts[t]; ++i) in[t][i] = static_cast<float>((i + t) % 13 + rank);
+        const bool in_place = t % 2 == 0;
+        group.push_back(Allreduce("seg", in[t].data(), in_place ? in[t].data() : out[t].data(),
+                                  counts[t], RINGRUN_AVERAGE));
+        group.back().req.postscale = 2.0;
+      }
+      engine::SubmitResult h = rt.Submit(std::move(group), /*group=*/true);
+      if (!h.handle) return f.Add(rank, "submit: " + h.message);
+      std::string err = WaitOk(*h.handle);
+      if (!err.empty()) return f.Add(rank, err);
+      for (size_t t = 0; t < counts.size(); ++t) {
+        const std::vector<float>& got = t % 2 == 0 ? in[t] : out[t];
+        for (size_t i = 0; i < counts[t]; ++i) {
+          float sum = 0;
+          for (int r = 0; r < np; ++r) sum += static_cast<float>((i + t) % 13 + r);
+          const float want = sum / static_cast<float>(np) * 2.0f;
+          if (std::fabs(got[i] - want) > 1e-5f * want + 1e-6f) {
+            return f.Add(rank, "tensor " + std::to_string(t) + "[" + std::to_string(i) + "] = " +
+                                   std::to_string(got[i]) + ", want " + std::to_string(want));
+          }
+        }
+      }
+    });
+    INFO("np=" << np << ": " << failures);
+    CHECK(failures.empty());
+  }
+}
+
 TEST_CASE("engine: every collective", "[engine]") {
   const int np = 3;
   std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {

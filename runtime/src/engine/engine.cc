@@ -140,6 +140,11 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
     }
   }
   controller_.set_record_announcements(timeline_ != nullptr);
+  if (transport_) {
+    for (int r = 0; r < options_.size; ++r) {
+      if (!transport_->peers().SameHost(r, options_.rank)) spans_hosts_ = true;
+    }
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -462,8 +467,13 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
 struct Engine::Batch {
   std::vector<const Response*> responses;
   std::vector<Entry*> locals;  // this rank's entry of each response (nullptr: joined)
-  size_t bytes = 0;
+  size_t bytes = 0;            // of the responses packed into the fusion buffer
 };
+
+bool Engine::Packed(const Request& req, size_t threshold) {
+  const size_t bytes = req.count * req.ElemBytes();
+  return bytes <= threshold && bytes < kDirectAllreduceBytes;
+}
 
 void Engine::Execute(std::vector<Response>& responses) {
   // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
@@ -475,21 +485,28 @@ void Engine::Execute(std::vector<Response>& responses) {
     auto found = entries_.find(r.req.name);
     Entry* local = found == entries_.end() ? nullptr : &found->second;
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
+    // Small allreduces are packed into the fusion buffer. Between hosts, large host ones join
+    // the batch without a copy (one ring over the buffers as they are: AllreduceSegments), which
+    // saves a ring's round trips per tensor. On one host each runs alone: its ring then finds
+    // its few MB still in cache for the allgather, which one ring over a whole batch does not.
+    const bool packed = Packed(r.req, threshold);
     const bool fusable = r.type == Response::kRun && r.req.kind == Kind::kAllreduce &&
-                         threshold > 0 && bytes <= threshold && bytes < kDirectAllreduceBytes;
+                         threshold > 0 && (packed || (!r.req.device && spans_hosts_));
+    const size_t packed_bytes = packed ? bytes : 0;
     if (fusable) {
       bool placed = false;
       for (size_t i : open) {
         Batch& b = plan[i];
-        if (b.responses[0]->req.Fusable(r.req) && b.bytes + bytes <= threshold) {
-          b.responses.push_back(&r), b.locals.push_back(local), b.bytes += bytes, placed = true;
+        if (b.responses[0]->req.Fusable(r.req) && b.bytes + packed_bytes <= threshold) {
+          b.responses.push_back(&r), b.locals.push_back(local), b.bytes += packed_bytes;
+          placed = true;
           break;
         }
       }
       if (placed) continue;
       open.push_back(plan.size());
     }
-    plan.push_back(Batch{{&r}, {local}, bytes});
+    plan.push_back(Batch{{&r}, {local}, packed_bytes});
   }
   for (Batch& b : plan) {
     const Response& first = *b.responses[0];
@@ -536,25 +553,30 @@ Status Engine::RunBatch(Batch& b) {
   return RunOther(r, e);
 }
 
-Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
-                             int contributors) {
+Status Engine::HostAllreduce(std::vector<Segment> segments, const Request& req, int contributors,
+                             const char* span) {
   const int n = options_.size;
-  if (count == 0) return Status::Ok();
   const ringrun_dtype dtype = req.dtype;
+  const size_t elem = DtypeSize(dtype);
+  size_t total = 0;
+  for (const Segment& sg : segments) total += sg.count;
+  if (total == 0) return Status::Ok();
   const int divisor = (req.flags & RINGRUN_AVERAGE_BY_CONTRIBUTORS) ? std::max(contributors, 1) : n;
   const bool average = req.op == RINGRUN_AVERAGE && divisor > 1;
   const ReduceFn fn = GetReduceFn(dtype, req.op);
   double pre = req.prescale;
   if (average && dtype == RINGRUN_FLOAT16) pre /= divisor;  // see ScaleHalf
   if (pre != 1.0) {
-    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
-    if (dtype == RINGRUN_FLOAT16) {
-      ScaleHalf(static_cast<uint16_t*>(recv), static_cast<const uint16_t*>(recv), count,
-                static_cast<float>(pre));
-    } else {
-      ScaleInPlace(recv, count, dtype, pre);
+    for (Segment& sg : segments) {
+      if (sg.send != sg.recv) std::memcpy(sg.recv, sg.send, sg.count * elem);
+      if (dtype == RINGRUN_FLOAT16) {
+        ScaleHalf(static_cast<uint16_t*>(sg.recv), static_cast<const uint16_t*>(sg.recv), sg.count,
+                  static_cast<float>(pre));
+      } else {
+        ScaleInPlace(sg.recv, sg.count, dtype, pre);
+      }
+      sg.send = sg.recv;
     }
-    send = recv;
   }
   Finish finish;
   finish.dtype = dtype;
@@ -563,68 +585,103 @@ Status Engine::HostAllreduce(const void* send, void* recv, size_t count, const R
   const int64_t t0 = Now();
   if (transport_) {
     RINGRUN_RETURN_IF_ERROR(
-        runtime::Allreduce(Context(), world_, send, recv, count, dtype, fn, &finish));
+        runtime::AllreduceSegments(Context(), world_, segments, dtype, fn, &finish));
   } else {
-    if (send != recv) std::memcpy(recv, send, count * DtypeSize(dtype));
-    finish.Apply(recv, count);
+    for (const Segment& sg : segments) {
+      if (sg.send != sg.recv) std::memcpy(sg.recv, sg.send, sg.count * elem);
+      finish.Apply(sg.recv, sg.count);
+    }
   }
-  if (timeline_) {
-    const char* algo =
-        transport_ ? AllreduceAlgorithm(*transport_, world_, count, DtypeSize(dtype)) : "local";
-    timeline_->Span(req.name, "ALLREDUCE", t0, Now(),
-                    "\"bytes\": " + std::to_string(count * DtypeSize(dtype)) +
-                        ", \"algorithm\": \"" + algo + "\"");
+  if (timeline_ && span) {
+    const char* algo = transport_ ? AllreduceAlgorithm(*transport_, world_, total, elem) : "local";
+    timeline_->Span(span, "ALLREDUCE", t0, Now(),
+                    "\"bytes\": " + std::to_string(total * elem) + ", \"buffers\": " +
+                        std::to_string(segments.size()) + ", \"algorithm\": \"" + algo + "\"");
   }
   return Status::Ok();
 }
 
 Status Engine::RunAllreduce(const Response& r, Entry* e) {
   const size_t bytes = r.req.count * r.req.ElemBytes();
-  if (e) return HostAllreduce(e->send, e->recv, r.req.count, r.req, r.contributors);
+  if (e) {
+    return HostAllreduce({Segment{e->send, e->recv, r.req.count}}, r.req, r.contributors,
+                         r.req.name.c_str());
+  }
   // Joined: contribute zeros.
   if (zeros_.size() < bytes) zeros_.resize(bytes);
   std::memset(zeros_.data(), 0, bytes);
-  return HostAllreduce(zeros_.data(), zeros_.data(), r.req.count, r.req, r.contributors);
+  return HostAllreduce({Segment{zeros_.data(), zeros_.data(), r.req.count}}, r.req, r.contributors,
+                       r.req.name.c_str());
 }
 
 Status Engine::RunFused(Batch& b) {
-  char* buf = fusion_.data();
   const Request& key = b.responses[0]->req;
   const size_t elem = key.ElemBytes();
-  size_t off = 0;
-  const int64_t t0 = Now();
-  std::string label;
+  const size_t threshold = fusion_.threshold();
+  // The small ones are packed into the fusion buffer (one segment); the large ones are segments
+  // of their own, reduced where they are. A joined rank contributes zeros for each.
+  size_t zero_bytes = 0;
   for (size_t i = 0; i < b.responses.size(); ++i) {
-    const size_t bytes = b.responses[i]->req.count * elem;
-    if (b.locals[i] && bytes > 0) {
-      std::memcpy(buf + off, b.locals[i]->send, bytes);
-    } else if (bytes > 0) {
-      std::memset(buf + off, 0, bytes);
+    if (!b.locals[i] && !Packed(b.responses[i]->req, threshold)) {
+      zero_bytes += b.responses[i]->req.count * elem;
     }
-    off += bytes;
+  }
+  if (zero_bytes > 0) {
+    if (zeros_.size() < zero_bytes) zeros_.resize(zero_bytes);
+    std::memset(zeros_.data(), 0, zero_bytes);
+  }
+  char* buf = b.bytes > 0 ? fusion_.data() : nullptr;
+  std::vector<Segment> segments;
+  if (buf) segments.push_back(Segment{buf, buf, b.bytes / elem});
+  size_t off = 0, zero_off = 0;
+  const int64_t t0 = Now();
+  for (size_t i = 0; i < b.responses.size(); ++i) {
+    const Request& q = b.responses[i]->req;
+    const size_t bytes = q.count * elem;
+    if (!Packed(q, threshold)) {
+      if (b.locals[i]) {
+        segments.push_back(Segment{b.locals[i]->send, b.locals[i]->recv, q.count});
+      } else {
+        segments.push_back(Segment{zeros_.data() + zero_off, zeros_.data() + zero_off, q.count});
+        zero_off += bytes;
+      }
+    } else if (bytes > 0) {
+      if (b.locals[i]) {
+        std::memcpy(buf + off, b.locals[i]->send, bytes);
+      } else {
+        std::memset(buf + off, 0, bytes);
+      }
+      off += bytes;
+    }
   }
   const int64_t t1 = Now();
-  Request fused = key;
-  fused.name = "fused:" + std::to_string(b.responses.size()) + " tensors";
-  RINGRUN_RETURN_IF_ERROR(HostAllreduce(buf, buf, off / elem, fused, b.responses[0]->contributors));
+  RINGRUN_RETURN_IF_ERROR(
+      HostAllreduce(std::move(segments), key, b.responses[0]->contributors, nullptr));
   const int64_t t2 = Now();
   off = 0;
+  size_t total = 0;
   for (size_t i = 0; i < b.responses.size(); ++i) {
-    const size_t bytes = b.responses[i]->req.count * elem;
+    const Request& q = b.responses[i]->req;
+    const size_t bytes = q.count * elem;
+    total += bytes;
+    if (!Packed(q, threshold)) continue;
     if (b.locals[i] && bytes > 0) std::memcpy(b.locals[i]->recv, buf + off, bytes);
     off += bytes;
   }
   if (timeline_) {
     const int64_t t3 = Now();
     const char* algo =
-        transport_ ? AllreduceAlgorithm(*transport_, world_, off / elem, elem) : "local";
+        transport_ ? AllreduceAlgorithm(*transport_, world_, total / elem, elem) : "local";
+    const std::string args = "\"fused_bytes\": " + std::to_string(total) +
+                             ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
+                             ", \"packed_bytes\": " + std::to_string(b.bytes) +
+                             ", \"algorithm\": \"" + algo + "\"";
     for (const Response* r : b.responses) {
-      const std::string args = "\"fused_bytes\": " + std::to_string(off) +
-                               ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
-                               ", \"algorithm\": \"" + algo + "\"";
-      timeline_->Span(r->req.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+      if (Packed(r->req, threshold))
+        timeline_->Span(r->req.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
       timeline_->Span(r->req.name, "ALLREDUCE", t1, t2, args);
-      timeline_->Span(r->req.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+      if (Packed(r->req, threshold))
+        timeline_->Span(r->req.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
     }
   }
   return Status::Ok();

@@ -145,8 +145,12 @@ class Engine {
   // Records e's ready event on its caller's stream (device entries, at submission).
   Status RecordReady(Entry& e);
   void AbortDevice(const std::string& reason);
-  Status HostAllreduce(const void* send, void* recv, size_t count, const Request& req,
-                       int contributors);
+  // Allreduce of host buffers (several: one ring over all, see AllreduceSegments) with the
+  // request's op, scale factors and averaging; `span`: the timeline row, or nullptr for none.
+  Status HostAllreduce(std::vector<Segment> segments, const Request& req, int contributors,
+                       const char* span);
+  // Whether an allreduce goes through the fusion buffer (small) rather than in place.
+  static bool Packed(const Request& req, size_t threshold);
   Result<DeviceBackend*> Device();
   // Finishes this rank's entry e (nullptr: none, the rank had joined); its handle is marked
   // done, and its name freed, by the NotifyCompleted that follows.
@@ -176,6 +180,7 @@ class Engine {
 
   // The engine thread's own.
   std::unique_ptr<Transport> transport_;
+  bool spans_hosts_ = false;  // some rank is on another host (its ring runs over TCP)
   Controller controller_;
   StallInspector stall_;
   FusionBuffer fusion_;

@@ -33,7 +33,9 @@ bool PartialOverlap(const void* a, const void* b, size_t bytes) {
   return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
 }
 
-Status Validate(const Entry& e, int size, const std::function<bool(const void*)>& is_device) {
+// send_device, recv_device: whether each buffer is device memory (asked once per submission:
+// the answer costs a look at the loaded libraries, and a CUDA call when CUDA is loaded).
+Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
   const Request& r = e.req;
   if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
     return InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) + " bytes");
@@ -92,7 +94,7 @@ Status Validate(const Entry& e, int size, const std::function<bool(const void*)>
   if (r.kind == Kind::kAllreduce && PartialOverlap(e.send, e.recv, r.count * elem)) {
     return InvalidArgument("sendbuf and recvbuf overlap without being equal");
   }
-  if (e.send && e.recv && is_device(e.send) != is_device(e.recv)) {
+  if (e.send && e.recv && send_device != recv_device) {
     return InvalidArgument("one buffer is device memory and the other host memory");
   }
   if (r.device) RINGRUN_RETURN_IF_ERROR(ValidateDeviceRequest(r));
@@ -165,8 +167,10 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
   SubmitResult out;
   const int64_t now = Now();
   for (Entry& e : entries) {
-    e.req.device = is_device_(e.send) || is_device_(e.recv);
-    Status st = Validate(e, options_.size, is_device_);
+    const bool send_device = is_device_(e.send);
+    const bool recv_device = e.recv == e.send ? send_device : is_device_(e.recv);
+    e.req.device = send_device || recv_device;
+    Status st = Validate(e, options_.size, send_device, recv_device);
     if (st.ok() && e.req.device) st = RecordReady(e);
     if (!st.ok()) {
       out.status = RINGRUN_ERR_INVALID_ARGUMENT;
@@ -209,19 +213,16 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
                             std::to_string(noname_counter_[k]++);
     }
     if (!group) h->name = entries[0].req.name;
+    // Duplicates (in flight, or twice in this submission): all or nothing.
     for (size_t i = 0; i < entries.size(); ++i) {
-      const std::string& n = entries[i].req.name;
-      bool dup = in_flight_.count(n) > 0;
-      for (size_t j = 0; j < i && !dup; ++j) dup = entries[j].req.name == n;
-      if (dup) {
-        out.status = RINGRUN_ERR_DUPLICATE_NAME;
-        out.message = "tensor '" + n +
-                      "' is still in flight on this rank (submitted again before it completed)";
-        return out;
-      }
+      if (in_flight_.insert(entries[i].req.name).second) continue;
+      for (size_t j = 0; j < i; ++j) in_flight_.erase(entries[j].req.name);
+      out.status = RINGRUN_ERR_DUPLICATE_NAME;
+      out.message = "tensor '" + entries[i].req.name +
+                    "' is still in flight on this rank (submitted again before it completed)";
+      return out;
     }
     for (Entry& e : entries) {
-      in_flight_.insert(e.req.name);
       e.handle = h;
       queue_.push_back(std::move(e));
     }

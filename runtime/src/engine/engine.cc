@@ -269,6 +269,7 @@ void Engine::Loop() {
   if (!st.ok()) FailAll(ToRingrunStatus(st), st);
   for (;;) {
     std::vector<Entry> fresh;
+    fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
     bool failed;
     Status abort;
     {
@@ -462,6 +463,8 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   }
   Execute(*responses);
   if (timeline_) timeline_->Flush();
+  fresh.clear();
+  spare_.swap(fresh);  // its capacity serves the submission queue again
   return Status::Ok();
 }
 

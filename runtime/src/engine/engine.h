@@ -197,7 +197,8 @@ class Engine {
   std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
-  std::vector<std::string> finished_names_;              // to leave in_flight_ at NotifyCompleted
+  std::vector<Entry> spare_;                 // an empty vector whose capacity the queue reuses
+  std::vector<std::string> finished_names_;  // to leave in_flight_ at NotifyCompleted
 
   std::thread thread_;
 };

@@ -15,6 +15,7 @@
 
 #include "runtime/src/gpu/nccl_backend.h"
 #include "tests/gpu/fake_nccl_api.h"
+#include "tests/runtime/engine_helpers.h"
 #include "tests/runtime/thread_job.h"
 
 namespace ringrun::runtime::testing {
@@ -107,21 +108,6 @@ Entry DeviceAllreduce(const std::string& name, float* buf, size_t count, ringrun
   e.req.op = op, e.req.count = count, e.req.prescale = pre, e.req.postscale = post;
   e.send = buf, e.recv = buf;
   return e;
-}
-
-std::string WaitOk(HandleState& h) {
-  ringrun_status st = engine::Engine::Wait(h, 20000);
-  if (st == RINGRUN_OK) return "";
-  std::lock_guard<std::mutex> lock(h.mu);
-  return h.name + ": status " + std::to_string(st) + ": " + h.message;
-}
-
-std::shared_ptr<HandleState> Submit(Runtime& rt, Entry e, std::string* err = nullptr) {
-  std::vector<Entry> v;
-  v.push_back(std::move(e));
-  engine::SubmitResult r = rt.Submit(std::move(v));
-  if (err) *err = r.message;
-  return r.handle;
 }
 
 TEST_CASE(

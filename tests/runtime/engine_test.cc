@@ -20,6 +20,7 @@
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/gpu/device_backend.h"
+#include "tests/runtime/engine_helpers.h"
 #include "thread_job.h"
 
 namespace ringrun::runtime::testing {
@@ -38,14 +39,6 @@ ThreadJobOptions Opts(int np, bool shm = true) {
   return o;
 }
 
-std::shared_ptr<HandleState> Submit(Runtime& rt, Entry e, std::string* err = nullptr) {
-  std::vector<Entry> v;
-  v.push_back(std::move(e));
-  engine::SubmitResult r = rt.Submit(std::move(v));
-  if (err) *err = r.message;
-  return r.handle;
-}
-
 Entry Allreduce(const std::string& name, const float* send, float* recv, size_t count,
                 ringrun_op op = RINGRUN_SUM) {
   Entry e;
@@ -53,20 +46,6 @@ Entry Allreduce(const std::string& name, const float* send, float* recv, size_t 
   e.req.op = op, e.req.count = count;
   e.send = send, e.recv = recv;
   return e;
-}
-
-// Waits and returns "" or the handle's failure.
-std::string WaitOk(HandleState& h) {
-  ringrun_status st = engine::Engine::Wait(h, 20000);
-  if (st == RINGRUN_OK) return "";
-  std::lock_guard<std::mutex> lock(h.mu);
-  return h.name + ": status " + std::to_string(st) + ": " + h.message;
-}
-
-std::pair<ringrun_status, std::string> WaitStatus(HandleState& h) {
-  ringrun_status st = engine::Engine::Wait(h, 20000);
-  std::lock_guard<std::mutex> lock(h.mu);
-  return {st, h.message};
 }
 
 TEST_CASE("engine: random submission orders and several threads per rank agree", "[engine]") {

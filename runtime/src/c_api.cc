@@ -78,10 +78,12 @@ ringrun_status Call(F&& f) {
 
 ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail(st); }
 
-// Submits and wraps the result in a new handle.
-ringrun_status SubmitEntries(Runtime& rt, std::vector<Entry> entries, ringrun_handle* handle,
-                             bool group = false) {
-  ringrun::runtime::engine::SubmitResult r = rt.Submit(std::move(entries), group);
+// Submits n entries named `name` (NULL: unnamed; a group's base name) and wraps the result in
+// a new handle.
+ringrun_status SubmitEntries(Runtime& rt, Entry* entries, size_t n, const char* name,
+                             ringrun_handle* handle, bool group = false) {
+  ringrun::runtime::engine::SubmitResult r =
+      rt.engine().Submit(entries, n, name ? std::string_view(name) : std::string_view(), group);
   if (r.status != RINGRUN_OK) return Fail(r.status, r.message);
   *handle = new ringrun_handle_s{std::move(r.handle), rt.engine().timeout_ms()};
   return RINGRUN_OK;
@@ -259,8 +261,7 @@ ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, s
 
 ringrun_status ringrun_test(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  std::lock_guard<std::mutex> lock(h->state->mu);
-  return h->state->done ? h->state->status : RINGRUN_IN_PROGRESS;
+  return h->state->done.load(std::memory_order_acquire) ? h->state->status : RINGRUN_IN_PROGRESS;
 }
 ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
@@ -329,11 +330,9 @@ ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, v
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    Entry e = MakeEntry(Kind::kAllreduce, name, sendbuf, recvbuf, count, dtype);
+    Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbuf, recvbuf, count, dtype);
     e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
-    std::vector<Entry> v;
-    v.push_back(std::move(e));
-    return SubmitEntries(rt, std::move(v), handle);
+    return SubmitEntries(rt, &e, 1, name, handle);
   });
 }
 ringrun_status ringrun_grouped_allreduce_submit(const char* name, size_t n,
@@ -349,11 +348,11 @@ ringrun_status ringrun_grouped_allreduce_submit(const char* name, size_t n,
   return Call([&](Runtime& rt) {
     std::vector<Entry> v;
     for (size_t i = 0; i < n; ++i) {
-      Entry e = MakeEntry(Kind::kAllreduce, name, sendbufs[i], recvbufs[i], counts[i], dtype);
+      Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbufs[i], recvbufs[i], counts[i], dtype);
       e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
       v.push_back(std::move(e));
     }
-    return SubmitEntries(rt, std::move(v), handle, /*group=*/true);
+    return SubmitEntries(rt, v.data(), v.size(), name, handle, /*group=*/true);
   });
 }
 ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t count,
@@ -361,11 +360,9 @@ ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t coun
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    Entry e = MakeEntry(Kind::kBroadcast, name, buf, buf, count, dtype);
+    Entry e = MakeEntry(Kind::kBroadcast, nullptr, buf, buf, count, dtype);
     e.req.root = root;
-    std::vector<Entry> v;
-    v.push_back(std::move(e));
-    return SubmitEntries(rt, std::move(v), handle);
+    return SubmitEntries(rt, &e, 1, name, handle);
   });
 }
 ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf, size_t rows,
@@ -374,11 +371,9 @@ ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf, s
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    Entry e = MakeEntry(Kind::kAllgather, name, sendbuf, nullptr, rows, dtype);
+    Entry e = MakeEntry(Kind::kAllgather, nullptr, sendbuf, nullptr, rows, dtype);
     e.req.row_elems = row_elems;
-    std::vector<Entry> v;
-    v.push_back(std::move(e));
-    return SubmitEntries(rt, std::move(v), handle);
+    return SubmitEntries(rt, &e, 1, name, handle);
   });
 }
 ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
@@ -388,13 +383,11 @@ ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
   *handle = nullptr;
   if (!send_rows) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
   return Call([&](Runtime& rt) {
-    Entry e = MakeEntry(Kind::kAlltoall, name, sendbuf, nullptr, 0, dtype);
+    Entry e = MakeEntry(Kind::kAlltoall, nullptr, sendbuf, nullptr, 0, dtype);
     e.req.row_elems = row_elems;
     e.req.send_rows.assign(send_rows, send_rows + rt.shape().size);
     for (size_t r : e.req.send_rows) e.req.count += r;
-    std::vector<Entry> v;
-    v.push_back(std::move(e));
-    return SubmitEntries(rt, std::move(v), handle);
+    return SubmitEntries(rt, &e, 1, name, handle);
   });
 }
 ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf, void* recvbuf,
@@ -403,29 +396,25 @@ ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbu
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    Entry e = MakeEntry(Kind::kReduceScatter, name, sendbuf, recvbuf, recvcount, dtype);
+    Entry e = MakeEntry(Kind::kReduceScatter, nullptr, sendbuf, recvbuf, recvcount, dtype);
     e.req.op = op;
-    std::vector<Entry> v;
-    v.push_back(std::move(e));
-    return SubmitEntries(rt, std::move(v), handle);
+    return SubmitEntries(rt, &e, 1, name, handle);
   });
 }
 ringrun_status ringrun_barrier_submit(ringrun_handle* handle) {
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    std::vector<Entry> v;
-    v.push_back(MakeEntry(Kind::kBarrier, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8));
-    return SubmitEntries(rt, std::move(v), handle);
+    Entry e = MakeEntry(Kind::kBarrier, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8);
+    return SubmitEntries(rt, &e, 1, nullptr, handle);
   });
 }
 ringrun_status ringrun_join_submit(ringrun_handle* handle) {
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    std::vector<Entry> v;
-    v.push_back(MakeEntry(Kind::kJoin, "join", nullptr, nullptr, 0, RINGRUN_UINT8));
-    return SubmitEntries(rt, std::move(v), handle);
+    Entry e = MakeEntry(Kind::kJoin, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8);
+    return SubmitEntries(rt, &e, 1, "join", handle);
   });
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "ringrun/common/defaults.h"
@@ -246,9 +247,8 @@ Runtime::~Runtime() = default;
 
 ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
                                       std::shared_ptr<engine::HandleState>* handle) {
-  std::vector<engine::Entry> v;
-  v.push_back(std::move(entry));
-  engine::SubmitResult sub = engine_->Submit(std::move(v));
+  const std::string name = entry.req.name;
+  engine::SubmitResult sub = engine_->Submit(&entry, 1, name, /*group=*/false);
   if (sub.status != RINGRUN_OK) {
     *message = sub.message;
     return sub.status;
@@ -256,23 +256,16 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
   engine::HandleState& h = *sub.handle;
   ringrun_status st = engine::Engine::Wait(h, timeout_ms_);
   if (st == RINGRUN_ERR_TIMEOUT) {
-    std::unique_lock<std::mutex> lock(h.mu);
-    if (!h.done) {
-      lock.unlock();
+    if (!h.done.load()) {
       engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name +
                              " did not complete within " + std::to_string(timeout_ms_) +
                              " ms (RINGRUN_TIMEOUT_MS)"));
-      lock.lock();
-      // The engine fails it at once unless it is inside a collective, which is bounded by the
-      // same timeout.
-      h.cv.wait(lock, [&] { return h.done; });
     }
-    st = h.status;
+    // The engine fails it at once unless it is inside a collective, which is bounded by the
+    // same timeout.
+    st = engine::Engine::Wait(h, std::numeric_limits<int>::max());
   }
-  {
-    std::lock_guard<std::mutex> lock(h.mu);
-    *message = h.message;
-  }
+  *message = h.message;
   if (handle) *handle = std::move(sub.handle);
   return st;
 }

@@ -28,11 +28,22 @@ std::string RankList(const std::vector<int>& ranks) {
 Controller::Controller(int size, size_t cache_capacity)
     : size_(size), cache_(cache_capacity), joined_(size, false) {}
 
-std::string Controller::EncodeFrame(const std::vector<const Request*>& announce) const {
+int64_t Controller::CachedId(const Request& req, int64_t hint) const {
+  if (hint >= 0) {
+    const Request* c = cache_.Get(static_cast<uint32_t>(hint));
+    if (c && c->Identical(req)) return hint;
+  }
+  return cache_.Find(req);
+}
+
+std::string Controller::EncodeFrame(const std::vector<const Request*>& announce,
+                                    const std::vector<int64_t>* ids) const {
   std::string out;
+  out.reserve(4 + announce.size() * 5);
   Put<uint32_t>(&out, static_cast<uint32_t>(announce.size()));
-  for (const Request* r : announce) {
-    const int64_t id = cache_.Find(*r);
+  for (size_t i = 0; i < announce.size(); ++i) {
+    const Request* r = announce[i];
+    const int64_t id = ids ? (*ids)[i] : cache_.Find(*r);
     if (id >= 0) {
       Put<uint8_t>(&out, kTagCached);
       Put<uint32_t>(&out, static_cast<uint32_t>(id));
@@ -201,7 +212,10 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
     auto it = table_.find(ready_names[next_name++]);
     Response resp = Build(it->second);
     table_.erase(it);
-    if (const int64_t id = cache_.IdOf(resp.req.name); id >= 0) Fast(id).in_table = false;
+    if (const int64_t id = cache_.IdOf(resp.req.name); id >= 0) {
+      Fast(static_cast<uint32_t>(id)).in_table = false;
+      resp.cache_id = id;
+    }
     if (resp.type == Response::kJoinDone) {
       join_done = std::move(resp);
     } else {
@@ -224,12 +238,16 @@ Response Controller::BuildFast(uint32_t id) {
   FastSlot& fs = fast_[id];
   Response resp;
   resp.req = *cache_.Get(id);
+  resp.cache_id = id;
   if (record_announcements_) resp.announced_us = fs.announced_us;
   resp.contributors = size_ - joined_count_;
   fs.count = 0;
   --fast_pending_;
   std::fill(fs.announced_us.begin(), fs.announced_us.end(), -1);
-  if (std::optional<Response> e = JoinedError(resp.req)) return std::move(*e);
+  if (std::optional<Response> e = JoinedError(resp.req)) {
+    e->cache_id = id;
+    return std::move(*e);
+  }
   return resp;
 }
 

@@ -36,6 +36,7 @@ struct Response {
   ringrun_status error_code = RINGRUN_OK;
   std::string error;
   int contributors = 0;  // ranks that had not joined when it became ready
+  int64_t cache_id = -1;  // the response cache's id of its name, if it has one
   int last_joined = -1;  // kJoinDone
   // When each rank's announcement reached this rank (local clock, microseconds; -1: joined).
   std::vector<int64_t> announced_us;
@@ -52,8 +53,13 @@ class Controller {
  public:
   Controller(int size, size_t cache_capacity);
 
-  // Encodes this rank's frame for the requests it announces now.
-  std::string EncodeFrame(const std::vector<const Request*>& announce) const;
+  // Encodes this rank's frame for the requests it announces now. ids (optional): each one's
+  // CachedId, when the caller has it.
+  std::string EncodeFrame(const std::vector<const Request*>& announce,
+                          const std::vector<int64_t>* ids = nullptr) const;
+  // The cache id under which `req` travels (-1: in full). hint: the id it had last time, which
+  // is checked first (a comparison instead of a hash).
+  int64_t CachedId(const Request& req, int64_t hint = -1) const;
   // Applies one round: frames[r] is rank r's frame. Returns the responses that are ready, in
   // the agreed order, or kInternal on a malformed frame.
   Result<std::vector<Response>> Apply(const std::vector<std::string>& frames, int64_t now_us);

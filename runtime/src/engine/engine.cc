@@ -37,9 +37,6 @@ bool PartialOverlap(const void* a, const void* b, size_t bytes) {
 // the answer costs a look at the loaded libraries, and a CUDA call when CUDA is loaded).
 Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
   const Request& r = e.req;
-  if (r.name.size() > RINGRUN_MAX_NAME_BYTES) {
-    return InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) + " bytes");
-  }
   if (r.kind == Kind::kBarrier || r.kind == Kind::kJoin) return Status::Ok();
   if (!IsValidDtype(r.dtype)) return InvalidArgument("invalid dtype " + std::to_string(r.dtype));
   const size_t elem = DtypeSize(r.dtype);
@@ -164,28 +161,65 @@ void Engine::Shutdown() {
 }
 
 SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
+  const std::string name = entries.empty() ? std::string() : entries[0].req.name;
+  if (!group && entries.size() > 1) {
+    SubmitResult out;
+    out.status = RINGRUN_ERR_INVALID_ARGUMENT;
+    out.message = "several entries in one submission must be a group";
+    return out;
+  }
+  return Submit(entries.data(), entries.size(), name, group);
+}
+
+Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
+  Slot* s;
+  if (!free_slots_.empty()) {
+    s = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    s = &slot_store_.emplace_back();
+  }
+  s->name.assign(name.data(), name.size());
+  s->req.name = s->name;
+  s->kept = named && kept_slots_ < kKeptSlots;
+  kept_slots_ += s->kept;
+  s->in_map = named;
+  s->cache_id = -1;
+  if (named) slots_.emplace(std::string_view(s->name), s);
+  return s;
+}
+
+SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, bool group) {
   SubmitResult out;
+  if (n == 0) {
+    out.status = RINGRUN_ERR_INVALID_ARGUMENT;
+    out.message = "nothing to submit";
+    return out;
+  }
   const int64_t now = Now();
-  for (Entry& e : entries) {
+  for (size_t i = 0; i < n; ++i) {
+    Entry& e = entries[i];
     const bool send_device = is_device_(e.send);
     const bool recv_device = e.recv == e.send ? send_device : is_device_(e.recv);
     e.req.device = send_device || recv_device;
-    Status st = Validate(e, options_.size, send_device, recv_device);
+    Status st = name.size() > RINGRUN_MAX_NAME_BYTES
+                    ? InvalidArgument("name longer than " + std::to_string(RINGRUN_MAX_NAME_BYTES) +
+                                      " bytes")
+                    : Validate(e, options_.size, send_device, recv_device);
     if (st.ok() && e.req.device) st = RecordReady(e);
     if (!st.ok()) {
       out.status = RINGRUN_ERR_INVALID_ARGUMENT;
-      out.message = (e.req.name.empty() ? std::string(KindName(e.req.kind)) : e.req.name) + ": " +
+      out.message = (name.empty() ? std::string(KindName(e.req.kind)) : std::string(name)) + ": " +
                     st.message();
       return out;
     }
     e.submit_us = now;
   }
   auto h = std::make_shared<HandleState>();
-  h->kind = entries[0].req.kind;
-  h->elem = entries[0].req.kind == Kind::kBarrier || entries[0].req.kind == Kind::kJoin
-                ? 0
-                : DtypeSize(entries[0].req.dtype);
-  h->remaining = static_cast<int>(entries.size());
+  const Kind kind = entries[0].req.kind;
+  h->kind = kind;
+  h->elem = kind == Kind::kBarrier || kind == Kind::kJoin ? 0 : DtypeSize(entries[0].req.dtype);
+  h->remaining = static_cast<int>(n);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
@@ -198,33 +232,58 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
       out.message = failed_message_;
       return out;
     }
-    // Default names, then duplicates (all or nothing).
+    // Names: a group's entries are "<base>.<i>of<n>"; an unnamed submission gets a default
+    // that is the same on every rank (the n-th unnamed one of its kind).
+    const bool named = !name.empty();
+    std::string base;
     if (group) {
-      std::string base = entries[0].req.name;
-      if (base.empty()) base = "grouped_allreduce.noname." + std::to_string(noname_counter_[7]++);
-      for (size_t i = 0; i < entries.size(); ++i) {
-        entries[i].req.name =
-            base + "." + std::to_string(i) + "of" + std::to_string(entries.size());
-      }
+      base = named ? std::string(name)
+                   : "grouped_allreduce.noname." + std::to_string(noname_counter_[7]++);
       h->name = base;
-    } else if (entries[0].req.name.empty()) {
-      const size_t k = static_cast<size_t>(entries[0].req.kind);
-      entries[0].req.name = std::string(KindName(entries[0].req.kind)) + ".noname." +
-                            std::to_string(noname_counter_[k]++);
+    } else if (!named) {
+      const size_t k = static_cast<size_t>(kind);
+      base = std::string(KindName(kind)) + ".noname." + std::to_string(noname_counter_[k]++);
+      h->name = base;
+    } else {
+      h->name.assign(name.data(), name.size());
     }
-    if (!group) h->name = entries[0].req.name;
-    // Duplicates (in flight, or twice in this submission): all or nothing.
-    for (size_t i = 0; i < entries.size(); ++i) {
-      if (in_flight_.insert(entries[i].req.name).second) continue;
-      for (size_t j = 0; j < i; ++j) in_flight_.erase(entries[j].req.name);
-      out.status = RINGRUN_ERR_DUPLICATE_NAME;
-      out.message = "tensor '" + entries[i].req.name +
-                    "' is still in flight on this rank (submitted again before it completed)";
-      return out;
+    // Duplicates (in flight, or twice in this submission) refuse the whole submission.
+    Slot* one[1];
+    std::vector<Slot*> many;
+    Slot** taken = n == 1 ? one : (many.resize(n), many.data());
+    for (size_t i = 0; i < n; ++i) {
+      std::string own;
+      std::string_view nm = name;
+      if (group) {
+        own = base + "." + std::to_string(i) + "of" + std::to_string(n);
+        nm = own;
+      } else if (!named) {
+        nm = base;
+      }
+      Slot* s = nullptr;
+      if (named) {
+        auto it = slots_.find(nm);
+        if (it != slots_.end()) s = it->second;
+      }
+      if (s && s->in_flight) {
+        for (size_t j = 0; j < i; ++j) taken[j]->in_flight = false;
+        out.status = RINGRUN_ERR_DUPLICATE_NAME;
+        out.message = "tensor '" + std::string(nm) +
+                      "' is still in flight on this rank (submitted again before it completed)";
+        return out;
+      }
+      if (!s) s = NewSlot(nm, named);
+      s->in_flight = true;
+      taken[i] = s;
     }
-    for (Entry& e : entries) {
-      e.handle = h;
-      queue_.push_back(std::move(e));
+    for (size_t i = 0; i < n; ++i) {
+      Slot* s = taken[i];
+      // The entry moves in; the slot keeps its own name (no string is built for it).
+      std::string keep = std::move(s->req.name);
+      static_cast<Entry&>(*s) = std::move(entries[i]);
+      s->req.name = std::move(keep);
+      s->handle = h;
+      queue_.push_back(s);
     }
   }
   if (sleeping_.exchange(false)) {
@@ -236,11 +295,13 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
 }
 
 ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
+  if (h.done.load(std::memory_order_acquire)) return h.status;
   std::unique_lock<std::mutex> lock(h.mu);
-  if (!h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return h.done; })) {
-    return RINGRUN_ERR_TIMEOUT;
-  }
-  return h.status;
+  h.waiters.fetch_add(1);
+  const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                  [&] { return h.done.load(); });
+  h.waiters.fetch_sub(1);
+  return done ? h.status : RINGRUN_ERR_TIMEOUT;
 }
 
 void Engine::SleepOnDoorbell(Deadline deadline) {
@@ -268,7 +329,7 @@ void Engine::Loop() {
   Status st = Hello();
   if (!st.ok()) FailAll(ToRingrunStatus(st), st);
   for (;;) {
-    std::vector<Entry> fresh;
+    std::vector<Slot*> fresh;
     fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
     bool failed;
     Status abort;
@@ -285,14 +346,12 @@ void Engine::Loop() {
       std::string who = stall_.Report(controller_.Pending(), Now(), 0);
       Status why(abort.code(), abort.message() + (who.empty() ? "" : ": " + who));
       if (transport_) transport_->Break(why);
-      for (Entry& e : fresh) entries_.emplace(e.req.name, std::move(e));
-      FailAll(ToRingrunStatus(why), why);
+      FailAll(ToRingrunStatus(why), why);  // fresh's slots are in flight: it fails them too
       continue;
     }
     if (failed) {
       // Broken: what was queued before the failure fails with it; then sleep until shutdown.
-      for (Entry& e : fresh) entries_.emplace(e.req.name, std::move(e));
-      if (!entries_.empty()) {
+      if (!fresh.empty()) {
         std::string m;
         ringrun_status c;
         {
@@ -339,8 +398,7 @@ void Engine::Loop() {
         if (!sst.ok()) {
           // Tell every rank in one more round, so that all fail with the report (not with
           // "connection closed" by the first rank to give up), then break.
-          std::vector<Entry> none;
-          Status told = Round(std::move(none), sst.message());
+          Status told = Round({}, sst.message());
           Status why = told.code() == Code::kAborted ? told : sst;
           if (transport_) transport_->Break(why);
           FailAll(RINGRUN_ERR_ABORTED, why);
@@ -432,18 +490,26 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
   return all;
 }
 
-Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
+Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   const int64_t start = Now();
-  std::vector<const Request*> announce;
-  announce.reserve(fresh.size());
-  for (Entry& e : fresh) {
-    auto [it, ok] = entries_.emplace(e.req.name, std::move(e));
-    announce.push_back(&it->second.req);
+  announce_.clear();
+  announce_ids_.clear();
+  for (Slot* s : fresh) {
+    s->cache_id = controller_.CachedId(s->req, s->cache_id);
+    if (s->cache_id >= 0) {
+      const size_t id = static_cast<size_t>(s->cache_id);
+      if (by_cache_id_.size() <= id) by_cache_id_.resize(std::max(id + 1, 2 * by_cache_id_.size()));
+      by_cache_id_[id] = s;
+    } else {
+      announced_full_.emplace(std::string_view(s->name), s);
+    }
+    announce_.push_back(&s->req);
+    announce_ids_.push_back(s->cache_id);
   }
   // A frame: the abort report (usually empty), then the controller's part.
   std::string frame;
   PutString(&frame, abort);
-  frame += controller_.EncodeFrame(announce);
+  frame += controller_.EncodeFrame(announce_, &announce_ids_);
   Result<std::vector<std::string>> frames = Exchange(frame);
   if (!frames.ok()) return frames.status();
   for (std::string& f : *frames) {
@@ -458,7 +524,7 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   if (timeline_) {
     timeline_->Mark("ROUND", start,
                     "\"round\": " + std::to_string(controller_.round()) +
-                        ", \"announced\": " + std::to_string(announce.size()) +
+                        ", \"announced\": " + std::to_string(fresh.size()) +
                         ", \"ready\": " + std::to_string(responses->size()));
   }
   Execute(*responses);
@@ -466,6 +532,14 @@ Status Engine::Round(std::vector<Entry> fresh, const std::string& abort) {
   fresh.clear();
   spare_.swap(fresh);  // its capacity serves the submission queue again
   return Status::Ok();
+}
+
+Engine::Slot* Engine::Local(const Response& r) {
+  if (r.cache_id >= 0 && static_cast<size_t>(r.cache_id) < by_cache_id_.size()) {
+    if (Slot* s = by_cache_id_[static_cast<size_t>(r.cache_id)]) return s;
+  }
+  auto it = announced_full_.find(r.req.name);
+  return it == announced_full_.end() ? nullptr : it->second;
 }
 
 struct Engine::Batch {
@@ -486,8 +560,7 @@ void Engine::Execute(std::vector<Response>& responses) {
   std::vector<size_t> open;
   const size_t threshold = fusion_.threshold();
   for (const Response& r : responses) {
-    auto found = entries_.find(r.req.name);
-    Entry* local = found == entries_.end() ? nullptr : &found->second;
+    Entry* local = Local(r);
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
     // Small allreduces are packed into the fusion buffer. Between hosts, large host ones join
     // the batch without a copy (one ring over the buffers as they are: AllreduceSegments), which
@@ -882,20 +955,26 @@ Status Engine::RunDevice(Batch& b) {
 
 void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
   if (!e) return;  // joined: this rank had nothing under that name
-  auto it = entries_.find(e->req.name);
-  std::shared_ptr<HandleState> h = std::move(e->handle);
-  finished_names_.push_back(std::move(e->req.name));
-  entries_.erase(it);
-  bool done;
-  {
-    std::lock_guard<std::mutex> lock(h->mu);
-    if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
-      h->status = st;
-      h->message = message;
-    }
-    done = --h->remaining == 0;
+  Slot* s = static_cast<Slot*>(e);
+  if (!s->handle) return;  // completed already (a failure after part of a round)
+  if (s->cache_id >= 0) {
+    Slot*& by_id = by_cache_id_[static_cast<size_t>(s->cache_id)];
+    if (by_id == s) by_id = nullptr;
+  } else {
+    announced_full_.erase(std::string_view(s->name));
   }
-  if (done) completed_.push_back(std::move(h));
+  s->ready.reset();
+  HandleState* h = s->handle.get();
+  if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
+    h->status = st;
+    h->message = message;
+  }
+  if (--h->remaining == 0) {
+    completed_.push_back(std::move(s->handle));
+  } else {
+    s->handle.reset();
+  }
+  finished_.push_back(s);
 }
 
 void Engine::NotifyCompleted() {
@@ -903,33 +982,43 @@ void Engine::NotifyCompleted() {
   // the whole round. Handles are marked done and their waiters woken after the whole round's
   // work: a thread waiting on one handle after another then finds the next ones done instead
   // of being woken, and preempting the engine, once per handle.
-  if (!finished_names_.empty()) {
+  if (!finished_.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& name : finished_names_) in_flight_.erase(name);
+    for (Slot* s : finished_) {
+      s->in_flight = false;
+      if (s->kept) continue;
+      if (s->in_map) slots_.erase(std::string_view(s->name));
+      s->in_map = false;
+      free_slots_.push_back(s);
+    }
   }
-  finished_names_.clear();
-  for (const std::shared_ptr<HandleState>& h : completed_) {
-    std::lock_guard<std::mutex> lock(h->mu);  // pairs with the waiter's check of done
-    h->done = true;
-    h->cv.notify_all();
+  finished_.clear();
+  for (std::shared_ptr<HandleState>& h : completed_) {
+    h->done.store(true);
+    if (h->waiters.load() > 0) {
+      std::lock_guard<std::mutex> lock(h->mu);  // the waiter holds it until it sleeps
+      h->cv.notify_all();
+    }
   }
   completed_.clear();
 }
 
 void Engine::FailAll(ringrun_status code, const Status& st) {
-  std::vector<Entry> queued;
+  // Every slot in flight belongs to the engine: queued, announced, or taken from the queue by
+  // a round that did not announce it.
+  std::vector<Slot*> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_code_ == RINGRUN_OK) {
       failed_code_ = code;
       failed_message_ = st.message();
     }
-    queued.swap(queue_);
+    queue_.clear();
+    for (Slot& s : slot_store_) {
+      if (s.in_flight && s.handle) pending.push_back(&s);
+    }
   }
-  for (Entry& e : queued) entries_.emplace(e.req.name, std::move(e));
-  std::vector<Entry*> all;
-  for (auto& [name, e] : entries_) all.push_back(&e);
-  for (Entry* e : all) Complete(e, code, st.message());
+  for (Slot* s : pending) Complete(s, code, st.message());
   NotifyCompleted();
 }
 

@@ -22,13 +22,14 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "ringrun/common/fd.h"
@@ -75,13 +76,18 @@ struct EngineOptions {
 
 // The object behind a ringrun_handle.
 struct HandleState {
+  // Set (release) by the engine thread once everything below is written; a waiter that finds
+  // it set reads the results without a lock. A waiter that must sleep counts itself in
+  // `waiters` under mu and sleeps on cv; the engine takes mu to notify only when some waiter
+  // counts (seq_cst on both sides: one of the two always sees the other).
+  std::atomic<bool> done{false};
+  std::atomic<int> waiters{0};
   std::mutex mu;
   std::condition_variable cv;
-  // Guarded by mu.
-  bool done = false;
+  // Written by the engine thread before done; read after.
   ringrun_status status = RINGRUN_OK;
   std::string message;
-  int remaining = 0;  // entries not complete yet
+  int remaining = 0;  // entries not complete yet (the engine thread's)
   // Constant after submission.
   std::string name;
   Kind kind = Kind::kAllreduce;
@@ -115,8 +121,11 @@ class Engine {
   // the default. A group's entries (group: a grouped allreduce) are named
   // "<name>.<i>of<n>" after entries[0]'s name. Never waits for other ranks.
   SubmitResult Submit(std::vector<Entry> entries, bool group = false);
-  // Waits for `h` up to timeout_ms (< 0: the collective timeout); RINGRUN_ERR_TIMEOUT if it
-  // has not completed by then.
+  // The same for n entries at `entries` (moved from), named `name` (the group's base name
+  // for a group; else n is 1) whatever their req.name: the C API's path, which builds no
+  // string for a name seen before.
+  SubmitResult Submit(Entry* entries, size_t n, std::string_view name, bool group);
+  // Waits for `h` up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then.
   static ringrun_status Wait(HandleState& h, int timeout_ms);
   int timeout_ms() const { return options_.timeout_ms; }
   // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
@@ -129,12 +138,28 @@ class Engine {
 
  private:
   struct Batch;
+  // Where a submitted tensor lives on this rank while in flight: one per name. A named tensor
+  // keeps its slot after it completes (up to kKeptSlots of them), so that submitting the name
+  // again costs one hash lookup and allocates nothing; an unnamed one (its name is made up
+  // and never repeats) returns it to free_slots_.
+  struct Slot : Entry {
+    std::string name;        // constant while in slots_ (its key views it)
+    bool in_flight = false;  // mu_: submitted and not complete; the engine owns the Entry
+    bool kept = false;       // stays in slots_ after completion
+    bool in_map = false;     // in slots_ (unnamed ones are unique and need no lookup)
+    // The engine thread's: the cache id it was announced under (-1: announced in full).
+    int64_t cache_id = -1;
+  };
+  static constexpr size_t kKeptSlots = 16384;
+  Slot* NewSlot(std::string_view name, bool named);  // mu_ held
+  // This rank's slot for a ready response, or nullptr (the rank had joined).
+  Slot* Local(const Response& r);
   void Loop();
   void SleepOnDoorbell(Deadline deadline);
   Status Hello();
   // One negotiation round announcing `fresh`. A non-empty `abort` tells every rank to fail
   // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
-  Status Round(std::vector<Entry> fresh, const std::string& abort = "");
+  Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
   Result<std::vector<std::string>> Exchange(const std::string& mine);
   void Execute(std::vector<Response>& responses);
   Status RunBatch(Batch& b);
@@ -169,9 +194,13 @@ class Engine {
   UniqueFd doorbell_;  // eventfd
 
   std::mutex mu_;
-  std::vector<Entry> queue_;                   // guarded by mu_
-  std::unordered_set<std::string> in_flight_;  // names submitted and not complete; mu_
-  std::vector<uint64_t> noname_counter_;       // by Kind; mu_
+  std::vector<Slot*> queue_;  // guarded by mu_
+  // Slots by name (their keys view Slot::name); unnamed tensors' slots are not here.
+  std::unordered_map<std::string_view, Slot*> slots_;  // mu_
+  std::deque<Slot> slot_store_;                         // mu_ (grows; never moves a slot)
+  std::vector<Slot*> free_slots_;                       // mu_
+  size_t kept_slots_ = 0;                               // mu_
+  std::vector<uint64_t> noname_counter_;                // by Kind; mu_
   bool stop_ = false;                          // mu_
   Status abort_;                               // mu_
   ringrun_status failed_code_ = RINGRUN_OK;    // mu_
@@ -186,7 +215,9 @@ class Engine {
   FusionBuffer fusion_;
   Scratch scratch_;
   std::unique_ptr<Timeline> timeline_;
-  std::unordered_map<std::string, Entry> entries_;  // announced, by name
+  // Announced and not complete: by the cache id they were announced under, or by name.
+  std::vector<Slot*> by_cache_id_;
+  std::unordered_map<std::string_view, Slot*> announced_full_;
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
   // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so
@@ -197,8 +228,10 @@ class Engine {
   std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
-  std::vector<Entry> spare_;                 // an empty vector whose capacity the queue reuses
-  std::vector<std::string> finished_names_;  // to leave in_flight_ at NotifyCompleted
+  std::vector<Slot*> spare_;     // an empty vector whose capacity the queue reuses
+  std::vector<Slot*> finished_;  // complete: their slots are freed at NotifyCompleted
+  std::vector<const Request*> announce_;  // Round's, kept for its capacity
+  std::vector<int64_t> announce_ids_;
 
   std::thread thread_;
 };

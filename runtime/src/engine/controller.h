@@ -35,9 +35,9 @@ struct Response {
   std::vector<std::optional<Request>> by_rank;
   ringrun_status error_code = RINGRUN_OK;
   std::string error;
-  int contributors = 0;  // ranks that had not joined when it became ready
+  int contributors = 0;   // ranks that had not joined when it became ready
   int64_t cache_id = -1;  // the response cache's id of its name, if it has one
-  int last_joined = -1;  // kJoinDone
+  int last_joined = -1;   // kJoinDone
   // When each rank's announcement reached this rank (local clock, microseconds; -1: joined).
   std::vector<int64_t> announced_us;
 };

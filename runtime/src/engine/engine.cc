@@ -298,8 +298,8 @@ ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
   if (h.done.load(std::memory_order_acquire)) return h.status;
   std::unique_lock<std::mutex> lock(h.mu);
   h.waiters.fetch_add(1);
-  const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                  [&] { return h.done.load(); });
+  const bool done =
+      h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return h.done.load(); });
   h.waiters.fetch_sub(1);
   return done ? h.status : RINGRUN_ERR_TIMEOUT;
 }

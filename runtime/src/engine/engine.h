@@ -197,14 +197,14 @@ class Engine {
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view Slot::name); unnamed tensors' slots are not here.
   std::unordered_map<std::string_view, Slot*> slots_;  // mu_
-  std::deque<Slot> slot_store_;                         // mu_ (grows; never moves a slot)
-  std::vector<Slot*> free_slots_;                       // mu_
-  size_t kept_slots_ = 0;                               // mu_
-  std::vector<uint64_t> noname_counter_;                // by Kind; mu_
-  bool stop_ = false;                          // mu_
-  Status abort_;                               // mu_
-  ringrun_status failed_code_ = RINGRUN_OK;    // mu_
-  std::string failed_message_;                 // mu_
+  std::deque<Slot> slot_store_;                        // mu_ (grows; never moves a slot)
+  std::vector<Slot*> free_slots_;                      // mu_
+  size_t kept_slots_ = 0;                              // mu_
+  std::vector<uint64_t> noname_counter_;               // by Kind; mu_
+  bool stop_ = false;                                  // mu_
+  Status abort_;                                       // mu_
+  ringrun_status failed_code_ = RINGRUN_OK;            // mu_
+  std::string failed_message_;                         // mu_
   std::atomic<bool> sleeping_{false};
 
   // The engine thread's own.
@@ -228,8 +228,8 @@ class Engine {
   std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
-  std::vector<Slot*> spare_;     // an empty vector whose capacity the queue reuses
-  std::vector<Slot*> finished_;  // complete: their slots are freed at NotifyCompleted
+  std::vector<Slot*> spare_;              // an empty vector whose capacity the queue reuses
+  std::vector<Slot*> finished_;           // complete: their slots are freed at NotifyCompleted
   std::vector<const Request*> announce_;  // Round's, kept for its capacity
   std::vector<int64_t> announce_ids_;
 

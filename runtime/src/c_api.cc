@@ -16,13 +16,6 @@ using ringrun::runtime::engine::Entry;
 using ringrun::runtime::engine::HandleState;
 using ringrun::runtime::engine::Kind;
 
-// What a ringrun_handle points at: the engine's state of the submission (shared with the
-// engine until it completes) and the wait bound.
-struct ringrun_handle_s {
-  std::shared_ptr<HandleState> state;
-  int timeout_ms;
-};
-
 namespace {
 
 using ringrun::Status;
@@ -76,6 +69,15 @@ ringrun_status Call(F&& f) {
   }
 }
 
+// A ringrun_handle is the engine's HandleState of the submission; the reference it stands for
+// is the state's `self`, which ringrun_release drops.
+HandleState* State(ringrun_handle h) { return reinterpret_cast<HandleState*>(h); }
+ringrun_handle Wrap(std::shared_ptr<HandleState> state) {
+  HandleState* raw = state.get();
+  raw->self = std::move(state);
+  return reinterpret_cast<ringrun_handle>(raw);
+}
+
 ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail(st); }
 
 // Submits n entries named `name` (NULL: unnamed; a group's base name) and wraps the result in
@@ -85,7 +87,7 @@ ringrun_status SubmitEntries(Runtime& rt, Entry* entries, size_t n, const char* 
   ringrun::runtime::engine::SubmitResult r =
       rt.engine().Submit(entries, n, name ? std::string_view(name) : std::string_view(), group);
   if (r.status != RINGRUN_OK) return Fail(r.status, r.message);
-  *handle = new ringrun_handle_s{std::move(r.handle), rt.engine().timeout_ms()};
+  *handle = Wrap(std::move(r.handle));
   return RINGRUN_OK;
 }
 
@@ -261,32 +263,32 @@ ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, s
 
 ringrun_status ringrun_test(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return h->state->done.load(std::memory_order_acquire) ? h->state->status : RINGRUN_IN_PROGRESS;
+  return State(h)->done.load(std::memory_order_acquire) ? State(h)->status : RINGRUN_IN_PROGRESS;
 }
 ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return ringrun::runtime::engine::Engine::Wait(*h->state, timeout_ms < 0 ? 0 : timeout_ms);
+  return ringrun::runtime::engine::Engine::Wait(*State(h), timeout_ms < 0 ? 0 : timeout_ms);
 }
 ringrun_status ringrun_wait(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return ringrun_wait_for(h, h->timeout_ms);
+  return ringrun_wait_for(h, State(h)->wait_ms);
 }
 const char* ringrun_handle_message(ringrun_handle h) {
   if (!h) return "";
-  std::lock_guard<std::mutex> lock(h->state->mu);
-  return h->state->done ? h->state->message.c_str() : "";  // written once, before done
+  return State(h)->done.load(std::memory_order_acquire) ? State(h)->message.c_str()
+                                                        : "";  // written once, before done
 }
-const char* ringrun_handle_name(ringrun_handle h) { return h ? h->state->name.c_str() : ""; }
+const char* ringrun_handle_name(ringrun_handle h) { return h ? State(h)->name().c_str() : ""; }
 ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t* count) {
   if (!h || !data || !count) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
-  HandleState& s = *h->state;
+  HandleState& s = *State(h);
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
-                s.name + ": only allgather and alltoall have an output");
+                s.name() + ": only allgather and alltoall have an output");
   }
   if (!s.done || s.status != RINGRUN_OK) {
-    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": has not completed successfully");
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (s.device_output) {  // device memory: a device submission's result
     *data = s.device_output.get();
@@ -299,13 +301,13 @@ ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t
 }
 ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
   if (!h || (!rows && n)) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
-  HandleState& s = *h->state;
+  HandleState& s = *State(h);
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
-    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": only allgather and alltoall have rows");
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": only allgather and alltoall have rows");
   }
   if (!s.done || s.status != RINGRUN_OK) {
-    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name + ": has not completed successfully");
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (n != s.rows.size()) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
@@ -316,10 +318,13 @@ ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
 }
 int ringrun_handle_last_joined_rank(ringrun_handle h) {
   if (!h) return -1;
-  std::lock_guard<std::mutex> lock(h->state->mu);
-  return h->state->done && h->state->kind == Kind::kJoin ? h->state->last_joined : -1;
+  HandleState& s = *State(h);
+  return s.done.load(std::memory_order_acquire) && s.kind == Kind::kJoin ? s.last_joined : -1;
 }
-void ringrun_release(ringrun_handle h) { delete h; }
+void ringrun_release(ringrun_handle h) {
+  if (!h) return;
+  std::shared_ptr<HandleState> last = std::move(State(h)->self);  // may free it: not after
+}
 
 /* ---- submissions ---- */
 

@@ -27,7 +27,7 @@ inline std::string WaitOk(engine::HandleState& h) {
   ringrun_status st = engine::Engine::Wait(h, 20000);
   if (st == RINGRUN_OK) return "";
   std::lock_guard<std::mutex> lock(h.mu);
-  return h.name + ": status " + std::to_string(st) + ": " + h.message;
+  return h.name() + ": status " + std::to_string(st) + ": " + h.message;
 }
 
 // Waits (20 s at most) and returns the status and the handle's message.

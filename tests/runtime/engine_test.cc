@@ -228,7 +228,7 @@ TEST_CASE("engine: every collective", "[engine]") {
     if (a[0] != 0.5f * 2 * np * 3) f.Add(rank, "scaled = " + std::to_string(a[0]));
     if (b[0] != 1.0f) f.Add(rank, "avg = " + std::to_string(b[0]));
     if (g[3][4] != np) f.Add(rank, "group = " + std::to_string(g[3][4]));
-    if (hg.handle->name != "grp") f.Add(rank, "group handle named " + hg.handle->name);
+    if (hg.handle->name() != "grp") f.Add(rank, "group handle named " + hg.handle->name());
     if (bc[6] != 42) f.Add(rank, "bcast = " + std::to_string(bc[6]));
     std::vector<int32_t> want_g;
     for (int r = 0; r < np; ++r) want_g.insert(want_g.end(), 2 * (r + 1), r);

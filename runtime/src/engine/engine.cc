@@ -104,6 +104,116 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
 
 }  // namespace
 
+namespace {
+
+// Per-thread caches of released handle states and of their shared_ptr control blocks (one
+// size): a step submits hundreds of tensors before it releases any, more than malloc's
+// per-thread cache holds, and a cached state is reused without being built again.
+constexpr size_t kHandleCacheMax = 4096;
+// Set when this thread's cache is destroyed (at its exit): a handle released later on it (by a
+// static destructor, say) is freed instead of cached. Trivially destructible, so readable then.
+thread_local bool t_cache_gone = false;
+struct HandleCache {
+  std::vector<HandleState*> states;
+  std::vector<void*> blocks;
+  size_t block_bytes = 0;
+  ~HandleCache() {
+    t_cache_gone = true;
+    for (HandleState* h : states) delete h;
+    for (void* b : blocks) ::operator delete(b);
+  }
+};
+HandleCache& ThreadHandleCache() {
+  thread_local HandleCache cache;
+  return cache;
+}
+
+template <typename T>
+struct BlockAllocator {
+  using value_type = T;
+  BlockAllocator() = default;
+  template <typename U>
+  BlockAllocator(const BlockAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    if (t_cache_gone) return static_cast<T*>(::operator new(n * sizeof(T)));
+    HandleCache& c = ThreadHandleCache();
+    if (n == 1 && sizeof(T) == c.block_bytes && !c.blocks.empty()) {
+      void* p = c.blocks.back();
+      c.blocks.pop_back();
+      return static_cast<T*>(p);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) {
+    if (t_cache_gone) return ::operator delete(p);
+    HandleCache& c = ThreadHandleCache();
+    if (c.block_bytes == 0) c.block_bytes = sizeof(T);
+    if (n == 1 && sizeof(T) == c.block_bytes && c.blocks.size() < kHandleCacheMax) {
+      c.blocks.push_back(p);
+      return;
+    }
+    ::operator delete(p);
+  }
+  template <typename U>
+  bool operator==(const BlockAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const BlockAllocator<U>&) const {
+    return false;
+  }
+};
+
+struct Recycle {
+  void operator()(HandleState* h) const {
+    h->done.store(false, std::memory_order_relaxed);
+    h->status = RINGRUN_OK;
+    h->message.clear();
+    h->remaining = 0;
+    h->name_ptr.reset();
+    h->kind = Kind::kAllreduce;
+    h->elem = 0;
+    h->wait_ms = 0;
+    if (h->output.capacity() > (size_t{1} << 20)) {
+      std::vector<char>().swap(h->output);
+    } else {
+      h->output.clear();
+    }
+    h->rows.clear();
+    h->last_joined = -1;
+    h->device_output.reset();
+    h->device_output_bytes = 0;
+    if (t_cache_gone) {
+      delete h;
+      return;
+    }
+    HandleCache& c = ThreadHandleCache();
+    if (c.states.size() < kHandleCacheMax) {
+      c.states.push_back(h);
+    } else {
+      delete h;
+    }
+  }
+};
+
+}  // namespace
+
+const std::string& HandleState::name() const {
+  static const std::string* const empty = new std::string;
+  return name_ptr ? *name_ptr : *empty;
+}
+
+std::shared_ptr<HandleState> NewHandleState() {
+  HandleState* h;
+  if (HandleCache& c = ThreadHandleCache(); !t_cache_gone && !c.states.empty()) {
+    h = c.states.back();
+    c.states.pop_back();
+  } else {
+    h = new HandleState;
+  }
+  return std::shared_ptr<HandleState>(h, Recycle{}, BlockAllocator<HandleState>{});
+}
+
 ringrun_status ToRingrunStatus(const Status& st) {
   return st.ok() ? RINGRUN_OK : static_cast<ringrun_status>(st.code());
 }
@@ -171,6 +281,31 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
   return Submit(entries.data(), entries.size(), name, group);
 }
 
+namespace {
+
+template <typename T>
+void Update(T& field, const T& value) {
+  if (!(field == value)) field = value;
+}
+
+}  // namespace
+
+void Engine::MoveInto(Slot& s, Entry& e) {
+  // Field by field, writing only what changed, and never the name (the slot keeps its own):
+  // the engine thread read this slot last step, and a field left alone stays in both cores'
+  // caches instead of moving back and forth each step.
+  Request& q = s.req;
+  const Request& r = e.req;
+  Update(q.kind, r.kind), Update(q.dtype, r.dtype), Update(q.op, r.op);
+  Update(q.device, r.device), Update(q.root, r.root), Update(q.count, r.count);
+  Update(q.row_elems, r.row_elems), Update(q.prescale, r.prescale);
+  Update(q.postscale, r.postscale), Update(q.flags, r.flags), Update(q.fixed, r.fixed);
+  if (q.send_rows != r.send_rows) q.send_rows = std::move(e.req.send_rows);
+  Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
+  if (s.ready || e.ready) s.ready = std::move(e.ready);
+  s.submit_us = e.submit_us;
+}
+
 Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   Slot* s;
   if (!free_slots_.empty()) {
@@ -179,14 +314,22 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   } else {
     s = &slot_store_.emplace_back();
   }
-  s->name.assign(name.data(), name.size());
-  s->req.name = s->name;
+  s->name = std::make_shared<const std::string>(name);
+  s->req.name = *s->name;
   s->kept = named && kept_slots_ < kKeptSlots;
   kept_slots_ += s->kept;
   s->in_map = named;
   s->cache_id = -1;
-  if (named) slots_.emplace(std::string_view(s->name), s);
+  if (named) slots_.emplace(std::string_view(*s->name), s);
   return s;
+}
+
+void Engine::ReleaseSlot(Slot* s) {
+  s->in_flight = false;
+  if (s->kept) return;
+  if (s->in_map) slots_.erase(std::string_view(*s->name));
+  s->in_map = false;
+  free_slots_.push_back(s);
 }
 
 SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, bool group) {
@@ -196,7 +339,7 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     out.message = "nothing to submit";
     return out;
   }
-  const int64_t now = Now();
+  const int64_t now = timeline_ ? Now() : 0;  // submit_us: for the timeline only
   for (size_t i = 0; i < n; ++i) {
     Entry& e = entries[i];
     const bool send_device = is_device_(e.send);
@@ -215,11 +358,12 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     }
     e.submit_us = now;
   }
-  auto h = std::make_shared<HandleState>();
+  std::shared_ptr<HandleState> h = NewHandleState();
   const Kind kind = entries[0].req.kind;
   h->kind = kind;
   h->elem = kind == Kind::kBarrier || kind == Kind::kJoin ? 0 : DtypeSize(entries[0].req.dtype);
   h->remaining = static_cast<int>(n);
+  h->wait_ms = options_.timeout_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
@@ -239,13 +383,10 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     if (group) {
       base = named ? std::string(name)
                    : "grouped_allreduce.noname." + std::to_string(noname_counter_[7]++);
-      h->name = base;
+      h->name_ptr = std::make_shared<const std::string>(base);
     } else if (!named) {
       const size_t k = static_cast<size_t>(kind);
       base = std::string(KindName(kind)) + ".noname." + std::to_string(noname_counter_[k]++);
-      h->name = base;
-    } else {
-      h->name.assign(name.data(), name.size());
     }
     // Duplicates (in flight, or twice in this submission) refuse the whole submission.
     Slot* one[1];
@@ -266,7 +407,7 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
         if (it != slots_.end()) s = it->second;
       }
       if (s && s->in_flight) {
-        for (size_t j = 0; j < i; ++j) taken[j]->in_flight = false;
+        for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
         out.status = RINGRUN_ERR_DUPLICATE_NAME;
         out.message = "tensor '" + std::string(nm) +
                       "' is still in flight on this rank (submitted again before it completed)";
@@ -278,11 +419,9 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     }
     for (size_t i = 0; i < n; ++i) {
       Slot* s = taken[i];
-      // The entry moves in; the slot keeps its own name (no string is built for it).
-      std::string keep = std::move(s->req.name);
-      static_cast<Entry&>(*s) = std::move(entries[i]);
-      s->req.name = std::move(keep);
+      MoveInto(*s, entries[i]);
       s->handle = h;
+      if (!group) h->name_ptr = s->name;
       queue_.push_back(s);
     }
   }
@@ -495,13 +634,13 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   announce_.clear();
   announce_ids_.clear();
   for (Slot* s : fresh) {
-    s->cache_id = controller_.CachedId(s->req, s->cache_id);
+    Update(s->cache_id, controller_.CachedId(s->req, s->cache_id));
     if (s->cache_id >= 0) {
       const size_t id = static_cast<size_t>(s->cache_id);
       if (by_cache_id_.size() <= id) by_cache_id_.resize(std::max(id + 1, 2 * by_cache_id_.size()));
       by_cache_id_[id] = s;
     } else {
-      announced_full_.emplace(std::string_view(s->name), s);
+      announced_full_.emplace(std::string_view(*s->name), s);
     }
     announce_.push_back(&s->req);
     announce_ids_.push_back(s->cache_id);
@@ -961,9 +1100,9 @@ void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
     Slot*& by_id = by_cache_id_[static_cast<size_t>(s->cache_id)];
     if (by_id == s) by_id = nullptr;
   } else {
-    announced_full_.erase(std::string_view(s->name));
+    announced_full_.erase(std::string_view(*s->name));
   }
-  s->ready.reset();
+  if (s->ready) s->ready.reset();
   HandleState* h = s->handle.get();
   if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
     h->status = st;
@@ -984,13 +1123,7 @@ void Engine::NotifyCompleted() {
   // of being woken, and preempting the engine, once per handle.
   if (!finished_.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Slot* s : finished_) {
-      s->in_flight = false;
-      if (s->kept) continue;
-      if (s->in_map) slots_.erase(std::string_view(s->name));
-      s->in_map = false;
-      free_slots_.push_back(s);
-    }
+    for (Slot* s : finished_) ReleaseSlot(s);
   }
   finished_.clear();
   for (std::shared_ptr<HandleState>& h : completed_) {

@@ -89,9 +89,13 @@ struct HandleState {
   std::string message;
   int remaining = 0;  // entries not complete yet (the engine thread's)
   // Constant after submission.
-  std::string name;
+  std::shared_ptr<const std::string> name_ptr;  // shared with the tensor's slot
+  const std::string& name() const;
   Kind kind = Kind::kAllreduce;
   size_t elem = 0;
+  int wait_ms = 0;  // the collective timeout: ringrun_wait's bound
+  // The C API's reference: a ringrun_handle is this object, and ringrun_release drops it.
+  std::shared_ptr<HandleState> self;
   // Written by the engine before done is set; read after.
   std::vector<char> output;
   std::vector<size_t> rows;
@@ -101,6 +105,10 @@ struct HandleState {
   std::shared_ptr<void> device_output;
   size_t device_output_bytes = 0;
 };
+
+// A HandleState for a new submission. Released ones are kept for reuse, per thread (a training
+// step has hundreds in flight, more than malloc's per-thread cache holds).
+std::shared_ptr<HandleState> NewHandleState();
 
 struct SubmitResult {
   ringrun_status status = RINGRUN_OK;
@@ -143,7 +151,7 @@ class Engine {
   // again costs one hash lookup and allocates nothing; an unnamed one (its name is made up
   // and never repeats) returns it to free_slots_.
   struct Slot : Entry {
-    std::string name;        // constant while in slots_ (its key views it)
+    std::shared_ptr<const std::string> name;  // constant while in slots_ (its key views it)
     bool in_flight = false;  // mu_: submitted and not complete; the engine owns the Entry
     bool kept = false;       // stays in slots_ after completion
     bool in_map = false;     // in slots_ (unnamed ones are unique and need no lookup)
@@ -152,6 +160,8 @@ class Engine {
   };
   static constexpr size_t kKeptSlots = 16384;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
+  void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
+  static void MoveInto(Slot& s, Entry& e);  // e's arguments into s (mu_ held, s not in flight)
   // This rank's slot for a ready response, or nullptr (the rank had joined).
   Slot* Local(const Response& r);
   void Loop();

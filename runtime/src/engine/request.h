@@ -25,6 +25,8 @@ const char* KindName(Kind k);
 
 // The negotiated description of one tensor on one rank. Every field but `rows` and
 // `send_rows` (allgather and alltoall, which may differ per rank) must be equal on every rank.
+// A new field must be added to Engine::MoveInto too (it copies them one by one), and to
+// Encode, Decode, Identical and Differs.
 struct Request {
   std::string name;
   Kind kind = Kind::kAllreduce;

@@ -100,6 +100,15 @@ bool Controller::Ready(const Slot& s) const {
 
 Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& frames,
                                                 int64_t now_us) {
+  std::vector<Response> out;
+  Result<size_t> n = Apply(frames, now_us, &out);
+  if (!n.ok()) return n.status();
+  out.resize(*n);
+  return out;
+}
+
+Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t now_us,
+                                 std::vector<Response>* out_vec) {
   ++round_;
   bool joins_changed = false;
   std::vector<std::string> touched;
@@ -112,12 +121,12 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
       return Internal("malformed negotiation frame from rank " + std::to_string(r));
     for (uint32_t i = 0; i < n; ++i) {
       uint8_t tag;
-      Request req;
       if (!Get(f, &pos, &tag))
         return Internal("malformed negotiation frame from rank " + std::to_string(r));
+      const Request* c = nullptr;  // a cached announcement's request
       if (tag == kTagCached) {
         uint32_t id;
-        const Request* c = Get(f, &pos, &id) ? cache_.Get(id) : nullptr;
+        c = Get(f, &pos, &id) ? cache_.Get(id) : nullptr;
         if (!c) return Internal("rank " + std::to_string(r) + " sent an unknown cache id");
         FastSlot& fs = Fast(id);
         if (!fs.in_table) {  // the steady state: count it in the array
@@ -133,7 +142,10 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
           ++fs.count;
           continue;
         }
-        req = *c;
+      }
+      Request req;
+      if (c) {
+        req = *c;  // its name negotiates in the table now
       } else if (tag != kTagFull || !req.Decode(f, &pos)) {
         return Internal("malformed request from rank " + std::to_string(r));
       } else if (const int64_t id = cache_.IdOf(req.name); id >= 0) {
@@ -191,22 +203,30 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
     }
     for (uint32_t id : touched_fast) consider_fast(id);
   }
-  std::sort(ready.begin(), ready.end(), [](const ReadyItem& x, const ReadyItem& y) {
+  auto earlier = [](const ReadyItem& x, const ReadyItem& y) {
     if (x.round != y.round) return x.round < y.round;
     if (x.rank != y.rank) return x.rank < y.rank;
     return x.index < y.index;
-  });
+  };
+  // Usually in order already (both ranks announced a step's names in one round).
+  if (!std::is_sorted(ready.begin(), ready.end(), earlier)) {
+    std::sort(ready.begin(), ready.end(), earlier);
+  }
   std::vector<std::string> ready_names;
   for (const ReadyItem& x : ready) {
     if (x.name) ready_names.push_back(*x.name);
   }
-  std::vector<Response> out;
-  out.reserve(ready.size());
+  std::vector<Response>& out = *out_vec;
+  size_t k = 0;
+  auto next = [&]() -> Response& {
+    if (out.size() <= k) out.emplace_back();
+    return out[k++];
+  };
   std::optional<Response> join_done;
   size_t next_name = 0;
   for (const ReadyItem& x : ready) {
     if (!x.name) {
-      out.push_back(BuildFast(x.id));
+      BuildFast(x.id, &next());
       continue;
     }
     auto it = table_.find(ready_names[next_name++]);
@@ -223,32 +243,41 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
           resp.by_rank.empty()) {
         cache_.Put(resp.req);
       }
-      out.push_back(std::move(resp));
+      next() = std::move(resp);
     }
   }
   if (join_done) {
-    out.push_back(std::move(*join_done));
+    next() = std::move(*join_done);
     joined_.assign(size_, false);
     joined_count_ = 0;
   }
-  return out;
+  return k;
 }
 
-Response Controller::BuildFast(uint32_t id) {
+void Controller::BuildFast(uint32_t id, Response* out) {
   FastSlot& fs = fast_[id];
-  Response resp;
-  resp.req = *cache_.Get(id);
-  resp.cache_id = id;
-  if (record_announcements_) resp.announced_us = fs.announced_us;
+  Response& resp = *out;
+  resp.type = Response::kRun;
+  resp.req = *cache_.Get(id);  // into the capacity of an earlier round's response
+  resp.by_rank.clear();
+  resp.error_code = RINGRUN_OK;
+  resp.error.clear();
   resp.contributors = size_ - joined_count_;
+  resp.last_joined = -1;
+  resp.cache_id = id;
+  if (record_announcements_) {
+    resp.announced_us = fs.announced_us;
+  } else {
+    resp.announced_us.clear();
+  }
   fs.count = 0;
   --fast_pending_;
   std::fill(fs.announced_us.begin(), fs.announced_us.end(), -1);
   if (std::optional<Response> e = JoinedError(resp.req)) {
     e->cache_id = id;
-    return std::move(*e);
+    e->announced_us = std::move(resp.announced_us);
+    resp = std::move(*e);
   }
-  return resp;
 }
 
 std::optional<Response> Controller::JoinedError(const Request& req) const {
@@ -333,6 +362,17 @@ Response Controller::Build(Slot& s) {
     }
   }
   return resp;
+}
+
+int64_t Controller::OldestPendingUs() const {
+  int64_t oldest = -1;
+  auto consider = [&](int64_t t) { oldest = oldest < 0 ? t : std::min(oldest, t); };
+  for (const auto& [name, s] : table_) consider(s.first_us);
+  int left = fast_pending_;
+  for (uint32_t id = 0; left > 0 && id < fast_.size(); ++id) {
+    if (fast_[id].count > 0) consider(fast_[id].first_us), --left;
+  }
+  return oldest;
 }
 
 std::vector<PendingView> Controller::Pending() const {

@@ -63,9 +63,16 @@ class Controller {
   // Applies one round: frames[r] is rank r's frame. Returns the responses that are ready, in
   // the agreed order, or kInternal on a malformed frame.
   Result<std::vector<Response>> Apply(const std::vector<std::string>& frames, int64_t now_us);
+  // The same, writing the k ready responses to (*out)[0, k) and returning k. *out only grows:
+  // its elements beyond k are left as they were, so that a cached response is copied into
+  // storage that an earlier round's allocated (the engine's steady state allocates nothing).
+  Result<size_t> Apply(const std::vector<std::string>& frames, int64_t now_us,
+                       std::vector<Response>* out);
 
   // Names announced by some ranks and not all (joined ranks count as announced).
   std::vector<PendingView> Pending() const;
+  // When the oldest of those was first announced (-1: none), without building Pending().
+  int64_t OldestPendingUs() const;
   // Whether responses carry announced_us (for the timeline; a copy per response otherwise).
   void set_record_announcements(bool on) { record_announcements_ = on; }
   bool has_pending() const { return !table_.empty() || fast_pending_ > 0; }
@@ -96,7 +103,7 @@ class Controller {
   bool Ready(const Slot& s) const;
   bool Ready(const FastSlot& s) const;
   Response Build(Slot& s);
-  Response BuildFast(uint32_t id);
+  void BuildFast(uint32_t id, Response* resp);  // overwrites every field of *resp
   // The error for a kind that cannot run while ranks have joined, or nullopt.
   std::optional<Response> JoinedError(const Request& req) const;
   FastSlot& Fast(uint32_t id);

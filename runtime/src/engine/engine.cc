@@ -170,7 +170,6 @@ struct Recycle {
     h->status = RINGRUN_OK;
     h->message.clear();
     h->remaining = 0;
-    h->name_ptr.reset();
     h->kind = Kind::kAllreduce;
     h->elem = 0;
     h->wait_ms = 0;
@@ -197,11 +196,6 @@ struct Recycle {
 };
 
 }  // namespace
-
-const std::string& HandleState::name() const {
-  static const std::string* const empty = new std::string;
-  return name_ptr ? *name_ptr : *empty;
-}
 
 std::shared_ptr<HandleState> NewHandleState() {
   HandleState* h;
@@ -383,7 +377,7 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     if (group) {
       base = named ? std::string(name)
                    : "grouped_allreduce.noname." + std::to_string(noname_counter_[7]++);
-      h->name_ptr = std::make_shared<const std::string>(base);
+      h->name_ = base;
     } else if (!named) {
       const size_t k = static_cast<size_t>(kind);
       base = std::string(KindName(kind)) + ".noname." + std::to_string(noname_counter_[k]++);
@@ -421,11 +415,14 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
       Slot* s = taken[i];
       MoveInto(*s, entries[i]);
       s->handle = h;
-      if (!group) h->name_ptr = s->name;
+      if (!group) h->name_ = *s->name;
       queue_.push_back(s);
     }
   }
-  if (sleeping_.exchange(false)) {
+  // A plain load first (no write while the engine is awake): if the engine checked the queue
+  // before our push, its store of true happened before that check, which mu_ orders before
+  // our push, so the load sees it.
+  if (sleeping_.load() && sleeping_.exchange(false)) {
     const uint64_t one = 1;
     (void)!::write(doorbell_.get(), &one, sizeof(one));
   }
@@ -514,7 +511,9 @@ void Engine::Loop() {
           continue;
         }
       }
-      const int64_t check = stall_.NextCheckUs(controller_.Pending());
+      // The full look at what is pending (it builds a list) only once a stall is possible.
+      int64_t check = stall_.EarliestCheckUs(controller_.OldestPendingUs());
+      if (check >= 0 && check <= Now()) check = stall_.NextCheckUs(controller_.Pending());
       Deadline deadline = Deadline::max();
       if (check >= 0) {
         deadline = Clock::now() + std::chrono::microseconds(std::max<int64_t>(0, check - Now()));
@@ -658,15 +657,14 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
     if (!report.empty()) return Aborted(report);
     f.erase(0, pos);
   }
-  Result<std::vector<Response>> responses = controller_.Apply(*frames, Now());
-  if (!responses.ok()) return responses.status();
+  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_);
+  if (!ready.ok()) return ready.status();
   if (timeline_) {
     timeline_->Mark("ROUND", start,
-                    "\"round\": " + std::to_string(controller_.round()) +
-                        ", \"announced\": " + std::to_string(fresh.size()) +
-                        ", \"ready\": " + std::to_string(responses->size()));
+                    "\"round\": " + std::to_string(controller_.round()) + ", \"announced\": " +
+                        std::to_string(fresh.size()) + ", \"ready\": " + std::to_string(*ready));
   }
-  Execute(*responses);
+  Execute(responses_.data(), *ready);
   if (timeline_) timeline_->Flush();
   fresh.clear();
   spare_.swap(fresh);  // its capacity serves the submission queue again
@@ -692,13 +690,14 @@ bool Engine::Packed(const Request& req, size_t threshold) {
   return bytes <= threshold && bytes < kDirectAllreduceBytes;
 }
 
-void Engine::Execute(std::vector<Response>& responses) {
+void Engine::Execute(const Response* responses, size_t n) {
   // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
   // every rank builds the same plan from the same responses.
   std::vector<Batch> plan;
   std::vector<size_t> open;
   const size_t threshold = fusion_.threshold();
-  for (const Response& r : responses) {
+  for (size_t i = 0; i < n; ++i) {
+    const Response& r = responses[i];
     Entry* local = Local(r);
     const size_t bytes = r.req.count * (r.req.kind == Kind::kAllreduce ? r.req.ElemBytes() : 0);
     // Small allreduces are packed into the fusion buffer. Between hosts, large host ones join

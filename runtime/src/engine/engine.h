@@ -89,8 +89,8 @@ struct HandleState {
   std::string message;
   int remaining = 0;  // entries not complete yet (the engine thread's)
   // Constant after submission.
-  std::shared_ptr<const std::string> name_ptr;  // shared with the tensor's slot
-  const std::string& name() const;
+  std::string name_;  // assigned at each submission (a reused state keeps its capacity)
+  const std::string& name() const { return name_; }
   Kind kind = Kind::kAllreduce;
   size_t elem = 0;
   int wait_ms = 0;  // the collective timeout: ringrun_wait's bound
@@ -151,10 +151,11 @@ class Engine {
   // again costs one hash lookup and allocates nothing; an unnamed one (its name is made up
   // and never repeats) returns it to free_slots_.
   struct Slot : Entry {
-    std::shared_ptr<const std::string> name;  // constant while in slots_ (its key views it)
+    // First: on the cache line of Entry::handle, the other field that both threads write.
     bool in_flight = false;  // mu_: submitted and not complete; the engine owns the Entry
-    bool kept = false;       // stays in slots_ after completion
-    bool in_map = false;     // in slots_ (unnamed ones are unique and need no lookup)
+    std::shared_ptr<const std::string> name;  // constant while in slots_ (its key views it)
+    bool kept = false;                        // stays in slots_ after completion
+    bool in_map = false;  // in slots_ (unnamed ones are unique and need no lookup)
     // The engine thread's: the cache id it was announced under (-1: announced in full).
     int64_t cache_id = -1;
   };
@@ -171,7 +172,7 @@ class Engine {
   // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
   Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
   Result<std::vector<std::string>> Exchange(const std::string& mine);
-  void Execute(std::vector<Response>& responses);
+  void Execute(const Response* responses, size_t n);
   Status RunBatch(Batch& b);
   Status RunAllreduce(const Response& r, Entry* e);
   Status RunFused(Batch& b);
@@ -241,6 +242,7 @@ class Engine {
   std::vector<Slot*> spare_;              // an empty vector whose capacity the queue reuses
   std::vector<Slot*> finished_;           // complete: their slots are freed at NotifyCompleted
   std::vector<const Request*> announce_;  // Round's, kept for its capacity
+  std::vector<Response> responses_;       // the controller's output (see Controller::Apply)
   std::vector<int64_t> announce_ids_;
 
   std::thread thread_;

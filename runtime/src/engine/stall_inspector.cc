@@ -16,6 +16,13 @@ int64_t StallInspector::NextCheckUs(const std::vector<PendingView>& pending) con
   return next;
 }
 
+int64_t StallInspector::EarliestCheckUs(int64_t oldest_us) const {
+  if (!options_.enabled || oldest_us < 0) return -1;
+  int64_t wait = options_.warning_us;
+  if (options_.shutdown_us > 0) wait = std::min(wait, options_.shutdown_us);
+  return oldest_us + wait;
+}
+
 std::string StallInspector::Report(const std::vector<PendingView>& pending, int64_t now_us,
                                    int64_t min_us) const {
   if (pending.empty()) return "";

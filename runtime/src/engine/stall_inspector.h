@@ -32,6 +32,9 @@ class StallInspector {
 
   // When the engine must look again, or -1 when nothing can stall.
   int64_t NextCheckUs(const std::vector<PendingView>& pending) const;
+  // The earliest time at which a name pending since oldest_us can need a look (-1: never): a
+  // bound that costs nothing to compute, for the steady state, where names wait microseconds.
+  int64_t EarliestCheckUs(int64_t oldest_us) const;
   // Warns about newly stalled names; returns kAborted with the report once the shutdown time
   // has passed for some name.
   Status Check(const std::vector<PendingView>& pending, int64_t now_us);

@@ -82,8 +82,10 @@ class SocketTransport final : public Transport {
   int size() const override { return peers_.size(); }
   const PeerTable& peers() const override { return peers_; }
 
-  Status Run(std::vector<Op>& ops, Deadline deadline) override {
+  using Transport::Run;
+  Status Run(std::vector<Op>& ops, Deadline deadline, int spin_us) override {
     if (!broken_.ok()) return broken_;
+    spin_us_ = !options_.spin ? 0 : spin_us < 0 ? kSpinUs : std::min(spin_us, kSpinUs);
     Status st = RunOps(ops, deadline);
     if (!st.ok()) Break(st);
     return st;
@@ -115,6 +117,7 @@ class SocketTransport final : public Transport {
   Status Handshake(int peer, int fd, int pass_fd, uint64_t ring_bytes, Deadline deadline);
   // Waits up to the deadline for `fd` (when >= 0) or a listener; serves the listeners.
   Status WaitAndServe(int fd, short events, Deadline deadline);
+  int spin_us_ = 0;  // the current Run's busy-wait on a shared-memory pair
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
   Status ServeListeners();
   Status PeerError(int peer, const Status& st) const {
@@ -379,8 +382,8 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     }
   }
   if (!shm_waits.empty()) {
-    if (options_.spin) {
-      const Deadline spin_until = Clock::now() + std::chrono::microseconds(kSpinUs);
+    if (spin_us_ > 0) {
+      const Deadline spin_until = Clock::now() + std::chrono::microseconds(spin_us_);
       size_t remaining;
       for (unsigned i = 1;; ++i) {
         // No PAUSE here: under KVM, pause loops trigger PAUSE-loop exits that deschedule

@@ -94,7 +94,10 @@ class Transport {
   // at the deadline and kUnavailable when a peer closes or resets its connection, naming the
   // peer. After a failure the transport is broken: it closes every connection (so that peers
   // waiting on this rank fail at once too) and every later Run fails with that status.
-  virtual Status Run(std::vector<Op>& ops, Deadline deadline) = 0;
+  // spin_us: how long to busy-wait on a same-host peer before sleeping (-1: the transport's
+  // setting; never more, and none when the transport does not spin).
+  virtual Status Run(std::vector<Op>& ops, Deadline deadline, int spin_us) = 0;
+  Status Run(std::vector<Op>& ops, Deadline deadline) { return Run(ops, deadline, -1); }
 
   // Sleeps until a peer has sent this rank something it has not received yet (or closed its
   // connection), `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes

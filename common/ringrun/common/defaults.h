@@ -33,6 +33,11 @@ inline constexpr int kNcclFinalizeTimeoutMs = 5000;        // ncclCommFinalize a
 // ranks do not outnumber its CPUs): waking a sleeping rank costs tens of microseconds under a
 // hypervisor, paid once per collective phase when ranks arrive a little apart.
 inline constexpr int kShmSpinUs = 1000;
+// The engine's negotiation busy-waits for a peer's frame only this long before sleeping: that
+// frame comes when the peer's engine gets to it, which can take long while the peer's
+// application submits, and a spinning engine takes the core that application needs (measured:
+// benchmarks/README.md, "Engine").
+inline constexpr int kNegotiationSpinUs = 20;
 
 // The job service.
 // The largest request the job service accepts. Requests are small but for an agent's Output

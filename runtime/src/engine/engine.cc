@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ringrun/common/defaults.h"
 #include "runtime/src/engine/device_fusion.h"
 #include "runtime/src/engine/wire.h"
 #include "runtime/src/gpu/device_backend.h"  // the interface; its factories are linked with the seam
@@ -607,7 +608,8 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
     ops.push_back(Op::Send(p, head.data(), kFrameHeadBytes));
     ops.push_back(Op::Recv(p, heads[p].data(), kFrameHeadBytes));
   }
-  RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, DeadlineAfter(options_.timeout_ms)));
+  RINGRUN_RETURN_IF_ERROR(
+      transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
   ops.clear();
   const size_t inline_bytes = kFrameHeadBytes - 4;
   for (int p = 0; p < n; ++p) {

@@ -263,7 +263,7 @@ ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, s
 
 ringrun_status ringrun_test(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return State(h)->done.load(std::memory_order_acquire) ? State(h)->status : RINGRUN_IN_PROGRESS;
+  return State(h)->done() ? State(h)->status : RINGRUN_IN_PROGRESS;
 }
 ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
@@ -275,8 +275,7 @@ ringrun_status ringrun_wait(ringrun_handle h) {
 }
 const char* ringrun_handle_message(ringrun_handle h) {
   if (!h) return "";
-  return State(h)->done.load(std::memory_order_acquire) ? State(h)->message.c_str()
-                                                        : "";  // written once, before done
+  return State(h)->done() ? State(h)->message.c_str() : "";  // written once, before done
 }
 const char* ringrun_handle_name(ringrun_handle h) { return h ? State(h)->name().c_str() : ""; }
 ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t* count) {
@@ -287,7 +286,7 @@ ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
                 s.name() + ": only allgather and alltoall have an output");
   }
-  if (!s.done || s.status != RINGRUN_OK) {
+  if (!s.done() || s.status != RINGRUN_OK) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (s.device_output) {  // device memory: a device submission's result
@@ -306,7 +305,7 @@ ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": only allgather and alltoall have rows");
   }
-  if (!s.done || s.status != RINGRUN_OK) {
+  if (!s.done() || s.status != RINGRUN_OK) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (n != s.rows.size()) {
@@ -319,7 +318,7 @@ ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
 int ringrun_handle_last_joined_rank(ringrun_handle h) {
   if (!h) return -1;
   HandleState& s = *State(h);
-  return s.done.load(std::memory_order_acquire) && s.kind == Kind::kJoin ? s.last_joined : -1;
+  return s.done() && s.kind == Kind::kJoin ? s.last_joined : -1;
 }
 void ringrun_release(ringrun_handle h) {
   if (!h) return;

@@ -256,7 +256,7 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
   engine::HandleState& h = *sub.handle;
   ringrun_status st = engine::Engine::Wait(h, timeout_ms_);
   if (st == RINGRUN_ERR_TIMEOUT) {
-    if (!h.done.load()) {
+    if (!h.done()) {
       engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name() +
                              " did not complete within " + std::to_string(timeout_ms_) +
                              " ms (RINGRUN_TIMEOUT_MS)"));

@@ -56,17 +56,20 @@ std::string Controller::EncodeFrame(const std::vector<const Request*>& announce,
 }
 
 Controller::FastSlot& Controller::Fast(uint32_t id) {
-  if (fast_.size() <= id) fast_.resize(cache_.size());
-  FastSlot& f = fast_[id];
-  if (f.announced_us.empty()) f.announced_us.assign(size_, -1);
-  return f;
+  if (fast_.size() <= id) {
+    fast_.resize(cache_.size());
+    fast_us_.resize(fast_.size() * static_cast<size_t>(size_), -1);
+  }
+  return fast_[id];
 }
 
-bool Controller::Ready(const FastSlot& s) const {
+bool Controller::Ready(uint32_t id) const {
+  const FastSlot& s = fast_[id];
   if (s.count == 0) return false;
   if (joined_count_ == 0) return s.count == size_;
+  const int64_t* us = FastUs(id);
   for (int r = 0; r < size_; ++r) {
-    if (s.announced_us[r] < 0 && !joined_[r]) return false;
+    if (us[r] < 0 && !joined_[r]) return false;
   }
   return true;
 }
@@ -79,16 +82,17 @@ void Controller::MoveToTable(uint32_t id, std::vector<std::string>* touched) {
   auto [it, fresh] = table_.try_emplace(cached.name);
   Slot& s = it->second;  // fresh: in_table was false, so no slot had this name
   s.by_rank.resize(size_);
-  s.announced_us = f.announced_us;
+  int64_t* us = FastUs(id);
+  s.announced_us.assign(us, us + size_);
   s.first_round = f.first_round, s.first_rank = f.first_rank, s.first_index = f.first_index;
   s.first_us = f.first_us;
   for (int r = 0; r < size_; ++r) {
-    if (f.announced_us[r] >= 0) s.by_rank[r] = cached, ++s.count;
+    if (us[r] >= 0) s.by_rank[r] = cached, ++s.count;
   }
   if (fresh) touched->push_back(cached.name);
   f.count = 0;
   --fast_pending_;
-  std::fill(f.announced_us.begin(), f.announced_us.end(), -1);
+  std::fill(us, us + size_, -1);
 }
 
 bool Controller::Ready(const Slot& s) const {
@@ -112,7 +116,8 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
   ++round_;
   bool joins_changed = false;
   std::vector<std::string> touched;
-  std::vector<uint32_t> touched_fast;
+  std::vector<uint32_t>& touched_fast = touched_fast_;
+  touched_fast.clear();
   for (int r = 0; r < size_; ++r) {
     const std::string& f = frames[r];
     size_t pos = 0;
@@ -130,7 +135,8 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
         if (!c) return Internal("rank " + std::to_string(r) + " sent an unknown cache id");
         FastSlot& fs = Fast(id);
         if (!fs.in_table) {  // the steady state: count it in the array
-          if (fs.announced_us[r] >= 0) {
+          int64_t* us = FastUs(id);
+          if (us[r] >= 0) {
             return Internal("rank " + std::to_string(r) + " announced '" + c->name + "' twice");
           }
           if (fs.count == 0) {
@@ -138,7 +144,7 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
             ++fast_pending_;
           }
           touched_fast.push_back(id);
-          fs.announced_us[r] = now_us;
+          us[r] = now_us;
           ++fs.count;
           continue;
         }
@@ -188,7 +194,7 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
   };
   auto consider_fast = [&](uint32_t id) {
     FastSlot& fs = fast_[id];
-    if (fs.listed_round != round_ && Ready(fs)) {
+    if (fs.listed_round != round_ && Ready(id)) {
       ready.push_back({fs.first_round, fs.first_rank, fs.first_index, nullptr, id});
       fs.listed_round = round_;  // once
     }
@@ -265,14 +271,15 @@ void Controller::BuildFast(uint32_t id, Response* out) {
   resp.contributors = size_ - joined_count_;
   resp.last_joined = -1;
   resp.cache_id = id;
+  int64_t* us = FastUs(id);
   if (record_announcements_) {
-    resp.announced_us = fs.announced_us;
+    resp.announced_us.assign(us, us + size_);
   } else {
     resp.announced_us.clear();
   }
   fs.count = 0;
   --fast_pending_;
-  std::fill(fs.announced_us.begin(), fs.announced_us.end(), -1);
+  std::fill(us, us + size_, -1);
   if (std::optional<Response> e = JoinedError(resp.req)) {
     e->cache_id = id;
     e->announced_us = std::move(resp.announced_us);
@@ -386,7 +393,8 @@ std::vector<PendingView> Controller::Pending() const {
     const FastSlot& fs = fast_[id];
     if (fs.count == 0) continue;
     PendingView v{&cache_.Get(id)->name, fs.first_us, std::vector<bool>(size_)};
-    for (int r = 0; r < size_; ++r) v.announced[r] = fs.announced_us[r] >= 0 || joined_[r];
+    const int64_t* us = FastUs(id);
+    for (int r = 0; r < size_; ++r) v.announced[r] = us[r] >= 0 || joined_[r];
     out.push_back(std::move(v));
   }
   return out;

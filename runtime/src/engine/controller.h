@@ -91,8 +91,7 @@ class Controller {
   };
   // The negotiation of a cached request, by cache id (count 0: nothing announced).
   struct FastSlot {
-    std::vector<int64_t> announced_us;  // by rank; -1: not announced
-    int count = 0;
+    int count = 0;  // its announcements, by rank, are at FastUs(id): -1 where none
     uint64_t first_round = 0;
     int first_rank = 0;
     uint32_t first_index = 0;
@@ -101,12 +100,14 @@ class Controller {
     uint64_t listed_round = 0;  // the round in which it was last found ready
   };
   bool Ready(const Slot& s) const;
-  bool Ready(const FastSlot& s) const;
+  bool Ready(uint32_t fast_id) const;
   Response Build(Slot& s);
   void BuildFast(uint32_t id, Response* resp);  // overwrites every field of *resp
   // The error for a kind that cannot run while ranks have joined, or nullopt.
   std::optional<Response> JoinedError(const Request& req) const;
   FastSlot& Fast(uint32_t id);
+  int64_t* FastUs(uint32_t id) { return &fast_us_[static_cast<size_t>(id) * size_]; }
+  const int64_t* FastUs(uint32_t id) const { return &fast_us_[static_cast<size_t>(id) * size_]; }
   // Moves the cached announcements of `id` into a table slot for its name (a rank announced
   // the name in full, so they must be compared there).
   void MoveToTable(uint32_t id, std::vector<std::string>* touched);
@@ -114,7 +115,9 @@ class Controller {
   const int size_;
   ResponseCache cache_;
   std::unordered_map<std::string, Slot> table_;
-  std::vector<FastSlot> fast_;  // by cache id
+  std::vector<FastSlot> fast_;          // by cache id
+  std::vector<int64_t> fast_us_;        // size_ per cache id: when each rank announced it
+  std::vector<uint32_t> touched_fast_;  // Apply's, kept for its capacity
   bool record_announcements_ = true;
   int fast_pending_ = 0;  // fast_ slots with a count
   std::vector<bool> joined_;

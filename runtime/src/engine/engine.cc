@@ -165,34 +165,39 @@ struct BlockAllocator {
   }
 };
 
-struct Recycle {
+void Recycle(HandleState* h) {
+  h->flags.store(0, std::memory_order_relaxed);
+  h->status = RINGRUN_OK;
+  h->message.clear();
+  h->remaining = 0;
+  h->kind = Kind::kAllreduce;
+  h->elem = 0;
+  h->wait_ms = 0;
+  if (h->output.capacity() > (size_t{1} << 20)) {
+    std::vector<char>().swap(h->output);
+  } else {
+    h->output.clear();
+  }
+  h->rows.clear();
+  h->last_joined = -1;
+  h->device_output.reset();
+  h->device_output_bytes = 0;
+  if (t_cache_gone) {
+    delete h;
+    return;
+  }
+  HandleCache& c = ThreadHandleCache();
+  if (c.states.size() < kHandleCacheMax) {
+    c.states.push_back(h);
+  } else {
+    delete h;
+  }
+}
+
+// The user's last reference is gone.
+struct UserRelease {
   void operator()(HandleState* h) const {
-    h->done.store(false, std::memory_order_relaxed);
-    h->status = RINGRUN_OK;
-    h->message.clear();
-    h->remaining = 0;
-    h->kind = Kind::kAllreduce;
-    h->elem = 0;
-    h->wait_ms = 0;
-    if (h->output.capacity() > (size_t{1} << 20)) {
-      std::vector<char>().swap(h->output);
-    } else {
-      h->output.clear();
-    }
-    h->rows.clear();
-    h->last_joined = -1;
-    h->device_output.reset();
-    h->device_output_bytes = 0;
-    if (t_cache_gone) {
-      delete h;
-      return;
-    }
-    HandleCache& c = ThreadHandleCache();
-    if (c.states.size() < kHandleCacheMax) {
-      c.states.push_back(h);
-    } else {
-      delete h;
-    }
+    if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h);
   }
 };
 
@@ -206,7 +211,11 @@ std::shared_ptr<HandleState> NewHandleState() {
   } else {
     h = new HandleState;
   }
-  return std::shared_ptr<HandleState>(h, Recycle{}, BlockAllocator<HandleState>{});
+  return std::shared_ptr<HandleState>(h, UserRelease{}, BlockAllocator<HandleState>{});
+}
+
+void EngineDone(HandleState* h) {
+  if (h->flags.fetch_or(HandleState::kEngineGone) & HandleState::kReleased) Recycle(h);
 }
 
 ringrun_status ToRingrunStatus(const Status& st) {
@@ -354,6 +363,8 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     e.submit_us = now;
   }
   std::shared_ptr<HandleState> h = NewHandleState();
+  // Refused after this point: the engine never saw the handle.
+  auto refuse = [&] { h->flags.store(HandleState::kDone | HandleState::kEngineGone); };
   const Kind kind = entries[0].req.kind;
   h->kind = kind;
   h->elem = kind == Kind::kBarrier || kind == Kind::kJoin ? 0 : DtypeSize(entries[0].req.dtype);
@@ -362,11 +373,13 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
+      refuse();
       out.status = RINGRUN_ERR_ABORTED;
       out.message = "ringrun is shutting down";
       return out;
     }
     if (failed_code_ != RINGRUN_OK) {
+      refuse();
       out.status = failed_code_;
       out.message = failed_message_;
       return out;
@@ -403,6 +416,7 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
       }
       if (s && s->in_flight) {
         for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
+        refuse();
         out.status = RINGRUN_ERR_DUPLICATE_NAME;
         out.message = "tensor '" + std::string(nm) +
                       "' is still in flight on this rank (submitted again before it completed)";
@@ -415,7 +429,7 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     for (size_t i = 0; i < n; ++i) {
       Slot* s = taken[i];
       MoveInto(*s, entries[i]);
-      s->handle = h;
+      s->handle = h.get();
       if (!group) h->name_ = *s->name;
       queue_.push_back(s);
     }
@@ -432,12 +446,11 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
 }
 
 ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
-  if (h.done.load(std::memory_order_acquire)) return h.status;
+  if (h.done()) return h.status;
   std::unique_lock<std::mutex> lock(h.mu);
-  h.waiters.fetch_add(1);
-  const bool done =
-      h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return h.done.load(); });
-  h.waiters.fetch_sub(1);
+  h.flags.fetch_or(HandleState::kWaiting);
+  const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                  [&] { return (h.flags.load() & HandleState::kDone) != 0; });
   return done ? h.status : RINGRUN_ERR_TIMEOUT;
 }
 
@@ -1104,16 +1117,13 @@ void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
     announced_full_.erase(std::string_view(*s->name));
   }
   if (s->ready) s->ready.reset();
-  HandleState* h = s->handle.get();
+  HandleState* h = s->handle;
   if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
     h->status = st;
     h->message = message;
   }
-  if (--h->remaining == 0) {
-    completed_.push_back(std::move(s->handle));
-  } else {
-    s->handle.reset();
-  }
+  if (--h->remaining == 0) completed_.push_back(h);
+  s->handle = nullptr;
   finished_.push_back(s);
 }
 
@@ -1127,12 +1137,12 @@ void Engine::NotifyCompleted() {
     for (Slot* s : finished_) ReleaseSlot(s);
   }
   finished_.clear();
-  for (std::shared_ptr<HandleState>& h : completed_) {
-    h->done.store(true);
-    if (h->waiters.load() > 0) {
+  for (HandleState* h : completed_) {
+    if (h->flags.fetch_or(HandleState::kDone) & HandleState::kWaiting) {
       std::lock_guard<std::mutex> lock(h->mu);  // the waiter holds it until it sleeps
       h->cv.notify_all();
     }
+    EngineDone(h);
   }
   completed_.clear();
 }

@@ -76,12 +76,16 @@ struct EngineOptions {
 
 // The object behind a ringrun_handle.
 struct HandleState {
-  // Set (release) by the engine thread once everything below is written; a waiter that finds
-  // it set reads the results without a lock. A waiter that must sleep counts itself in
-  // `waiters` under mu and sleeps on cv; the engine takes mu to notify only when some waiter
-  // counts (seq_cst on both sides: one of the two always sees the other).
-  std::atomic<bool> done{false};
-  std::atomic<int> waiters{0};
+  // Who is done with it, and whether someone sleeps on it; the object is reused (see
+  // NewHandleState) by whichever of the engine (kEngineGone) and the user (kReleased, the last
+  // shared_ptr dropped) sets its bit second, so that the engine never touches a reference count
+  // that the user's thread owns. kDone is set (release) once everything below is written: a
+  // waiter that finds it reads the results without a lock. A waiter that must sleep sets
+  // kWaiting under mu and sleeps on cv; the engine notifies only when its kDone read-modify-
+  // write found kWaiting (both are read-modify-writes of `flags`, so one sees the other).
+  static constexpr uint8_t kDone = 1, kWaiting = 2, kEngineGone = 4, kReleased = 8;
+  std::atomic<uint8_t> flags{0};
+  bool done() const { return flags.load(std::memory_order_acquire) & kDone; }
   std::mutex mu;
   std::condition_variable cv;
   // Written by the engine thread before done; read after.
@@ -106,9 +110,11 @@ struct HandleState {
   size_t device_output_bytes = 0;
 };
 
-// A HandleState for a new submission. Released ones are kept for reuse, per thread (a training
-// step has hundreds in flight, more than malloc's per-thread cache holds).
+// A HandleState for a new submission: the user's reference. Released ones are kept for reuse,
+// per thread (a training step has hundreds in flight, more than malloc's per-thread cache
+// holds). The engine's part ends with EngineDone.
 std::shared_ptr<HandleState> NewHandleState();
+void EngineDone(HandleState* h);  // sets kEngineGone; the engine must not touch h afterwards
 
 struct SubmitResult {
   ringrun_status status = RINGRUN_OK;
@@ -238,7 +244,7 @@ class Engine {
   bool device_busy_ = false;              // device_mu_: a device batch is running
   std::string device_abort_;              // device_mu_: why later device batches fail
   std::vector<char> zeros_;
-  std::vector<std::shared_ptr<HandleState>> completed_;  // done, waiters not yet woken
+  std::vector<HandleState*> completed_;   // done, waiters not yet woken
   std::vector<Slot*> spare_;              // an empty vector whose capacity the queue reuses
   std::vector<Slot*> finished_;           // complete: their slots are freed at NotifyCompleted
   std::vector<const Request*> announce_;  // Round's, kept for its capacity

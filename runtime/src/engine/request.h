@@ -70,7 +70,7 @@ struct Entry {
   // Device memory: a CUDA event recorded on the caller's stream (`stream`, or the legacy
   // default stream) at submission; the engine's stream waits for it before reading.
   std::shared_ptr<void> ready;
-  std::shared_ptr<HandleState> handle;
+  HandleState* handle = nullptr;  // the engine's part of it (see HandleState::flags)
   int64_t submit_us = 0;
 };
 

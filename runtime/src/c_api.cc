@@ -69,14 +69,9 @@ ringrun_status Call(F&& f) {
   }
 }
 
-// A ringrun_handle is the engine's HandleState of the submission; the reference it stands for
-// is the state's `self`, which ringrun_release drops.
+// A ringrun_handle is the engine's HandleState of the submission: the caller's reference,
+// which ringrun_release drops (ReleaseHandle).
 HandleState* State(ringrun_handle h) { return reinterpret_cast<HandleState*>(h); }
-ringrun_handle Wrap(std::shared_ptr<HandleState> state) {
-  HandleState* raw = state.get();
-  raw->self = std::move(state);
-  return reinterpret_cast<ringrun_handle>(raw);
-}
 
 ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail(st); }
 
@@ -84,10 +79,12 @@ ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail
 // a new handle.
 ringrun_status SubmitEntries(Runtime& rt, Entry* entries, size_t n, const char* name,
                              ringrun_handle* handle, bool group = false) {
-  ringrun::runtime::engine::SubmitResult r =
-      rt.engine().Submit(entries, n, name ? std::string_view(name) : std::string_view(), group);
-  if (r.status != RINGRUN_OK) return Fail(r.status, r.message);
-  *handle = Wrap(std::move(r.handle));
+  HandleState* h = nullptr;
+  std::string message;
+  const ringrun_status st = rt.engine().Submit(
+      entries, n, name ? std::string_view(name) : std::string_view(), group, &h, &message);
+  if (st != RINGRUN_OK) return Fail(st, message);
+  *handle = reinterpret_cast<ringrun_handle>(h);
   return RINGRUN_OK;
 }
 
@@ -321,8 +318,7 @@ int ringrun_handle_last_joined_rank(ringrun_handle h) {
   return s.done() && s.kind == Kind::kJoin ? s.last_joined : -1;
 }
 void ringrun_release(ringrun_handle h) {
-  if (!h) return;
-  std::shared_ptr<HandleState> last = std::move(State(h)->self);  // may free it: not after
+  if (h) ringrun::runtime::engine::ReleaseHandle(State(h));
 }
 
 /* ---- submissions ---- */

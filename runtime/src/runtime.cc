@@ -248,12 +248,12 @@ Runtime::~Runtime() = default;
 ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
                                       std::shared_ptr<engine::HandleState>* handle) {
   const std::string name = entry.req.name;
-  engine::SubmitResult sub = engine_->Submit(&entry, 1, name, /*group=*/false);
-  if (sub.status != RINGRUN_OK) {
-    *message = sub.message;
-    return sub.status;
-  }
-  engine::HandleState& h = *sub.handle;
+  engine::HandleState* raw = nullptr;
+  ringrun_status submitted = engine_->Submit(&entry, 1, name, /*group=*/false, &raw, message);
+  if (submitted != RINGRUN_OK) return submitted;
+  std::shared_ptr<engine::HandleState> owned;
+  if (handle) owned = engine::ShareHandle(raw);  // else released below
+  engine::HandleState& h = *raw;
   ringrun_status st = engine::Engine::Wait(h, timeout_ms_);
   if (st == RINGRUN_ERR_TIMEOUT) {
     if (!h.done()) {
@@ -266,7 +266,11 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
     st = engine::Engine::Wait(h, std::numeric_limits<int>::max());
   }
   *message = h.message;
-  if (handle) *handle = std::move(sub.handle);
+  if (handle) {
+    *handle = std::move(owned);
+  } else {
+    engine::ReleaseHandle(raw);
+  }
   return st;
 }
 

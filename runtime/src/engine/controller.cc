@@ -1,6 +1,7 @@
 #include "runtime/src/engine/controller.h"
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_set>
 
 #include "runtime/src/engine/wire.h"
@@ -30,8 +31,10 @@ Controller::Controller(int size, size_t cache_capacity)
 
 int64_t Controller::CachedId(const Request& req, int64_t hint) const {
   if (hint >= 0) {
+    // The hint is the id this name had: an id keeps its name (a changed request is replaced in
+    // place), so only the arguments need comparing.
     const Request* c = cache_.Get(static_cast<uint32_t>(hint));
-    if (c && c->Identical(req)) return hint;
+    if (c && c->SameArguments(req)) return hint;
   }
   return cache_.Find(req);
 }
@@ -45,8 +48,10 @@ std::string Controller::EncodeFrame(const std::vector<const Request*>& announce,
     const Request* r = announce[i];
     const int64_t id = ids ? (*ids)[i] : cache_.Find(*r);
     if (id >= 0) {
-      Put<uint8_t>(&out, kTagCached);
-      Put<uint32_t>(&out, static_cast<uint32_t>(id));
+      char entry[5] = {static_cast<char>(kTagCached)};
+      const uint32_t id32 = static_cast<uint32_t>(id);
+      std::memcpy(entry + 1, &id32, sizeof(id32));
+      out.append(entry, sizeof(entry));
     } else {
       Put<uint8_t>(&out, kTagFull);
       r->Encode(&out);
@@ -178,14 +183,8 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
     }
   }
   // Which names are ready now, in their agreed order (table slots and cached ones alike).
-  struct ReadyItem {
-    uint64_t round;
-    int rank;
-    uint32_t index;
-    const std::string* name;  // a table slot's, or nullptr for a cached one
-    uint32_t id;              // the cache id of a cached one
-  };
-  std::vector<ReadyItem> ready;
+  std::vector<ReadyItem>& ready = ready_;
+  ready.clear();
   std::unordered_set<const Slot*> seen;
   auto consider = [&](const std::string& name, Slot& s) {
     if (Ready(s) && seen.insert(&s).second) {
@@ -264,7 +263,11 @@ void Controller::BuildFast(uint32_t id, Response* out) {
   FastSlot& fs = fast_[id];
   Response& resp = *out;
   resp.type = Response::kRun;
-  resp.req = *cache_.Get(id);  // into the capacity of an earlier round's response
+  const uint32_t version = cache_.Version(id);
+  if (resp.copied_from != id || resp.copied_version != version) {
+    resp.req = *cache_.Get(id);  // into the capacity of an earlier round's response
+    resp.copied_from = id, resp.copied_version = version;
+  }
   resp.by_rank.clear();
   resp.error_code = RINGRUN_OK;
   resp.error.clear();

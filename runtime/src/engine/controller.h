@@ -37,7 +37,11 @@ struct Response {
   std::string error;
   int contributors = 0;   // ranks that had not joined when it became ready
   int64_t cache_id = -1;  // the response cache's id of its name, if it has one
-  int last_joined = -1;   // kJoinDone
+  // The cache entry (id, version) that `req` was last copied from by the fast path: a response
+  // slot that serves the same cached name step after step copies it once.
+  int64_t copied_from = -1;
+  uint32_t copied_version = 0;
+  int last_joined = -1;  // kJoinDone
   // When each rank's announcement reached this rank (local clock, microseconds; -1: joined).
   std::vector<int64_t> announced_us;
 };
@@ -115,9 +119,18 @@ class Controller {
   const int size_;
   ResponseCache cache_;
   std::unordered_map<std::string, Slot> table_;
-  std::vector<FastSlot> fast_;          // by cache id
-  std::vector<int64_t> fast_us_;        // size_ per cache id: when each rank announced it
-  std::vector<uint32_t> touched_fast_;  // Apply's, kept for its capacity
+  std::vector<FastSlot> fast_;    // by cache id
+  std::vector<int64_t> fast_us_;  // size_ per cache id: when each rank announced it
+  // Apply's, kept for their capacity.
+  struct ReadyItem {
+    uint64_t round;
+    int rank;
+    uint32_t index;
+    const std::string* name;  // a table slot's, or nullptr for a cached one
+    uint32_t id;              // the cache id of a cached one
+  };
+  std::vector<uint32_t> touched_fast_;
+  std::vector<ReadyItem> ready_;
   bool record_announcements_ = true;
   int fast_pending_ = 0;  // fast_ slots with a count
   std::vector<bool> joined_;

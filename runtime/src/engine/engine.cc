@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <unordered_set>
 
 #include "ringrun/common/defaults.h"
 #include "runtime/src/engine/device_fusion.h"
@@ -26,7 +28,37 @@ constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
 // that fusing it saves (measured: the copies were a quarter of a ResNet-50 step's time).
 constexpr size_t kDirectAllreduceBytes = 256 << 10;
 
-bool BuildIsDevice(const void* p) { return p != nullptr && IsDevicePointer(p); }
+// The start of the program's heap (the break at exec), from /proc/self/stat; 0 if unknown.
+uintptr_t HeapStart() {
+  static const uintptr_t start = [] {
+    std::FILE* f = std::fopen("/proc/self/stat", "r");
+    if (!f) return uintptr_t{0};
+    char buf[2048];
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    // Fields after the command name (which may hold spaces and parentheses): start_brk is
+    // field 47 (proc(5)).
+    const char* p = std::strrchr(buf, ')');
+    if (!p) return uintptr_t{0};
+    for (int i = 0; i < 45; ++i) {  // the i-th space after it precedes field i + 3
+      p = std::strchr(p + 1, ' ');
+      if (!p) return uintptr_t{0};
+    }
+    return static_cast<uintptr_t>(std::strtoull(p + 1, nullptr, 10));
+  }();
+  return start;
+}
+
+bool BuildIsDevice(const void* p) {
+  if (p == nullptr) return false;
+  // Memory in the program's heap (from its start to the current break) is host memory: no
+  // need to ask the loader whether CUDA is there and CUDA what p is, which costs more than the
+  // rest of a small submission.
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), start = HeapStart();
+  if (start != 0 && a >= start && a < reinterpret_cast<uintptr_t>(::sbrk(0))) return false;
+  return IsDevicePointer(p);
+}
 
 bool PartialOverlap(const void* a, const void* b, size_t bytes) {
   const char* x = static_cast<const char*>(a);
@@ -107,21 +139,18 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
 
 namespace {
 
-// Per-thread caches of released handle states and of their shared_ptr control blocks (one
-// size): a step submits hundreds of tensors before it releases any, more than malloc's
-// per-thread cache holds, and a cached state is reused without being built again.
+// Per-thread caches of released handle states: a step submits hundreds of tensors before it
+// releases any, more than malloc's per-thread cache holds, and a cached state is reused without
+// being built again.
 constexpr size_t kHandleCacheMax = 4096;
 // Set when this thread's cache is destroyed (at its exit): a handle released later on it (by a
 // static destructor, say) is freed instead of cached. Trivially destructible, so readable then.
 thread_local bool t_cache_gone = false;
 struct HandleCache {
   std::vector<HandleState*> states;
-  std::vector<void*> blocks;
-  size_t block_bytes = 0;
   ~HandleCache() {
     t_cache_gone = true;
     for (HandleState* h : states) delete h;
-    for (void* b : blocks) ::operator delete(b);
   }
 };
 HandleCache& ThreadHandleCache() {
@@ -129,44 +158,9 @@ HandleCache& ThreadHandleCache() {
   return cache;
 }
 
-template <typename T>
-struct BlockAllocator {
-  using value_type = T;
-  BlockAllocator() = default;
-  template <typename U>
-  BlockAllocator(const BlockAllocator<U>&) {}  // NOLINT: rebinding
-  T* allocate(size_t n) {
-    if (t_cache_gone) return static_cast<T*>(::operator new(n * sizeof(T)));
-    HandleCache& c = ThreadHandleCache();
-    if (n == 1 && sizeof(T) == c.block_bytes && !c.blocks.empty()) {
-      void* p = c.blocks.back();
-      c.blocks.pop_back();
-      return static_cast<T*>(p);
-    }
-    return static_cast<T*>(::operator new(n * sizeof(T)));
-  }
-  void deallocate(T* p, size_t n) {
-    if (t_cache_gone) return ::operator delete(p);
-    HandleCache& c = ThreadHandleCache();
-    if (c.block_bytes == 0) c.block_bytes = sizeof(T);
-    if (n == 1 && sizeof(T) == c.block_bytes && c.blocks.size() < kHandleCacheMax) {
-      c.blocks.push_back(p);
-      return;
-    }
-    ::operator delete(p);
-  }
-  template <typename U>
-  bool operator==(const BlockAllocator<U>&) const {
-    return true;
-  }
-  template <typename U>
-  bool operator!=(const BlockAllocator<U>&) const {
-    return false;
-  }
-};
-
 void Recycle(HandleState* h) {
   h->flags.store(0, std::memory_order_relaxed);
+  h->name_ptr = nullptr;
   h->status = RINGRUN_OK;
   h->message.clear();
   h->remaining = 0;
@@ -194,28 +188,60 @@ void Recycle(HandleState* h) {
   }
 }
 
-// The user's last reference is gone.
-struct UserRelease {
-  void operator()(HandleState* h) const {
-    if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h);
-  }
-};
-
 }  // namespace
 
-std::shared_ptr<HandleState> NewHandleState() {
-  HandleState* h;
-  if (HandleCache& c = ThreadHandleCache(); !t_cache_gone && !c.states.empty()) {
-    h = c.states.back();
-    c.states.pop_back();
-  } else {
-    h = new HandleState;
+HandleState* NewHandleState() {
+  if (!t_cache_gone) {
+    HandleCache& c = ThreadHandleCache();
+    if (!c.states.empty()) {
+      HandleState* h = c.states.back();
+      c.states.pop_back();
+      return h;
+    }
   }
-  return std::shared_ptr<HandleState>(h, UserRelease{}, BlockAllocator<HandleState>{});
+  return new HandleState;
+}
+
+void ReleaseHandle(HandleState* h) {
+  if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h);
 }
 
 void EngineDone(HandleState* h) {
   if (h->flags.fetch_or(HandleState::kEngineGone) & HandleState::kReleased) Recycle(h);
+}
+
+std::shared_ptr<HandleState> ShareHandle(HandleState* h) {
+  return std::shared_ptr<HandleState>(h, ReleaseHandle);
+}
+
+const std::string* InternName(std::string_view name) {
+  static std::mutex mu;
+  static auto* names = new std::unordered_set<std::string, std::hash<std::string>>;  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  return &*names->emplace(name).first;
+}
+
+size_t NameHash::operator()(std::string_view s) const noexcept {
+  const char* p = s.data();
+  const size_t size = s.size();
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ size;
+  auto mix = [&h](uint64_t v) {
+    h = (h ^ v) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  };
+  uint64_t v = 0;
+  if (size >= 8) {
+    size_t i = 0;
+    for (; i + 8 < size; i += 8) {
+      std::memcpy(&v, p + i, 8);
+      mix(v);
+    }
+    std::memcpy(&v, p + size - 8, 8);  // the last 8 bytes (overlapping the previous ones)
+  } else {
+    for (size_t i = 0; i < size; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  }
+  h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+  return static_cast<size_t>(h ^ (h >> 29));
 }
 
 ringrun_status ToRingrunStatus(const Status& st) {
@@ -275,14 +301,17 @@ void Engine::Shutdown() {
 }
 
 SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
+  SubmitResult out;
   const std::string name = entries.empty() ? std::string() : entries[0].req.name;
   if (!group && entries.size() > 1) {
-    SubmitResult out;
     out.status = RINGRUN_ERR_INVALID_ARGUMENT;
     out.message = "several entries in one submission must be a group";
     return out;
   }
-  return Submit(entries.data(), entries.size(), name, group);
+  HandleState* h = nullptr;
+  out.status = Submit(entries.data(), entries.size(), name, group, &h, &out.message);
+  if (h) out.handle = ShareHandle(h);
+  return out;
 }
 
 namespace {
@@ -318,7 +347,12 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   } else {
     s = &slot_store_.emplace_back();
   }
-  s->name = std::make_shared<const std::string>(name);
+  if (named && kept_slots_ < kKeptSlots) {
+    s->name = InternName(name);
+  } else {
+    s->own_name.assign(name.data(), name.size());
+    s->name = &s->own_name;
+  }
   s->req.name = *s->name;
   s->kept = named && kept_slots_ < kKeptSlots;
   kept_slots_ += s->kept;
@@ -336,12 +370,12 @@ void Engine::ReleaseSlot(Slot* s) {
   free_slots_.push_back(s);
 }
 
-SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, bool group) {
-  SubmitResult out;
+ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, bool group,
+                              HandleState** handle, std::string* message) {
+  *handle = nullptr;
   if (n == 0) {
-    out.status = RINGRUN_ERR_INVALID_ARGUMENT;
-    out.message = "nothing to submit";
-    return out;
+    *message = "nothing to submit";
+    return RINGRUN_ERR_INVALID_ARGUMENT;
   }
   const int64_t now = timeline_ ? Now() : 0;  // submit_us: for the timeline only
   for (size_t i = 0; i < n; ++i) {
@@ -355,16 +389,20 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
                     : Validate(e, options_.size, send_device, recv_device);
     if (st.ok() && e.req.device) st = RecordReady(e);
     if (!st.ok()) {
-      out.status = RINGRUN_ERR_INVALID_ARGUMENT;
-      out.message = (name.empty() ? std::string(KindName(e.req.kind)) : std::string(name)) + ": " +
-                    st.message();
-      return out;
+      *message = (name.empty() ? std::string(KindName(e.req.kind)) : std::string(name)) + ": " +
+                 st.message();
+      return RINGRUN_ERR_INVALID_ARGUMENT;
     }
     e.submit_us = now;
   }
-  std::shared_ptr<HandleState> h = NewHandleState();
-  // Refused after this point: the engine never saw the handle.
-  auto refuse = [&] { h->flags.store(HandleState::kDone | HandleState::kEngineGone); };
+  HandleState* h = NewHandleState();
+  // Refused after this point: the engine never saw the handle, and the caller never gets it.
+  auto refuse = [&](ringrun_status st, std::string why) {
+    h->flags.store(HandleState::kDone | HandleState::kEngineGone);
+    ReleaseHandle(h);
+    *message = std::move(why);
+    return st;
+  };
   const Kind kind = entries[0].req.kind;
   h->kind = kind;
   h->elem = kind == Kind::kBarrier || kind == Kind::kJoin ? 0 : DtypeSize(entries[0].req.dtype);
@@ -372,18 +410,8 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
   h->wait_ms = options_.timeout_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) {
-      refuse();
-      out.status = RINGRUN_ERR_ABORTED;
-      out.message = "ringrun is shutting down";
-      return out;
-    }
-    if (failed_code_ != RINGRUN_OK) {
-      refuse();
-      out.status = failed_code_;
-      out.message = failed_message_;
-      return out;
-    }
+    if (stop_) return refuse(RINGRUN_ERR_ABORTED, "ringrun is shutting down");
+    if (failed_code_ != RINGRUN_OK) return refuse(failed_code_, failed_message_);
     // Names: a group's entries are "<base>.<i>of<n>"; an unnamed submission gets a default
     // that is the same on every rank (the n-th unnamed one of its kind).
     const bool named = !name.empty();
@@ -416,11 +444,10 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
       }
       if (s && s->in_flight) {
         for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
-        refuse();
-        out.status = RINGRUN_ERR_DUPLICATE_NAME;
-        out.message = "tensor '" + std::string(nm) +
-                      "' is still in flight on this rank (submitted again before it completed)";
-        return out;
+        return refuse(
+            RINGRUN_ERR_DUPLICATE_NAME,
+            "tensor '" + std::string(nm) +
+                "' is still in flight on this rank (submitted again before it completed)");
       }
       if (!s) s = NewSlot(nm, named);
       s->in_flight = true;
@@ -429,8 +456,14 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     for (size_t i = 0; i < n; ++i) {
       Slot* s = taken[i];
       MoveInto(*s, entries[i]);
-      s->handle = h.get();
-      if (!group) h->name_ = *s->name;
+      s->handle = h;
+      if (!group) {
+        if (s->kept) {
+          h->name_ptr = s->name;
+        } else {
+          h->name_ = *s->name;
+        }
+      }
       queue_.push_back(s);
     }
   }
@@ -441,8 +474,8 @@ SubmitResult Engine::Submit(Entry* entries, size_t n, std::string_view name, boo
     const uint64_t one = 1;
     (void)!::write(doorbell_.get(), &one, sizeof(one));
   }
-  out.handle = std::move(h);
-  return out;
+  *handle = h;
+  return RINGRUN_OK;
 }
 
 ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
@@ -708,8 +741,15 @@ bool Engine::Packed(const Request& req, size_t threshold) {
 void Engine::Execute(const Response* responses, size_t n) {
   // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
   // every rank builds the same plan from the same responses.
-  std::vector<Batch> plan;
-  std::vector<size_t> open;
+  std::vector<Batch>& plan = plan_;  // its batches keep their vectors' capacity
+  size_t planned = 0;
+  auto new_batch = [&](const Response* r, Entry* local, size_t packed_bytes) {
+    if (plan.size() <= planned) plan.emplace_back();
+    Batch& b = plan[planned++];
+    b.responses.assign(1, r), b.locals.assign(1, local), b.bytes = packed_bytes;
+  };
+  std::vector<size_t>& open = open_;
+  open.clear();
   const size_t threshold = fusion_.threshold();
   for (size_t i = 0; i < n; ++i) {
     const Response& r = responses[i];
@@ -725,8 +765,8 @@ void Engine::Execute(const Response* responses, size_t n) {
     const size_t packed_bytes = packed ? bytes : 0;
     if (fusable) {
       bool placed = false;
-      for (size_t i : open) {
-        Batch& b = plan[i];
+      for (size_t k : open) {
+        Batch& b = plan[k];
         if (b.responses[0]->req.Fusable(r.req) && b.bytes + packed_bytes <= threshold) {
           b.responses.push_back(&r), b.locals.push_back(local), b.bytes += packed_bytes;
           placed = true;
@@ -734,11 +774,12 @@ void Engine::Execute(const Response* responses, size_t n) {
         }
       }
       if (placed) continue;
-      open.push_back(plan.size());
+      open.push_back(planned);
     }
-    plan.push_back(Batch{{&r}, {local}, packed_bytes});
+    new_batch(&r, local, packed_bytes);
   }
-  for (Batch& b : plan) {
+  for (size_t k = 0; k < planned; ++k) {
+    Batch& b = plan[k];
     const Response& first = *b.responses[0];
     if (first.type == Response::kError) {
       Complete(b.locals[0], first.error_code, first.error);
@@ -848,11 +889,16 @@ Status Engine::RunFused(Batch& b) {
   const Request& key = b.responses[0]->req;
   const size_t elem = key.ElemBytes();
   const size_t threshold = fusion_.threshold();
+  // Packed() for this batch's dtype (every response in it has key's).
+  auto packed = [&](const Request& q) {
+    const size_t bytes = q.count * elem;
+    return bytes <= threshold && bytes < kDirectAllreduceBytes;
+  };
   // The small ones are packed into the fusion buffer (one segment); the large ones are segments
   // of their own, reduced where they are. A joined rank contributes zeros for each.
   size_t zero_bytes = 0;
   for (size_t i = 0; i < b.responses.size(); ++i) {
-    if (!b.locals[i] && !Packed(b.responses[i]->req, threshold)) {
+    if (!b.locals[i] && !packed(b.responses[i]->req)) {
       zero_bytes += b.responses[i]->req.count * elem;
     }
   }
@@ -868,7 +914,7 @@ Status Engine::RunFused(Batch& b) {
   for (size_t i = 0; i < b.responses.size(); ++i) {
     const Request& q = b.responses[i]->req;
     const size_t bytes = q.count * elem;
-    if (!Packed(q, threshold)) {
+    if (!packed(q)) {
       if (b.locals[i]) {
         segments.push_back(Segment{b.locals[i]->send, b.locals[i]->recv, q.count});
       } else {
@@ -894,7 +940,7 @@ Status Engine::RunFused(Batch& b) {
     const Request& q = b.responses[i]->req;
     const size_t bytes = q.count * elem;
     total += bytes;
-    if (!Packed(q, threshold)) continue;
+    if (!packed(q)) continue;
     if (b.locals[i] && bytes > 0) std::memcpy(b.locals[i]->recv, buf + off, bytes);
     off += bytes;
   }

@@ -93,13 +93,13 @@ struct HandleState {
   std::string message;
   int remaining = 0;  // entries not complete yet (the engine thread's)
   // Constant after submission.
-  std::string name_;  // assigned at each submission (a reused state keeps its capacity)
-  const std::string& name() const { return name_; }
+  // A named tensor's handle points at the interned name (InternName), another's owns it.
+  const std::string* name_ptr = nullptr;
+  std::string name_;
+  const std::string& name() const { return name_ptr ? *name_ptr : name_; }
   Kind kind = Kind::kAllreduce;
   size_t elem = 0;
   int wait_ms = 0;  // the collective timeout: ringrun_wait's bound
-  // The C API's reference: a ringrun_handle is this object, and ringrun_release drops it.
-  std::shared_ptr<HandleState> self;
   // Written by the engine before done is set; read after.
   std::vector<char> output;
   std::vector<size_t> rows;
@@ -110,11 +110,24 @@ struct HandleState {
   size_t device_output_bytes = 0;
 };
 
-// A HandleState for a new submission: the user's reference. Released ones are kept for reuse,
-// per thread (a training step has hundreds in flight, more than malloc's per-thread cache
-// holds). The engine's part ends with EngineDone.
-std::shared_ptr<HandleState> NewHandleState();
-void EngineDone(HandleState* h);  // sets kEngineGone; the engine must not touch h afterwards
+// A HandleState for a new submission. Released ones are kept for reuse, per thread (a training
+// step has hundreds in flight, more than malloc's per-thread cache holds). The user's reference
+// ends with ReleaseHandle (a ringrun_handle is the state itself: ringrun_release), the
+// engine's with EngineDone; neither touches h afterwards.
+HandleState* NewHandleState();
+void ReleaseHandle(HandleState* h);
+void EngineDone(HandleState* h);
+// Owns the user's reference of h (for C++ callers): ReleaseHandle when the last copy goes.
+std::shared_ptr<HandleState> ShareHandle(HandleState* h);
+// The process's copy of a tensor name, never freed: handles that outlive the runtime keep
+// naming their tensor, and a submission copies no string into its handle. Only names that are
+// kept in slots (Engine::kKeptSlots per runtime) are interned.
+const std::string* InternName(std::string_view name);
+
+// A fast hash of a tensor name (eight bytes at a time; names are not adversarial).
+struct NameHash {
+  size_t operator()(std::string_view s) const noexcept;
+};
 
 struct SubmitResult {
   ringrun_status status = RINGRUN_OK;
@@ -137,8 +150,10 @@ class Engine {
   SubmitResult Submit(std::vector<Entry> entries, bool group = false);
   // The same for n entries at `entries` (moved from), named `name` (the group's base name
   // for a group; else n is 1) whatever their req.name: the C API's path, which builds no
-  // string for a name seen before.
-  SubmitResult Submit(Entry* entries, size_t n, std::string_view name, bool group);
+  // string for a name seen before. On success *handle is the caller's reference (ReleaseHandle
+  // drops it); on failure *message says why.
+  ringrun_status Submit(Entry* entries, size_t n, std::string_view name, bool group,
+                        HandleState** handle, std::string* message);
   // Waits for `h` up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then.
   static ringrun_status Wait(HandleState& h, int timeout_ms);
   int timeout_ms() const { return options_.timeout_ms; }
@@ -159,9 +174,10 @@ class Engine {
   struct Slot : Entry {
     // First: on the cache line of Entry::handle, the other field that both threads write.
     bool in_flight = false;  // mu_: submitted and not complete; the engine owns the Entry
-    std::shared_ptr<const std::string> name;  // constant while in slots_ (its key views it)
-    bool kept = false;                        // stays in slots_ after completion
-    bool in_map = false;  // in slots_ (unnamed ones are unique and need no lookup)
+    const std::string* name = nullptr;  // constant while in slots_ (its key views it)
+    std::string own_name;               // the storage of an unnamed slot's name
+    bool kept = false;                  // stays in slots_ after completion
+    bool in_map = false;                // in slots_ (unnamed ones are unique and need no lookup)
     // The engine thread's: the cache id it was announced under (-1: announced in full).
     int64_t cache_id = -1;
   };
@@ -213,15 +229,15 @@ class Engine {
   std::mutex mu_;
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view Slot::name); unnamed tensors' slots are not here.
-  std::unordered_map<std::string_view, Slot*> slots_;  // mu_
-  std::deque<Slot> slot_store_;                        // mu_ (grows; never moves a slot)
-  std::vector<Slot*> free_slots_;                      // mu_
-  size_t kept_slots_ = 0;                              // mu_
-  std::vector<uint64_t> noname_counter_;               // by Kind; mu_
-  bool stop_ = false;                                  // mu_
-  Status abort_;                                       // mu_
-  ringrun_status failed_code_ = RINGRUN_OK;            // mu_
-  std::string failed_message_;                         // mu_
+  std::unordered_map<std::string_view, Slot*, NameHash> slots_;  // mu_
+  std::deque<Slot> slot_store_;                                  // mu_ (grows; never moves a slot)
+  std::vector<Slot*> free_slots_;                                // mu_
+  size_t kept_slots_ = 0;                                        // mu_
+  std::vector<uint64_t> noname_counter_;                         // by Kind; mu_
+  bool stop_ = false;                                            // mu_
+  Status abort_;                                                 // mu_
+  ringrun_status failed_code_ = RINGRUN_OK;                      // mu_
+  std::string failed_message_;                                   // mu_
   std::atomic<bool> sleeping_{false};
 
   // The engine thread's own.
@@ -234,7 +250,7 @@ class Engine {
   std::unique_ptr<Timeline> timeline_;
   // Announced and not complete: by the cache id they were announced under, or by name.
   std::vector<Slot*> by_cache_id_;
-  std::unordered_map<std::string_view, Slot*> announced_full_;
+  std::unordered_map<std::string_view, Slot*, NameHash> announced_full_;
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
   // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so
@@ -249,6 +265,8 @@ class Engine {
   std::vector<Slot*> finished_;           // complete: their slots are freed at NotifyCompleted
   std::vector<const Request*> announce_;  // Round's, kept for its capacity
   std::vector<Response> responses_;       // the controller's output (see Controller::Apply)
+  std::vector<Batch> plan_;               // Execute's, kept with their capacity
+  std::vector<size_t> open_;
   std::vector<int64_t> announce_ids_;
 
   std::thread thread_;

@@ -106,12 +106,14 @@ bool Request::Fusable(const Request& o) const {
          flags == o.flags;
 }
 
-bool Request::Identical(const Request& o) const {
+bool Request::Identical(const Request& o) const { return SameArguments(o) && name == o.name; }
+
+bool Request::SameArguments(const Request& o) const {
   return kind == o.kind && dtype == o.dtype && op == o.op && device == o.device &&
          fixed == o.fixed && root == o.root && count == o.count && row_elems == o.row_elems &&
          std::memcmp(&prescale, &o.prescale, sizeof(double)) == 0 &&
          std::memcmp(&postscale, &o.postscale, sizeof(double)) == 0 && flags == o.flags &&
-         send_rows == o.send_rows && name == o.name;
+         send_rows == o.send_rows;
 }
 
 size_t Request::ElemBytes() const { return DtypeSize(dtype); }

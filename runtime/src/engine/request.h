@@ -50,6 +50,8 @@ struct Request {
   std::string FieldValue(const std::string& field) const;
   // Every field equal, bit for bit (the scale factors too): what the response cache compares.
   bool Identical(const Request& o) const;
+  // The same but for the name.
+  bool SameArguments(const Request& o) const;
   // Allreduces fuse when these are equal.
   bool Fusable(const Request& o) const;
   size_t ElemBytes() const;

@@ -22,6 +22,8 @@ class ResponseCache {
   // The id of the entry named `name` (whatever its arguments), or -1.
   int64_t IdOf(const std::string& name) const;
   const Request* Get(uint32_t id) const { return id < entries_.size() ? &entries_[id] : nullptr; }
+  // How many times the entry `id` was replaced (its arguments changed).
+  uint32_t Version(uint32_t id) const { return versions_[id]; }
   size_t size() const { return entries_.size(); }
   // Caches (or re-caches, if its arguments changed) a request that ran on every rank alike.
   void Put(const Request& req);
@@ -29,6 +31,7 @@ class ResponseCache {
  private:
   const size_t capacity_;
   std::vector<Request> entries_;
+  std::vector<uint32_t> versions_;  // by id
   std::unordered_map<std::string, uint32_t> by_name_;
 };
 

@@ -356,6 +356,43 @@ TEST_CASE("engine: a name still in flight is refused at submission", "[engine]")
   CHECK(failures.empty());
 }
 
+TEST_CASE("engine: a user's name that equals a made-up one in flight is a duplicate", "[engine]") {
+  std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    // Named like the first unnamed allreduce, and in flight (rank 1 has not submitted it yet).
+    auto h1 = Submit(rt, Allreduce("allreduce.noname.0", a.data(), a.data(), 4));
+    if (rank == 0) {
+      std::string err;
+      auto h2 = Submit(rt, Allreduce("", b.data(), b.data(), 4), &err);
+      if (h2 || err.find("'allreduce.noname.0' is still in flight") == std::string::npos) {
+        f.Add(rank, "the unnamed submission was accepted: " + err);
+      }
+    }
+    std::string err = WaitOk(*h1);
+    if (!err.empty() || a[0] != 2) f.Add(rank, "allreduce.noname.0: " + err);
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("engine: a cached name whose arguments change on every rank, and back", "[engine]") {
+  // The count goes 8, 4, 4, 8 on every rank: the response cache replaces the entry twice, and
+  // each step must run with that step's count (a reused response must not keep the old one).
+  std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
+    for (size_t count : {8, 4, 4, 8, 8}) {
+      std::vector<float> g(8, 1.0f);
+      auto h = Submit(rt, Allreduce("v", g.data(), g.data(), count));
+      std::string err = h ? WaitOk(*h) : "refused";
+      for (size_t i = 0; i < g.size() && err.empty(); ++i) {
+        if (g[i] != (i < count ? 2.0f : 1.0f)) err = "element " + std::to_string(i) + " wrong";
+      }
+      if (!err.empty()) f.Add(rank, "count " + std::to_string(count) + ": " + err);
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("engine: join with uneven steps", "[engine][join]") {
   const int np = 3;
   for (bool by_contributors : {false, true}) {

@@ -158,7 +158,13 @@ HandleCache& ThreadHandleCache() {
   return cache;
 }
 
-void Recycle(HandleState* h) {
+// Resets h and keeps it in this thread's cache (cache: the thread submits; the engine thread
+// never does, so what it recycles is freed).
+void Recycle(HandleState* h, bool cache) {
+  if (!cache) {
+    delete h;
+    return;
+  }
   h->flags.store(0, std::memory_order_relaxed);
   h->name_ptr = nullptr;
   h->status = RINGRUN_OK;
@@ -167,7 +173,7 @@ void Recycle(HandleState* h) {
   h->kind = Kind::kAllreduce;
   h->elem = 0;
   h->wait_ms = 0;
-  if (h->output.capacity() > (size_t{1} << 20)) {
+  if (h->output.capacity() > (size_t{64} << 10)) {  // a cache keeps no large results
     std::vector<char>().swap(h->output);
   } else {
     h->output.clear();
@@ -203,11 +209,11 @@ HandleState* NewHandleState() {
 }
 
 void ReleaseHandle(HandleState* h) {
-  if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h);
+  if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h, true);
 }
 
 void EngineDone(HandleState* h) {
-  if (h->flags.fetch_or(HandleState::kEngineGone) & HandleState::kReleased) Recycle(h);
+  if (h->flags.fetch_or(HandleState::kEngineGone) & HandleState::kReleased) Recycle(h, false);
 }
 
 std::shared_ptr<HandleState> ShareHandle(HandleState* h) {
@@ -331,8 +337,10 @@ void Engine::MoveInto(Slot& s, Entry& e) {
   const Request& r = e.req;
   Update(q.kind, r.kind), Update(q.dtype, r.dtype), Update(q.op, r.op);
   Update(q.device, r.device), Update(q.root, r.root), Update(q.count, r.count);
-  Update(q.row_elems, r.row_elems), Update(q.prescale, r.prescale);
-  Update(q.postscale, r.postscale), Update(q.flags, r.flags), Update(q.fixed, r.fixed);
+  Update(q.row_elems, r.row_elems), Update(q.flags, r.flags), Update(q.fixed, r.fixed);
+  // Bit for bit, as the response cache compares them (-0.0 == 0.0).
+  if (std::memcmp(&q.prescale, &r.prescale, sizeof(double)) != 0) q.prescale = r.prescale;
+  if (std::memcmp(&q.postscale, &r.postscale, sizeof(double)) != 0) q.postscale = r.postscale;
   if (q.send_rows != r.send_rows) q.send_rows = std::move(e.req.send_rows);
   Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
   if (s.ready || e.ready) s.ready = std::move(e.ready);
@@ -356,17 +364,15 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   s->req.name = *s->name;
   s->kept = named && kept_slots_ < kKeptSlots;
   kept_slots_ += s->kept;
-  s->in_map = named;
   s->cache_id = -1;
-  if (named) slots_.emplace(std::string_view(*s->name), s);
+  slots_.emplace(std::string_view(*s->name), s);
   return s;
 }
 
 void Engine::ReleaseSlot(Slot* s) {
   s->in_flight = false;
   if (s->kept) return;
-  if (s->in_map) slots_.erase(std::string_view(*s->name));
-  s->in_map = false;
+  slots_.erase(std::string_view(*s->name));
   free_slots_.push_back(s);
 }
 
@@ -437,11 +443,10 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
       } else if (!named) {
         nm = base;
       }
+      // Made-up names are looked up too: a user may have named a tensor like one.
       Slot* s = nullptr;
-      if (named) {
-        auto it = slots_.find(nm);
-        if (it != slots_.end()) s = it->second;
-      }
+      auto it = slots_.find(nm);
+      if (it != slots_.end()) s = it->second;
       if (s && s->in_flight) {
         for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
         return refuse(
@@ -671,8 +676,10 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
       ops.push_back(Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
     }
   }
-  if (!ops.empty())
-    RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, DeadlineAfter(options_.timeout_ms)));
+  if (!ops.empty()) {
+    RINGRUN_RETURN_IF_ERROR(
+        transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
+  }
   return all;
 }
 

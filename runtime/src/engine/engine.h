@@ -177,7 +177,6 @@ class Engine {
     const std::string* name = nullptr;  // constant while in slots_ (its key views it)
     std::string own_name;               // the storage of an unnamed slot's name
     bool kept = false;                  // stays in slots_ after completion
-    bool in_map = false;                // in slots_ (unnamed ones are unique and need no lookup)
     // The engine thread's: the cache id it was announced under (-1: announced in full).
     int64_t cache_id = -1;
   };

@@ -76,13 +76,14 @@ struct EngineOptions {
 
 // The object behind a ringrun_handle.
 struct HandleState {
-  // Who is done with it, and whether someone sleeps on it; the object is reused (see
-  // NewHandleState) by whichever of the engine (kEngineGone) and the user (kReleased, the last
-  // shared_ptr dropped) sets its bit second, so that the engine never touches a reference count
-  // that the user's thread owns. kDone is set (release) once everything below is written: a
-  // waiter that finds it reads the results without a lock. A waiter that must sleep sets
-  // kWaiting under mu and sleeps on cv; the engine notifies only when its kDone read-modify-
-  // write found kWaiting (both are read-modify-writes of `flags`, so one sees the other).
+  // Who is done with it, and whether someone sleeps on it; the object is recycled (see
+  // NewHandleState) by whichever of the engine (kEngineGone) and the user (kReleased:
+  // ringrun_release, or the last ShareHandle copy dropped) sets its bit second, so that the
+  // engine never touches a reference count that the user's thread owns. kDone is set (release) once
+  // everything below is written: a waiter that finds it reads the results without a lock. A waiter
+  // that must sleep sets kWaiting under mu and sleeps on cv; the engine notifies only when its
+  // kDone read-modify- write found kWaiting (both are read-modify-writes of `flags`, so one sees
+  // the other).
   static constexpr uint8_t kDone = 1, kWaiting = 2, kEngineGone = 4, kReleased = 8;
   std::atomic<uint8_t> flags{0};
   bool done() const { return flags.load(std::memory_order_acquire) & kDone; }
@@ -227,7 +228,7 @@ class Engine {
 
   std::mutex mu_;
   std::vector<Slot*> queue_;  // guarded by mu_
-  // Slots by name (their keys view Slot::name); unnamed tensors' slots are not here.
+  // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
   std::unordered_map<std::string_view, Slot*, NameHash> slots_;  // mu_
   std::deque<Slot> slot_store_;                                  // mu_ (grows; never moves a slot)
   std::vector<Slot*> free_slots_;                                // mu_

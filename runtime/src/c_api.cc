@@ -1,10 +1,14 @@
 // The C API: a thin shell over one Runtime. The only process-wide state is the pointer to that
 // runtime (what ringrun_init builds and ringrun_shutdown drops), and each thread's last error.
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "ringrun/ringrun.h"
 #include "runtime/src/engine/engine.h"
@@ -21,11 +25,30 @@ namespace {
 using ringrun::Status;
 using ringrun::runtime::Runtime;
 
+// The runtime that ringrun_init published, with the count of its users: the process's
+// reference (from ringrun_init until ringrun_shutdown) and each C call running in it. Whoever
+// drops the count to zero destroys the runtime, so a call on another thread that is still using
+// it when ringrun_shutdown returns keeps it alive until it leaves. A call costs two atomic
+// operations on the count and no lock: a submission is made hundreds of times per step.
+// The control block itself is never freed (one per ringrun_init, kept in Process): a call that read the pointer
+// just before ringrun_shutdown withdrew it may still touch its count.
+struct Published {
+  static constexpr int64_t kDead = std::numeric_limits<int64_t>::min() / 2;
+  std::atomic<int64_t> users{1};  // kDead once destroyed: sticky, never zero again
+  std::unique_ptr<Runtime> runtime;
+  // Drops one user; the one that takes the count to zero first destroys the runtime.
+  void Drop() {
+    if (users.fetch_sub(1) != 1) return;
+    int64_t zero = 0;
+    if (users.compare_exchange_strong(zero, kDead)) runtime.reset();
+  }
+};
+
 struct Process {
   std::mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
-  std::mutex mu;       // guards runtime only: never held while waiting for anything
-  std::shared_ptr<Runtime> runtime;  // guarded by mu
-  uint32_t joins = 0;                // rendezvous rounds joined so far; guarded by init_mu
+  std::atomic<Published*> current{nullptr};
+  std::vector<std::unique_ptr<Published>> published;  // every one, kept; guarded by init_mu
+  uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu
 };
 Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -34,10 +57,32 @@ Process& TheProcess() {
 
 thread_local std::string t_error;
 
-std::shared_ptr<Runtime> Current() {
-  std::lock_guard<std::mutex> lock(TheProcess().mu);
-  return TheProcess().runtime;
-}
+// One call's use of the current runtime (null when there is none).
+class Use {
+ public:
+  Use() {
+    Published* p = TheProcess().current.load(std::memory_order_acquire);
+    if (!p) return;
+    p->users.fetch_add(1);
+    // Still published after our count (all sequentially consistent): ringrun_shutdown has not
+    // dropped the process's reference yet, so the runtime lives until we drop ours. Otherwise
+    // it may be gone already.
+    if (TheProcess().current.load() == p) {
+      published_ = p;
+    } else {
+      p->Drop();
+    }
+  }
+  ~Use() {
+    if (published_) published_->Drop();
+  }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
+  Runtime* get() const { return published_ ? published_->runtime.get() : nullptr; }
+
+ private:
+  Published* published_ = nullptr;
+};
 
 ringrun_status Fail(const Status& st) {
   t_error = st.message().empty() ? ringrun::CodeName(st.code()) : st.message();
@@ -53,7 +98,8 @@ ringrun_status Fail(ringrun_status code, const std::string& message) {
 template <typename F>
 ringrun_status Call(F&& f) {
   t_error.clear();
-  std::shared_ptr<Runtime> rt = Current();
+  Use use;
+  Runtime* rt = use.get();
   if (!rt) {
     return Fail(RINGRUN_ERR_NOT_INITIALIZED,
                 "ringrun is not initialized (call ringrun_init first)");
@@ -109,8 +155,8 @@ Entry MakeEntry(Kind kind, const char* name, const void* send, void* recv, size_
 
 template <typename F>
 int Shape(F&& f) {
-  std::shared_ptr<Runtime> rt = Current();
-  return rt ? f(rt->shape()) : -1;
+  Use use;
+  return use.get() ? f(use.get()->shape()) : -1;
 }
 
 }  // namespace
@@ -121,7 +167,7 @@ ringrun_status ringrun_init(void) {
   t_error.clear();
   Process& p = TheProcess();
   std::lock_guard<std::mutex> init_lock(p.init_mu);
-  if (Current()) return RINGRUN_OK;
+  if (p.current.load()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
@@ -137,8 +183,9 @@ ringrun_status ringrun_init(void) {
     }
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
     if (rt.ok()) {
-      std::lock_guard<std::mutex> lock(p.mu);
-      p.runtime = std::move(rt.value());
+      p.published.push_back(std::make_unique<Published>());  // kept (see Published)
+      p.published.back()->runtime = std::move(rt.value());
+      p.current.store(p.published.back().get(), std::memory_order_release);
     } else {
       st = rt.status();
     }
@@ -154,14 +201,12 @@ ringrun_status ringrun_init(void) {
 void ringrun_shutdown(void) {
   Process& p = TheProcess();
   std::lock_guard<std::mutex> init_lock(p.init_mu);
-  std::shared_ptr<Runtime> rt;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    rt = std::move(p.runtime);
-  }
-  // Stops the engine now (pending handles fail), even while another thread still holds the
-  // runtime for a moment; the last holder destroys it.
-  if (rt) rt->engine().Shutdown();
+  Published* published = p.current.exchange(nullptr);
+  if (!published) return;
+  // Stops the engine now (pending handles fail), even while another thread still uses the
+  // runtime for a moment; the last user destroys it.
+  published->runtime->engine().Shutdown();
+  published->Drop();
 }
 
 int ringrun_rank(void) {

@@ -1191,10 +1191,23 @@ void Engine::NotifyCompleted() {
   }
   finished_.clear();
   for (HandleState* h : completed_) {
-    if (h->flags.fetch_or(HandleState::kDone) & HandleState::kWaiting) {
-      std::lock_guard<std::mutex> lock(h->mu);  // the waiter holds it until it sleeps
-      h->cv.notify_all();
+    // Nobody sleeps on it (the usual case): done and let go in one read-modify-write.
+    uint8_t v = h->flags.load(std::memory_order_relaxed);
+    while (!(v & HandleState::kWaiting)) {
+      if (h->flags.compare_exchange_weak(v, v | HandleState::kDone | HandleState::kEngineGone)) {
+        break;
+      }
     }
+    if (!(v & HandleState::kWaiting)) {
+      if (v & HandleState::kReleased) Recycle(h, false);
+      continue;
+    }
+    h->flags.fetch_or(HandleState::kDone);
+    // The waiter holds mu from setting kWaiting until it sleeps: once we have held it, the
+    // waiter sleeps (and is woken below) or sees kDone. Notified after unlocking, a waiter
+    // does not wake only to block on the mutex we hold. Our share keeps h alive meanwhile.
+    { std::lock_guard<std::mutex> lock(h->mu); }
+    h->cv.notify_all();
     EngineDone(h);
   }
   completed_.clear();

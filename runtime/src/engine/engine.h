@@ -79,11 +79,11 @@ struct HandleState {
   // Who is done with it, and whether someone sleeps on it; the object is recycled (see
   // NewHandleState) by whichever of the engine (kEngineGone) and the user (kReleased:
   // ringrun_release, or the last ShareHandle copy dropped) sets its bit second, so that the
-  // engine never touches a reference count that the user's thread owns. kDone is set (release) once
-  // everything below is written: a waiter that finds it reads the results without a lock. A waiter
-  // that must sleep sets kWaiting under mu and sleeps on cv; the engine notifies only when its
-  // kDone read-modify- write found kWaiting (both are read-modify-writes of `flags`, so one sees
-  // the other).
+  // engine never touches a reference count that the user's thread owns. kDone is set once
+  // everything below is written: a waiter that finds it reads the results without a lock. A
+  // waiter that must sleep sets kWaiting under mu and sleeps on cv. The engine sets kDone and
+  // kEngineGone together, in one compare-and-swap that fails if kWaiting appears; when it
+  // finds kWaiting it sets kDone, locks and unlocks mu, notifies, and only then lets go.
   static constexpr uint8_t kDone = 1, kWaiting = 2, kEngineGone = 4, kReleased = 8;
   std::atomic<uint8_t> flags{0};
   bool done() const { return flags.load(std::memory_order_acquire) & kDone; }

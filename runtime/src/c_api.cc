@@ -30,8 +30,8 @@ using ringrun::runtime::Runtime;
 // drops the count to zero destroys the runtime, so a call on another thread that is still using
 // it when ringrun_shutdown returns keeps it alive until it leaves. A call costs two atomic
 // operations on the count and no lock: a submission is made hundreds of times per step.
-// The control block itself is never freed (one per ringrun_init, kept in Process): a call that read the pointer
-// just before ringrun_shutdown withdrew it may still touch its count.
+// The control block itself is never freed (one per ringrun_init, kept in Process): a call that read
+// the pointer just before ringrun_shutdown withdrew it may still touch its count.
 struct Published {
   static constexpr int64_t kDead = std::numeric_limits<int64_t>::min() / 2;
   std::atomic<int64_t> users{1};  // kDead once destroyed: sticky, never zero again

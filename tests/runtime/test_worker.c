@@ -3,8 +3,9 @@
  *   runtime_test_worker loop    large allreduces until one fails; exit 3 with the error. Prints
  *                               "looping rank=R" once its first allreduce is done: every pair is
  *                               connected and the rank is inside the loop (tests wait for it)
- *   runtime_test_worker reinit  init, allreduce, shutdown, three times over; exit 0 when each
- *                               round's results are right
+ *   runtime_test_worker reinit  init, allreduce, shutdown, three times over, with two threads
+ *                               submitting throughout (shutdown races their calls); exit 0
+ *                               when each round's results are right
  *   runtime_test_worker late    every rank but rank 1 enters an allreduce 1.5 s late; rank 1,
  *                               blocked on both ring neighbours, must sleep meanwhile (under
  *                               0.4 s of CPU), not spin
@@ -382,17 +383,41 @@ static int stall(void) {
   return ok ? 5 : 1;
 }
 
+/* reinit's background threads: C calls in a loop, through the shutdown on the main thread and
+ * after it, until a call says the runtime is gone. Any error is fine; a crash or a hang is not. */
+static void* hammer(void* arg) {
+  const int t = (int)(intptr_t)arg;
+  char name[32];
+  float x = 1.0f;
+  for (int k = 0;; ++k) {
+    if (ringrun_rank() < 0) break;
+    snprintf(name, sizeof name, "hammer.%d.%d", t, k);
+    ringrun_handle h = NULL;
+    const ringrun_status st =
+        ringrun_allreduce_submit(name, &x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h);
+    if (st == RINGRUN_ERR_NOT_INITIALIZED) break;
+    if (st == RINGRUN_OK) {
+      ringrun_wait_for(h, 20); /* the peers may never submit this name */
+      ringrun_release(h);
+    }
+  }
+  return NULL;
+}
+
 static int reinit(void) {
   for (int round = 0; round < 3; ++round) {
     if (round > 0) CHECK_RC(ringrun_init());
+    pthread_t threads[2];
+    for (int t = 0; t < 2; ++t) pthread_create(&threads[t], NULL, hammer, (void*)(intptr_t)t);
     const int n = ringrun_size();
     int64_t v[3] = {ringrun_rank(), round, 1};
     CHECK_RC(ringrun_allreduce(v, v, 3, RINGRUN_INT64, RINGRUN_SUM));
     EXPECT(v[0] == (int64_t)n * (n - 1) / 2 && v[1] == (int64_t)round * n && v[2] == n,
            "round %d: allreduce gave %lld %lld %lld", round, (long long)v[0], (long long)v[1],
            (long long)v[2]);
-    ringrun_shutdown();
+    ringrun_shutdown(); /* while the threads still call in */
     EXPECT(ringrun_rank() == -1, "round %d: still initialized after shutdown", round);
+    for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
   }
   return ringrun_init(); /* left initialized: main shuts it down */
 }

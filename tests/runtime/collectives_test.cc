@@ -250,6 +250,10 @@ TEST_CASE("bad arguments are rejected before communicating and leave the runtime
         expect_invalid(rt.Allreduce(nullptr, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM), "null");
         expect_invalid(rt.Allreduce(x, x + 1, 3, RINGRUN_FLOAT32, RINGRUN_SUM), "overlap");
         expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 2, RINGRUN_FLOAT32, RINGRUN_SUM), "overflow");
+        expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 4 + 1, RINGRUN_FLOAT32, RINGRUN_SUM),
+                       "overflow by one");
+        expect_invalid(rt.ReduceScatter(x, x, SIZE_MAX / 12 + 1, RINGRUN_FLOAT32, RINGRUN_SUM),
+                       "rs overflow (3 ranks)");
         expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, 3), "root");
         expect_invalid(rt.Broadcast(x, 4, RINGRUN_FLOAT32, -1), "negative root");
         expect_invalid(rt.Allgather(x, nullptr, 1, RINGRUN_FLOAT32), "allgather null");

@@ -991,5 +991,64 @@ TEST_CASE("engine: the controller orders ready names by first announcement", "[e
   CHECK(c0.EncodeFrame({&a}).size() == 4 + 5);
 }
 
+TEST_CASE("engine: the controller's steady state matches the general path", "[engine]") {
+  // Identical frames of cached ids with nothing pending take a shortcut (ApplyUniform); what
+  // it returns, and what follows it, must be what counting every announcement gives.
+  engine::Controller c0(2, 16), c1(2, 16);
+  auto req = [](const std::string& n, uint64_t count) {
+    engine::Request r;
+    r.name = n, r.count = count;
+    return r;
+  };
+  engine::Request a = req("a", 1), b = req("b", 2), c = req("c", 3);
+  auto apply = [&](std::vector<std::string> f, int64_t now) {
+    auto r0 = c0.Apply(f, now);
+    auto r1 = c1.Apply(f, now);
+    REQUIRE(r0.ok() == r1.ok());
+    std::vector<std::string> names;
+    if (!r0.ok()) return names;
+    REQUIRE(r0->size() == r1->size());
+    for (size_t i = 0; i < r0->size(); ++i) {
+      const engine::Response& x = (*r0)[i];
+      CHECK(x.req.name == (*r1)[i].req.name);
+      CHECK(x.type == engine::Response::kRun);
+      CHECK(x.contributors == 2);
+      CHECK(x.announced_us == std::vector<int64_t>{now, now});
+      names.push_back(x.req.name + "/" + std::to_string(x.req.count) +
+                      (x.cache_id >= 0 ? "" : "/full"));
+    }
+    return names;
+  };
+  using V = std::vector<std::string>;
+  // In full first (no cache id yet): cached after.
+  CHECK(apply({c0.EncodeFrame({&a, &b, &c}), c1.EncodeFrame({&a, &b, &c})}, 1) ==
+        V{"a/1/full", "b/2/full", "c/3/full"});
+  // The same cached ids in the same order on both ranks: the shortcut, in frame order.
+  CHECK(c0.EncodeFrame({&c, &b, &a}).size() == 4 + 3 * 5);
+  CHECK(apply({c0.EncodeFrame({&c, &b, &a}), c1.EncodeFrame({&c, &b, &a})}, 2) ==
+        V{"c/3", "b/2", "a/1"});
+  // Different orders: the general path, in rank 0's order.
+  CHECK(apply({c0.EncodeFrame({&a, &b}), c1.EncodeFrame({&b, &a})}, 3) == V{"a/1", "b/2"});
+  // Something pending (rank 1 has not sent c): identical frames after it take the general
+  // path, and c runs once rank 1 sends it.
+  CHECK(apply({c0.EncodeFrame({&c}), c1.EncodeFrame({})}, 4).empty());
+  CHECK(c0.has_pending());
+  CHECK(apply({c0.EncodeFrame({&a}), c1.EncodeFrame({&a})}, 5) == V{"a/1"});
+  auto r0 = c0.Apply({c0.EncodeFrame({}), c1.EncodeFrame({&c})}, 6);
+  auto r1 = c1.Apply({c0.EncodeFrame({}), c1.EncodeFrame({&c})}, 6);
+  REQUIRE(r0.ok());
+  REQUIRE(r0->size() == 1);
+  CHECK((*r0)[0].req.name == "c");
+  CHECK((*r0)[0].announced_us == std::vector<int64_t>{4, 6});
+  CHECK(!c0.has_pending());
+  // A changed argument travels in full on both ranks: not the shortcut; then cached again.
+  engine::Request b5 = req("b", 5);
+  CHECK(apply({c0.EncodeFrame({&b5}), c1.EncodeFrame({&b5})}, 7) == V{"b/5"});
+  CHECK(apply({c0.EncodeFrame({&b5, &a}), c1.EncodeFrame({&b5, &a})}, 8) == V{"b/5", "a/1"});
+  // A repeated id in identical frames is malformed, as in the general path.
+  const std::string twice = c0.EncodeFrame({&a, &a});
+  CHECK(!c0.Apply({twice, twice}, 9).ok());
+}
+
 }  // namespace
 }  // namespace ringrun::runtime::testing

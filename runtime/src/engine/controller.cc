@@ -119,6 +119,7 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
 Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t now_us,
                                  std::vector<Response>* out_vec) {
   ++round_;
+  if (std::optional<size_t> n = ApplyUniform(frames, now_us, out_vec)) return *n;
   bool joins_changed = false;
   std::vector<std::string> touched;
   std::vector<uint32_t>& touched_fast = touched_fast_;
@@ -259,8 +260,45 @@ Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t
   return k;
 }
 
-void Controller::BuildFast(uint32_t id, Response* out) {
-  FastSlot& fs = fast_[id];
+std::optional<size_t> Controller::ApplyUniform(const std::vector<std::string>& frames,
+                                               int64_t now_us, std::vector<Response>* out) {
+  // The steady state of training: nothing pending, no rank joined, and every rank announces
+  // the same cached names in the same order. Then each is ready now, in frame order, which is
+  // what the general path below would find after counting every rank's announcement of each.
+  // Anything else (a name in full, a frame that differs, an unknown or repeated id) takes the
+  // general path, which also reports what is malformed; nothing is changed before that.
+  if (fast_pending_ != 0 || !table_.empty() || joined_count_ != 0) return std::nullopt;
+  const std::string& f = frames[0];
+  for (int r = 1; r < size_; ++r) {
+    if (frames[r] != f) return std::nullopt;
+  }
+  size_t pos = 0;
+  uint32_t n = 0;
+  if (!Get(f, &pos, &n) || f.size() - pos != size_t{n} * 5) return std::nullopt;
+  uniform_ids_.clear();
+  for (uint32_t i = 0; i < n; ++i, pos += 5) {
+    uint32_t id;
+    std::memcpy(&id, f.data() + pos + 1, sizeof(id));
+    if (f[pos] != static_cast<char>(kTagCached) || !cache_.Get(id)) return std::nullopt;
+    FastSlot& fs = Fast(id);
+    if (fs.in_table || fs.uniform_round == round_) return std::nullopt;  // repeated
+    fs.uniform_round = round_;
+    uniform_ids_.push_back(id);
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    if (out->size() <= i) out->emplace_back();
+    Response& resp = (*out)[i];
+    FillFast(uniform_ids_[i], &resp);
+    if (record_announcements_) {
+      resp.announced_us.assign(static_cast<size_t>(size_), now_us);
+    } else {
+      resp.announced_us.clear();
+    }
+  }
+  return n;
+}
+
+void Controller::FillFast(uint32_t id, Response* out) {
   Response& resp = *out;
   resp.type = Response::kRun;
   const uint32_t version = cache_.Version(id);
@@ -274,6 +312,12 @@ void Controller::BuildFast(uint32_t id, Response* out) {
   resp.contributors = size_ - joined_count_;
   resp.last_joined = -1;
   resp.cache_id = id;
+}
+
+void Controller::BuildFast(uint32_t id, Response* out) {
+  FastSlot& fs = fast_[id];
+  Response& resp = *out;
+  FillFast(id, &resp);
   int64_t* us = FastUs(id);
   if (record_announcements_) {
     resp.announced_us.assign(us, us + size_);

@@ -64,6 +64,8 @@ class Controller {
   // The cache id under which `req` travels (-1: in full). hint: the id it had last time, which
   // is checked first (a comparison instead of a hash).
   int64_t CachedId(const Request& req, int64_t hint = -1) const;
+  // How many times the cache entry `id` (< the cache's size) was replaced.
+  uint32_t CacheVersion(uint32_t id) const { return cache_.Version(id); }
   // Applies one round: frames[r] is rank r's frame. Returns the responses that are ready, in
   // the agreed order, or kInternal on a malformed frame.
   Result<std::vector<Response>> Apply(const std::vector<std::string>& frames, int64_t now_us);
@@ -100,13 +102,18 @@ class Controller {
     int first_rank = 0;
     uint32_t first_index = 0;
     int64_t first_us = 0;
-    bool in_table = false;      // its name negotiates in table_ now
-    uint64_t listed_round = 0;  // the round in which it was last found ready
+    bool in_table = false;       // its name negotiates in table_ now
+    uint64_t listed_round = 0;   // the round in which it was last found ready
+    uint64_t uniform_round = 0;  // the round in which ApplyUniform last saw it
   };
   bool Ready(const Slot& s) const;
   bool Ready(uint32_t fast_id) const;
   Response Build(Slot& s);
+  // Apply's shortcut for the steady state (see the definition); nullopt: take the general path.
+  std::optional<size_t> ApplyUniform(const std::vector<std::string>& frames, int64_t now_us,
+                                     std::vector<Response>* out);
   void BuildFast(uint32_t id, Response* resp);  // overwrites every field of *resp
+  void FillFast(uint32_t id, Response* resp);   // the same but for announced_us and the slot
   // The error for a kind that cannot run while ranks have joined, or nullopt.
   std::optional<Response> JoinedError(const Request& req) const;
   FastSlot& Fast(uint32_t id);
@@ -130,6 +137,7 @@ class Controller {
     uint32_t id;              // the cache id of a cached one
   };
   std::vector<uint32_t> touched_fast_;
+  std::vector<uint32_t> uniform_ids_;
   std::vector<ReadyItem> ready_;
   bool record_announcements_ = true;
   int fast_pending_ = 0;  // fast_ slots with a count

@@ -100,7 +100,15 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
     if (r.row_elems > SIZE_MAX / elem) return InvalidArgument("row_elems overflows");
   }
   const uint64_t unit = (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) ? r.row_elems : 1;
-  if (r.count > SIZE_MAX / elem / factor / std::max<uint64_t>(unit, 1)) {
+  // count * elem * factor * unit must fit (multiplications: a submission is on the hot path,
+  // and three divisions cost more than the rest of this function).
+  uint64_t per_count = 0, total_bytes = 0;
+  const bool per_count_overflows =
+      __builtin_mul_overflow(uint64_t{elem}, factor, &per_count) ||
+      __builtin_mul_overflow(per_count, std::max<uint64_t>(unit, 1), &per_count);
+  if (per_count_overflows
+          ? r.count > 0
+          : __builtin_mul_overflow(r.count, per_count, &total_bytes) || total_bytes > SIZE_MAX) {
     return InvalidArgument("count overflows");
   }
   uint64_t total_rows = r.count;
@@ -322,9 +330,12 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
 
 namespace {
 
+// Writes value into field if it differs; whether it did.
 template <typename T>
-void Update(T& field, const T& value) {
-  if (!(field == value)) field = value;
+bool Update(T& field, const T& value) {
+  if (field == value) return false;
+  field = value;
+  return true;
 }
 
 }  // namespace
@@ -335,13 +346,19 @@ void Engine::MoveInto(Slot& s, Entry& e) {
   // caches instead of moving back and forth each step.
   Request& q = s.req;
   const Request& r = e.req;
-  Update(q.kind, r.kind), Update(q.dtype, r.dtype), Update(q.op, r.op);
-  Update(q.device, r.device), Update(q.root, r.root), Update(q.count, r.count);
-  Update(q.row_elems, r.row_elems), Update(q.flags, r.flags), Update(q.fixed, r.fixed);
+  bool changed = Update(q.kind, r.kind) | Update(q.dtype, r.dtype) | Update(q.op, r.op);
+  changed |= Update(q.device, r.device) | Update(q.root, r.root) | Update(q.count, r.count);
+  changed |= Update(q.row_elems, r.row_elems) | Update(q.flags, r.flags);
+  changed |= Update(q.fixed, r.fixed);
   // Bit for bit, as the response cache compares them (-0.0 == 0.0).
-  if (std::memcmp(&q.prescale, &r.prescale, sizeof(double)) != 0) q.prescale = r.prescale;
-  if (std::memcmp(&q.postscale, &r.postscale, sizeof(double)) != 0) q.postscale = r.postscale;
-  if (q.send_rows != r.send_rows) q.send_rows = std::move(e.req.send_rows);
+  if (std::memcmp(&q.prescale, &r.prescale, sizeof(double)) != 0) {
+    q.prescale = r.prescale, changed = true;
+  }
+  if (std::memcmp(&q.postscale, &r.postscale, sizeof(double)) != 0) {
+    q.postscale = r.postscale, changed = true;
+  }
+  if (q.send_rows != r.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
+  if (changed) s.args_changed = true;
   Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
   if (s.ready || e.ready) s.ready = std::move(e.ready);
   s.submit_us = e.submit_us;
@@ -365,6 +382,7 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   s->kept = named && kept_slots_ < kKeptSlots;
   kept_slots_ += s->kept;
   s->cache_id = -1;
+  s->args_changed = true;
   slots_.emplace(std::string_view(*s->name), s);
   return s;
 }
@@ -688,7 +706,16 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   announce_.clear();
   announce_ids_.clear();
   for (Slot* s : fresh) {
-    Update(s->cache_id, controller_.CachedId(s->req, s->cache_id));
+    // The id it travelled under last time still fits if neither its arguments nor that cache
+    // entry changed since it was compared with it.
+    if (s->cache_id < 0 || s->args_changed ||
+        controller_.CacheVersion(static_cast<uint32_t>(s->cache_id)) != s->cache_version) {
+      Update(s->cache_id, controller_.CachedId(s->req, s->cache_id));
+      if (s->cache_id >= 0) {
+        s->cache_version = controller_.CacheVersion(static_cast<uint32_t>(s->cache_id));
+      }
+      s->args_changed = false;
+    }
     if (s->cache_id >= 0) {
       const size_t id = static_cast<size_t>(s->cache_id);
       if (by_cache_id_.size() <= id) by_cache_id_.resize(std::max(id + 1, 2 * by_cache_id_.size()));

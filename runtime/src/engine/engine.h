@@ -178,8 +178,13 @@ class Engine {
     const std::string* name = nullptr;  // constant while in slots_ (its key views it)
     std::string own_name;               // the storage of an unnamed slot's name
     bool kept = false;                  // stays in slots_ after completion
-    // The engine thread's: the cache id it was announced under (-1: announced in full).
+    // The engine thread's: the cache id it was announced under (-1: announced in full), and
+    // that entry's version when the request was last compared with it.
     int64_t cache_id = -1;
+    uint32_t cache_version = 0;
+    // Set by MoveInto when an argument changed (mu_), cleared by the engine once it has
+    // compared the request with the cache again.
+    bool args_changed = true;
   };
   static constexpr size_t kKeptSlots = 16384;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held

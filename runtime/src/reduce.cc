@@ -448,32 +448,4 @@ void Finish::Apply(void* buf, size_t count) const {
   if (factor != 1.0) ScaleInPlace(buf, count, dtype, factor);
 }
 
-bool IsValidDtype(int d) { return d >= 0 && d < RINGRUN_NUM_DTYPES; }
-bool IsValidOp(int o) { return o >= 0 && o < RINGRUN_NUM_OPS; }
-bool IsFloating(ringrun_dtype d) {
-  return d == RINGRUN_FLOAT16 || d == RINGRUN_BFLOAT16 || d == RINGRUN_FLOAT32 ||
-         d == RINGRUN_FLOAT64;
-}
-
-size_t DtypeSize(ringrun_dtype d) {
-  switch (d) {
-    case RINGRUN_INT8:
-    case RINGRUN_UINT8:
-      return 1;
-    case RINGRUN_FLOAT16:
-    case RINGRUN_BFLOAT16:
-      return 2;
-    case RINGRUN_INT32:
-    case RINGRUN_FLOAT32:
-      return 4;
-    case RINGRUN_INT64:
-    case RINGRUN_FLOAT64:
-      return 8;
-    case RINGRUN_DTYPE_MIN_ENUM_:
-    case RINGRUN_DTYPE_MAX_ENUM_:
-      break;
-  }
-  return 0;
-}
-
 }  // namespace ringrun::runtime

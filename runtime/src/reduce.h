@@ -49,10 +49,33 @@ struct Finish {
 // float and rounded once (dst may equal src).
 void ScaleHalf(uint16_t* dst, const uint16_t* src, size_t count, float factor);
 
-bool IsValidDtype(int dtype);
-bool IsValidOp(int op);
-bool IsFloating(ringrun_dtype dtype);
-size_t DtypeSize(ringrun_dtype dtype);
+// Inline: every submission calls them.
+inline bool IsValidDtype(int d) { return d >= 0 && d < RINGRUN_NUM_DTYPES; }
+inline bool IsValidOp(int o) { return o >= 0 && o < RINGRUN_NUM_OPS; }
+inline bool IsFloating(ringrun_dtype d) {
+  return d == RINGRUN_FLOAT16 || d == RINGRUN_BFLOAT16 || d == RINGRUN_FLOAT32 ||
+         d == RINGRUN_FLOAT64;
+}
+inline size_t DtypeSize(ringrun_dtype d) {
+  switch (d) {
+    case RINGRUN_INT8:
+    case RINGRUN_UINT8:
+      return 1;
+    case RINGRUN_FLOAT16:
+    case RINGRUN_BFLOAT16:
+      return 2;
+    case RINGRUN_INT32:
+    case RINGRUN_FLOAT32:
+      return 4;
+    case RINGRUN_INT64:
+    case RINGRUN_FLOAT64:
+      return 8;
+    case RINGRUN_DTYPE_MIN_ENUM_:
+    case RINGRUN_DTYPE_MAX_ENUM_:
+      break;
+  }
+  return 0;
+}
 // "float32", "sum": the names of ringrun/names.h.
 inline const char* NameOfDtype(ringrun_dtype dtype) { return ringrun_dtype_name(dtype); }
 inline const char* NameOfOp(ringrun_op op) { return ringrun_op_name(op); }

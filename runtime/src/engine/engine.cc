@@ -149,34 +149,46 @@ namespace {
 
 // Per-thread caches of released handle states: a step submits hundreds of tensors before it
 // releases any, more than malloc's per-thread cache holds, and a cached state is reused without
-// being built again.
-constexpr size_t kHandleCacheMax = 4096;
-// Set when this thread's cache is destroyed (at its exit): a handle released later on it (by a
-// static destructor, say) is freed instead of cached. Trivially destructible, so readable then.
-thread_local bool t_cache_gone = false;
+// being built again. A cache is a list through HandleState::next_free, headed by a trivially
+// destructible thread_local (constant-initialized: one TLS access, no guard, and still
+// readable after the thread's destructors ran); the first state cached on a thread registers
+// the owner whose destructor frees the list at the thread's exit.
+constexpr uint32_t kHandleCacheMax = 4096;
 struct HandleCache {
-  std::vector<HandleState*> states;
-  ~HandleCache() {
-    t_cache_gone = true;
-    for (HandleState* h : states) delete h;
+  HandleState* top = nullptr;
+  uint32_t count = 0;
+  bool owned = false;  // the owner below is registered
+  bool gone = false;   // the owner ran: free, do not cache (a late release, from a destructor)
+};
+thread_local HandleCache t_handles;
+struct HandleCacheOwner {
+  ~HandleCacheOwner() {
+    t_handles.gone = true;
+    while (HandleState* h = t_handles.top) {
+      t_handles.top = h->next_free;
+      delete h;
+    }
+    t_handles.count = 0;
   }
 };
-HandleCache& ThreadHandleCache() {
-  thread_local HandleCache cache;
-  return cache;
-}
 
 // Resets h and keeps it in this thread's cache (cache: the thread submits; the engine thread
 // never does, so what it recycles is freed).
 void Recycle(HandleState* h, bool cache) {
-  if (!cache) {
+  HandleCache& c = t_handles;
+  if (!cache || c.gone || c.count >= kHandleCacheMax) {
     delete h;
     return;
+  }
+  if (!c.owned) {
+    thread_local HandleCacheOwner owner;  // registers its destructor, once per thread
+    (void)owner;
+    c.owned = true;
   }
   h->flags.store(0, std::memory_order_relaxed);
   h->name_ptr = nullptr;
   h->status = RINGRUN_OK;
-  h->message.clear();
+  if (!h->message.empty()) h->message.clear();
   h->remaining = 0;
   h->kind = Kind::kAllreduce;
   h->elem = 0;
@@ -188,30 +200,21 @@ void Recycle(HandleState* h, bool cache) {
   }
   h->rows.clear();
   h->last_joined = -1;
-  h->device_output.reset();
+  if (h->device_output) h->device_output.reset();
   h->device_output_bytes = 0;
-  if (t_cache_gone) {
-    delete h;
-    return;
-  }
-  HandleCache& c = ThreadHandleCache();
-  if (c.states.size() < kHandleCacheMax) {
-    c.states.push_back(h);
-  } else {
-    delete h;
-  }
+  h->next_free = c.top;
+  c.top = h;
+  ++c.count;
 }
 
 }  // namespace
 
 HandleState* NewHandleState() {
-  if (!t_cache_gone) {
-    HandleCache& c = ThreadHandleCache();
-    if (!c.states.empty()) {
-      HandleState* h = c.states.back();
-      c.states.pop_back();
-      return h;
-    }
+  HandleCache& c = t_handles;
+  if (HandleState* h = c.top) {
+    c.top = h->next_free;
+    --c.count;
+    return h;
   }
   return new HandleState;
 }
@@ -767,7 +770,7 @@ struct Engine::Batch {
   size_t bytes = 0;            // of the responses packed into the fusion buffer
 };
 
-bool Engine::Packed(const Request& req, size_t threshold) {
+inline bool Engine::Packed(const Request& req, size_t threshold) {
   const size_t bytes = req.count * req.ElemBytes();
   return bytes <= threshold && bytes < kDirectAllreduceBytes;
 }

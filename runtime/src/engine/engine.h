@@ -109,6 +109,7 @@ struct HandleState {
   // owns (freed with it), instead of `output`.
   std::shared_ptr<void> device_output;
   size_t device_output_bytes = 0;
+  HandleState* next_free = nullptr;  // in a thread's cache of released states
 };
 
 // A HandleState for a new submission. Released ones are kept for reuse, per thread (a training

@@ -100,12 +100,6 @@ std::string Request::Differs(const Request& o) const {
   return "";
 }
 
-bool Request::Fusable(const Request& o) const {
-  return kind == Kind::kAllreduce && o.kind == Kind::kAllreduce && dtype == o.dtype && op == o.op &&
-         device == o.device && prescale == o.prescale && postscale == o.postscale &&
-         flags == o.flags;
-}
-
 bool Request::Identical(const Request& o) const { return SameArguments(o) && name == o.name; }
 
 bool Request::SameArguments(const Request& o) const {
@@ -115,8 +109,6 @@ bool Request::SameArguments(const Request& o) const {
          std::memcmp(&postscale, &o.postscale, sizeof(double)) == 0 && flags == o.flags &&
          send_rows == o.send_rows;
 }
-
-size_t Request::ElemBytes() const { return DtypeSize(dtype); }
 
 void Request::Encode(std::string* out) const {
   PutString(out, name);

@@ -9,6 +9,7 @@
 
 #include "ringrun/common/status.h"
 #include "ringrun/ringrun.h"
+#include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::engine {
 
@@ -53,8 +54,12 @@ struct Request {
   // The same but for the name.
   bool SameArguments(const Request& o) const;
   // Allreduces fuse when these are equal.
-  bool Fusable(const Request& o) const;
-  size_t ElemBytes() const;
+  bool Fusable(const Request& o) const {
+    return kind == Kind::kAllreduce && o.kind == Kind::kAllreduce && dtype == o.dtype &&
+           op == o.op && device == o.device && prescale == o.prescale && postscale == o.postscale &&
+           flags == o.flags;
+  }
+  size_t ElemBytes() const { return DtypeSize(dtype); }
   void Encode(std::string* out) const;
   // Reads one request at *pos; false on malformed input.
   bool Decode(const std::string& in, size_t* pos);

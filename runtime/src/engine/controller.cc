@@ -266,7 +266,8 @@ std::optional<size_t> Controller::ApplyUniform(const std::vector<std::string>& f
   // the same cached names in the same order. Then each is ready now, in frame order, which is
   // what the general path below would find after counting every rank's announcement of each.
   // Anything else (a name in full, a frame that differs, an unknown or repeated id) takes the
-  // general path, which also reports what is malformed; nothing is changed before that.
+  // general path, which also reports what is malformed; nothing that it reads is changed
+  // before that (uniform_round is this shortcut's own).
   if (fast_pending_ != 0 || !table_.empty() || joined_count_ != 0) return std::nullopt;
   const std::string& f = frames[0];
   for (int r = 1; r < size_; ++r) {

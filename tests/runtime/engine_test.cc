@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -18,6 +19,7 @@
 
 #include "ringrun/names.h"
 #include "runtime/src/engine/controller.h"
+#include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/gpu/device_backend.h"
 #include "tests/runtime/engine_helpers.h"
@@ -46,6 +48,46 @@ Entry Allreduce(const std::string& name, const float* send, float* recv, size_t 
   e.req.op = op, e.req.count = count;
   e.send = send, e.recv = recv;
   return e;
+}
+
+TEST_CASE("engine: the name table agrees with a map through growth and churn", "[engine]") {
+  // Made-up names come and go (unnamed tensors), kept ones stay: erasing must shift probe runs
+  // back so that every name that stays is still found, across wrap-around and growth.
+  engine::NameTable<int> table;
+  std::map<std::string, int> model;
+  std::vector<std::unique_ptr<std::string>> keys;  // the table's keys view these
+  std::vector<int> values(4096);
+  std::mt19937 rng(7);
+  for (int step = 0; step < 40000; ++step) {
+    const int k = static_cast<int>(rng() % 3000);
+    const std::string name = (k % 3 ? "layer" : "allreduce.noname.") + std::to_string(k);
+    auto it = model.find(name);
+    if (rng() % 2 == 0) {
+      if (it == model.end()) {
+        keys.push_back(std::make_unique<std::string>(name));
+        REQUIRE(table.Insert(*keys.back(), &values[static_cast<size_t>(k)]));
+        model[name] = k;
+      } else {
+        REQUIRE_FALSE(table.Insert(name, &values[0]));  // as emplace: the first value stays
+      }
+    } else {
+      table.Erase(name);
+      if (it != model.end()) model.erase(it);
+    }
+    if (step % 997 == 0 || step == 39999) {
+      REQUIRE(table.size() == model.size());
+      for (int j = 0; j < 3000; ++j) {
+        const std::string q = (j % 3 ? "layer" : "allreduce.noname.") + std::to_string(j);
+        const bool in = model.count(q) > 0;
+        int* v = table.Find(q);
+        REQUIRE((v != nullptr) == in);
+        if (v) REQUIRE(v == &values[static_cast<size_t>(j)]);
+      }
+    }
+  }
+  for (const auto& [name, k] : std::map<std::string, int>(model)) table.Erase(name);
+  REQUIRE(table.size() == 0);
+  REQUIRE(table.Find("layer1") == nullptr);
 }
 
 TEST_CASE("engine: random submission orders and several threads per rank agree", "[engine]") {

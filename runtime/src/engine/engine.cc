@@ -386,14 +386,14 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   kept_slots_ += s->kept;
   s->cache_id = -1;
   s->args_changed = true;
-  slots_.emplace(std::string_view(*s->name), s);
+  slots_.Insert(*s->name, s);
   return s;
 }
 
 void Engine::ReleaseSlot(Slot* s) {
   s->in_flight = false;
   if (s->kept) return;
-  slots_.erase(std::string_view(*s->name));
+  slots_.Erase(*s->name);
   free_slots_.push_back(s);
 }
 
@@ -465,9 +465,7 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
         nm = base;
       }
       // Made-up names are looked up too: a user may have named a tensor like one.
-      Slot* s = nullptr;
-      auto it = slots_.find(nm);
-      if (it != slots_.end()) s = it->second;
+      Slot* s = slots_.Find(nm);
       if (s && s->in_flight) {
         for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
         return refuse(
@@ -724,7 +722,7 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
       if (by_cache_id_.size() <= id) by_cache_id_.resize(std::max(id + 1, 2 * by_cache_id_.size()));
       by_cache_id_[id] = s;
     } else {
-      announced_full_.emplace(std::string_view(*s->name), s);
+      announced_full_.Insert(*s->name, s);
     }
     announce_.push_back(&s->req);
     announce_ids_.push_back(s->cache_id);
@@ -760,8 +758,7 @@ Engine::Slot* Engine::Local(const Response& r) {
   if (r.cache_id >= 0 && static_cast<size_t>(r.cache_id) < by_cache_id_.size()) {
     if (Slot* s = by_cache_id_[static_cast<size_t>(r.cache_id)]) return s;
   }
-  auto it = announced_full_.find(r.req.name);
-  return it == announced_full_.end() ? nullptr : it->second;
+  return announced_full_.Find(r.req.name);
 }
 
 struct Engine::Batch {
@@ -1197,7 +1194,7 @@ void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
     Slot*& by_id = by_cache_id_[static_cast<size_t>(s->cache_id)];
     if (by_id == s) by_id = nullptr;
   } else {
-    announced_full_.erase(std::string_view(*s->name));
+    announced_full_.Erase(*s->name);
   }
   if (s->ready) s->ready.reset();
   HandleState* h = s->handle;

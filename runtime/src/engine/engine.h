@@ -29,7 +29,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "ringrun/common/fd.h"
@@ -37,6 +36,7 @@
 #include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/fusion_buffer.h"
+#include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/engine/timeline.h"
@@ -125,11 +125,6 @@ std::shared_ptr<HandleState> ShareHandle(HandleState* h);
 // naming their tensor, and a submission copies no string into its handle. Only names that are
 // kept in slots (Engine::kKeptSlots per runtime) are interned.
 const std::string* InternName(std::string_view name);
-
-// A fast hash of a tensor name (eight bytes at a time; names are not adversarial).
-struct NameHash {
-  size_t operator()(std::string_view s) const noexcept;
-};
 
 struct SubmitResult {
   ringrun_status status = RINGRUN_OK;
@@ -235,7 +230,7 @@ class Engine {
   std::mutex mu_;
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
-  std::unordered_map<std::string_view, Slot*, NameHash> slots_;  // mu_
+  NameTable<Slot> slots_;  // mu_
   std::deque<Slot> slot_store_;                                  // mu_ (grows; never moves a slot)
   std::vector<Slot*> free_slots_;                                // mu_
   size_t kept_slots_ = 0;                                        // mu_
@@ -256,7 +251,7 @@ class Engine {
   std::unique_ptr<Timeline> timeline_;
   // Announced and not complete: by the cache id they were announced under, or by name.
   std::vector<Slot*> by_cache_id_;
-  std::unordered_map<std::string_view, Slot*, NameHash> announced_full_;
+  NameTable<Slot> announced_full_;
   std::unique_ptr<DeviceBackend> device_;
   Status device_error_;
   // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so

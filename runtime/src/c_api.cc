@@ -375,6 +375,12 @@ ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, v
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
+    HandleState* h = nullptr;
+    if (name != nullptr && rt.engine().SubmitAllreduceFast(name, sendbuf, recvbuf, count, dtype,
+                                                           op, prescale, postscale, flags, &h)) {
+      *handle = reinterpret_cast<ringrun_handle>(h);
+      return RINGRUN_OK;
+    }
     Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbuf, recvbuf, count, dtype);
     e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
     return SubmitEntries(rt, &e, 1, name, handle);

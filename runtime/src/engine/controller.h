@@ -69,11 +69,14 @@ class Controller {
   // Applies one round: frames[r] is rank r's frame. Returns the responses that are ready, in
   // the agreed order, or kInternal on a malformed frame.
   Result<std::vector<Response>> Apply(const std::vector<std::string>& frames, int64_t now_us);
-  // The same, writing the k ready responses to (*out)[0, k) and returning k. *out only grows:
-  // its elements beyond k are left as they were, so that a cached response is copied into
-  // storage that an earlier round's allocated (the engine's steady state allocates nothing).
+  // The same for the engine, allocating nothing once warm. Returns k, the number of ready
+  // responses, and points *ready at them: in *out for the general path, which writes
+  // (*out)[0, k) (*out only grows: its elements beyond k are left as they were, so that a
+  // cached response is copied into storage that an earlier round allocated), or in the
+  // controller's own storage for the steady state's uniform rounds (uniform()). Valid until
+  // the next Apply.
   Result<size_t> Apply(const std::vector<std::string>& frames, int64_t now_us,
-                       std::vector<Response>* out);
+                       std::vector<Response>* out, const Response** ready);
 
   // Names announced by some ranks and not all (joined ranks count as announced).
   std::vector<PendingView> Pending() const;
@@ -84,6 +87,14 @@ class Controller {
   bool has_pending() const { return !table_.empty() || fast_pending_ > 0; }
   int joined_count() const { return joined_count_; }
   uint64_t round() const { return round_; }
+  // Whether the last Apply was a uniform round (see ApplyUniform), whose responses are in the
+  // controller's own storage.
+  bool uniform() const { return uniform_; }
+  // Whether it was moreover the repeat of the previous uniform round: every rank announced
+  // exactly that round's frame and the cache is unchanged, so that its responses are that
+  // round's, unchanged and at the same addresses (a caller may reuse what it derived from
+  // them, such as a fusion plan), but for announced_us.
+  bool repeated() const { return repeated_; }
 
  private:
   struct Slot {
@@ -110,8 +121,12 @@ class Controller {
   bool Ready(uint32_t fast_id) const;
   Response Build(Slot& s);
   // Apply's shortcut for the steady state (see the definition); nullopt: take the general path.
-  std::optional<size_t> ApplyUniform(const std::vector<std::string>& frames, int64_t now_us,
-                                     std::vector<Response>* out);
+  // Apply's path for every other round: counts each announcement, and reports what is
+  // malformed.
+  Result<size_t> ApplyGeneral(const std::vector<std::string>& frames, int64_t now_us,
+                              std::vector<Response>* out);
+  // It writes its responses to uniform_out_.
+  std::optional<size_t> ApplyUniform(const std::vector<std::string>& frames, int64_t now_us);
   void BuildFast(uint32_t id, Response* resp);  // overwrites every field of *resp
   void FillFast(uint32_t id, Response* resp);   // the same but for announced_us and the slot
   // The error for a kind that cannot run while ranks have joined, or nullopt.
@@ -145,6 +160,15 @@ class Controller {
   int joined_count_ = 0;
   int last_joined_ = -1;
   uint64_t round_ = 0;
+  // The last uniform round's responses, and what recognises its repeat (ApplyUniform).
+  std::vector<Response> uniform_out_;
+  struct Repeat {
+    bool valid = false;
+    size_t n = 0;
+    uint64_t cache_changes = 0;
+    std::string frame;
+  } repeat_;
+  bool uniform_ = false, repeated_ = false;
 };
 
 }  // namespace ringrun::runtime::engine

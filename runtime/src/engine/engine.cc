@@ -343,12 +343,10 @@ bool Update(T& field, const T& value) {
 
 }  // namespace
 
-void Engine::MoveInto(Slot& s, Entry& e) {
+bool Engine::UpdateArgs(Request& q, const Request& r) {
   // Field by field, writing only what changed, and never the name (the slot keeps its own):
   // the engine thread read this slot last step, and a field left alone stays in both cores'
   // caches instead of moving back and forth each step.
-  Request& q = s.req;
-  const Request& r = e.req;
   bool changed = Update(q.kind, r.kind) | Update(q.dtype, r.dtype) | Update(q.op, r.op);
   changed |= Update(q.device, r.device) | Update(q.root, r.root) | Update(q.count, r.count);
   changed |= Update(q.row_elems, r.row_elems) | Update(q.flags, r.flags);
@@ -360,7 +358,13 @@ void Engine::MoveInto(Slot& s, Entry& e) {
   if (std::memcmp(&q.postscale, &r.postscale, sizeof(double)) != 0) {
     q.postscale = r.postscale, changed = true;
   }
-  if (q.send_rows != r.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
+  return changed;
+}
+
+void Engine::MoveInto(Slot& s, Entry& e) {
+  Request& q = s.req;
+  bool changed = UpdateArgs(q, e.req);
+  if (q.send_rows != e.req.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
   if (changed) s.args_changed = true;
   Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
   if (s.ready || e.ready) s.ready = std::move(e.ready);
@@ -500,6 +504,61 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   }
   *handle = h;
   return RINGRUN_OK;
+}
+
+bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv,
+                                 size_t count, ringrun_dtype dtype, ringrun_op op,
+                                 double prescale, double postscale, uint32_t flags,
+                                 HandleState** handle) {
+  // What Validate accepts for an allreduce of host memory, and nothing else: anything it would
+  // refuse, and device memory, take the general path, which says what is wrong.
+  if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES) return false;
+  if (!IsValidDtype(dtype) || !IsValidOp(op) || (flags & ~RINGRUN_AVERAGE_BY_CONTRIBUTORS)) {
+    return false;
+  }
+  if ((op == RINGRUN_AVERAGE || prescale != 1.0 || postscale != 1.0) && !IsFloating(dtype)) {
+    return false;
+  }
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(count, DtypeSize(dtype), &bytes)) return false;
+  if (count > 0 && (send == nullptr || recv == nullptr)) return false;
+  if (PartialOverlap(send, recv, bytes)) return false;
+  if (is_device_(send) || (recv != send && is_device_(recv))) return false;
+  // The request as Submit's caller would have built it (the name stays the slot's own).
+  Request r;
+  r.kind = Kind::kAllreduce, r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
+  r.prescale = prescale, r.postscale = postscale;
+  const int64_t now = timeline_ ? Now() : 0;
+  const size_t hash = NameHash{}(name);
+  HandleState* h = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || failed_code_ != RINGRUN_OK) return false;
+    // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
+    Slot* s = slots_.Find(name, hash);
+    if (s == nullptr || !s->kept || s->in_flight) return false;
+    h = NewHandleState();
+    h->kind = Kind::kAllreduce;
+    h->elem = DtypeSize(dtype);
+    h->remaining = 1;
+    h->wait_ms = options_.timeout_ms;
+    h->name_ptr = s->name;
+    s->in_flight = true;
+    bool changed = UpdateArgs(s->req, r);
+    if (!s->req.send_rows.empty()) s->req.send_rows.clear(), changed = true;
+    if (changed) s->args_changed = true;
+    Update(s->send, send), Update(s->recv, recv), Update(s->stream, static_cast<void*>(nullptr));
+    if (s->ready) s->ready.reset();
+    s->submit_us = now;
+    s->handle = h;
+    queue_.push_back(s);
+  }
+  if (sleeping_.load() && sleeping_.exchange(false)) {  // as in Submit
+    const uint64_t one = 1;
+    (void)!::write(doorbell_.get(), &one, sizeof(one));
+  }
+  *handle = h;
+  return true;
 }
 
 ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
@@ -740,14 +799,15 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
     if (!report.empty()) return Aborted(report);
     f.erase(0, pos);
   }
-  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_);
+  const Response* responses = nullptr;
+  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_, &responses);
   if (!ready.ok()) return ready.status();
   if (timeline_) {
     timeline_->Mark("ROUND", start,
                     "\"round\": " + std::to_string(controller_.round()) + ", \"announced\": " +
                         std::to_string(fresh.size()) + ", \"ready\": " + std::to_string(*ready));
   }
-  Execute(responses_.data(), *ready);
+  Execute(responses, *ready, controller_.uniform(), controller_.repeated());
   if (timeline_) timeline_->Flush();
   fresh.clear();
   spare_.swap(fresh);  // its capacity serves the submission queue again
@@ -772,10 +832,22 @@ inline bool Engine::Packed(const Request& req, size_t threshold) {
   return bytes <= threshold && bytes < kDirectAllreduceBytes;
 }
 
-void Engine::Execute(const Response* responses, size_t n) {
+void Engine::Execute(const Response* responses, size_t n, bool uniform, bool repeated) {
   // Fusion plan: each allreduce joins the first open batch it can fuse with and that has room;
-  // every rank builds the same plan from the same responses.
-  std::vector<Batch>& plan = plan_;  // its batches keep their vectors' capacity
+  // every rank builds the same plan from the same responses. Uniform rounds keep theirs apart
+  // from the other rounds' (a barrier between two steps does not replace the step's plan).
+  Plan& p = uniform ? uniform_plan_ : general_plan_;
+  std::vector<Batch>& plan = p.batches;  // its batches keep their vectors' capacity
+  if (repeated && p.of == responses && p.n == n) {
+    // The same responses as the last uniform round (Controller::repeated): the same plan,
+    // which depends on nothing else; only this round's slots are looked up again.
+    for (size_t k = 0; k < p.planned; ++k) {
+      Batch& b = plan[k];
+      for (size_t i = 0; i < b.responses.size(); ++i) b.locals[i] = Local(*b.responses[i]);
+    }
+    RunPlan(p);
+    return;
+  }
   size_t planned = 0;
   auto new_batch = [&](const Response* r, Entry* local, size_t packed_bytes) {
     if (plan.size() <= planned) plan.emplace_back();
@@ -812,7 +884,13 @@ void Engine::Execute(const Response* responses, size_t n) {
     }
     new_batch(&r, local, packed_bytes);
   }
-  for (size_t k = 0; k < planned; ++k) {
+  p.of = responses, p.n = n, p.planned = planned;
+  RunPlan(p);
+}
+
+void Engine::RunPlan(Plan& p) {
+  std::vector<Batch>& plan = p.batches;
+  for (size_t k = 0; k < p.planned; ++k) {
     Batch& b = plan[k];
     const Response& first = *b.responses[0];
     if (first.type == Response::kError) {

@@ -151,6 +151,15 @@ class Engine {
   // drops it); on failure *message says why.
   ringrun_status Submit(Entry* entries, size_t n, std::string_view name, bool group,
                         HandleState** handle, std::string* message);
+  // One named allreduce of host memory (the commonest submission of training), queued as
+  // Submit would queue it but without building an Entry, when the name has a kept slot that is
+  // not in flight and the arguments are valid: *handle is then the caller's reference, and the
+  // result true. Otherwise it does nothing and returns false, and the caller takes Submit,
+  // which also says what is wrong (a new name, a duplicate, device memory, a bad argument, a
+  // runtime that is shutting down or broken).
+  bool SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
+                           ringrun_dtype dtype, ringrun_op op, double prescale,
+                           double postscale, uint32_t flags, HandleState** handle);
   // Waits for `h` up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then.
   static ringrun_status Wait(HandleState& h, int timeout_ms);
   int timeout_ms() const { return options_.timeout_ms; }
@@ -185,7 +194,9 @@ class Engine {
   static constexpr size_t kKeptSlots = 16384;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
   void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
-  static void MoveInto(Slot& s, Entry& e);  // e's arguments into s (mu_ held, s not in flight)
+  static void MoveInto(Slot& s, Entry& e);
+  // r's arguments (all but the name) into q, writing only fields that differ; whether any did.
+  static bool UpdateArgs(Request& q, const Request& r);  // e's arguments into s (mu_ held, s not in flight)
   // This rank's slot for a ready response, or nullptr (the rank had joined).
   Slot* Local(const Response& r);
   void Loop();
@@ -195,7 +206,17 @@ class Engine {
   // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
   Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
   Result<std::vector<std::string>> Exchange(const std::string& mine);
-  void Execute(const Response* responses, size_t n);
+  // A fusion plan: batches[0, planned) made of the responses [of, of + n).
+  struct Plan {
+    std::vector<Batch> batches;  // kept with their vectors' capacity
+    const Response* of = nullptr;
+    size_t n = 0, planned = 0;
+  };
+  // Plans and runs n ready responses. uniform: a uniform round's (Controller::uniform);
+  // repeated: moreover the previous uniform round's, unchanged (Controller::repeated), so that
+  // its plan still holds.
+  void Execute(const Response* responses, size_t n, bool uniform = false, bool repeated = false);
+  void RunPlan(Plan& p);
   Status RunBatch(Batch& b);
   Status RunAllreduce(const Response& r, Entry* e);
   Status RunFused(Batch& b);
@@ -266,7 +287,7 @@ class Engine {
   std::vector<Slot*> finished_;           // complete: their slots are freed at NotifyCompleted
   std::vector<const Request*> announce_;  // Round's, kept for its capacity
   std::vector<Response> responses_;       // the controller's output (see Controller::Apply)
-  std::vector<Batch> plan_;               // Execute's, kept with their capacity
+  Plan uniform_plan_, general_plan_;      // Execute's, for uniform rounds and for the others
   std::vector<size_t> open_;
   std::vector<int64_t> announce_ids_;
 

@@ -18,13 +18,14 @@ void ResponseCache::Put(const Request& req) {
   if (it != by_name_.end()) {
     // Arguments changed: replace in place; every rank does the same, so the id stays valid.
     Request& cached = entries_[it->second];
-    if (!cached.Identical(req)) cached = req, ++versions_[it->second];
+    if (!cached.Identical(req)) cached = req, ++versions_[it->second], ++changes_;
     return;
   }
   if (entries_.size() >= capacity_) return;
   by_name_.emplace(req.name, static_cast<uint32_t>(entries_.size()));
   entries_.push_back(req);
   versions_.push_back(0);
+  ++changes_;
 }
 
 }  // namespace ringrun::runtime::engine

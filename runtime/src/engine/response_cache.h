@@ -25,6 +25,8 @@ class ResponseCache {
   // How many times the entry `id` was replaced (its arguments changed).
   uint32_t Version(uint32_t id) const { return versions_[id]; }
   size_t size() const { return entries_.size(); }
+  // How many entries were added or replaced so far.
+  uint64_t changes() const { return changes_; }
   // Caches (or re-caches, if its arguments changed) a request that ran on every rank alike.
   void Put(const Request& req);
 
@@ -33,6 +35,7 @@ class ResponseCache {
   std::vector<Request> entries_;
   std::vector<uint32_t> versions_;  // by id
   std::unordered_map<std::string, uint32_t> by_name_;
+  uint64_t changes_ = 0;
 };
 
 }  // namespace ringrun::runtime::engine

@@ -1092,5 +1092,81 @@ TEST_CASE("engine: the controller's steady state matches the general path", "[en
   CHECK(!c0.Apply({twice, twice}, 9).ok());
 }
 
+TEST_CASE("engine: a repeated uniform round reuses its responses only while nothing changed",
+          "[engine]") {
+  // The steady state of training repeats one step's frame: the controller then hands back the
+  // previous uniform round's responses (Controller::repeated), across general rounds in between
+  // (a barrier, a blocking call), but not once the cache changed or the frame differs.
+  engine::Controller c0(2, 16), c1(2, 16);
+  auto req = [](const std::string& n, uint64_t count) {
+    engine::Request r;
+    r.name = n, r.count = count;
+    return r;
+  };
+  engine::Request a = req("a", 1), b = req("b", 2), c = req("c", 3);
+  std::vector<engine::Response> out0, out1;
+  struct Round {
+    std::vector<std::string> names;
+    bool uniform, repeated;
+  };
+  auto apply = [&](const std::vector<const engine::Request*>& x, int64_t now) {
+    const std::vector<std::string> f{c0.EncodeFrame(x), c1.EncodeFrame(x)};
+    const engine::Response *p0 = nullptr, *p1 = nullptr;
+    Result<size_t> n0 = c0.Apply(f, now, &out0, &p0);
+    Result<size_t> n1 = c1.Apply(f, now, &out1, &p1);
+    REQUIRE(n0.ok());
+    REQUIRE(n1.ok());
+    REQUIRE(*n0 == *n1);
+    CHECK(c0.repeated() == c1.repeated());
+    Round r{{}, c0.uniform(), c0.repeated()};
+    for (size_t i = 0; i < *n0; ++i) {
+      CHECK(p0[i].req.name == p1[i].req.name);
+      CHECK(p0[i].type == engine::Response::kRun);
+      CHECK(p0[i].contributors == 2);
+      CHECK(p0[i].announced_us == std::vector<int64_t>{now, now});
+      CHECK(p0[i].cache_id >= 0);
+      r.names.push_back(p0[i].req.name + "/" + std::to_string(p0[i].req.count));
+    }
+    return r;
+  };
+  using V = std::vector<std::string>;
+  const std::vector<std::string> full{c0.EncodeFrame({&a, &b, &c}), c1.EncodeFrame({&a, &b, &c})};
+  REQUIRE(c0.Apply(full, 1).ok());  // in full: cached after
+  REQUIRE(c1.Apply(full, 1).ok());
+  Round r = apply({&c, &b, &a}, 2);
+  CHECK((r.uniform && !r.repeated));
+  CHECK(r.names == V{"c/3", "b/2", "a/1"});
+  r = apply({&c, &b, &a}, 3);
+  CHECK((r.uniform && r.repeated));
+  CHECK(r.names == V{"c/3", "b/2", "a/1"});
+  // A round of the general path in between (a name in full) leaves the repeat possible.
+  engine::Request barrier = req("barrier.noname.0", 0);
+  barrier.kind = engine::Kind::kBarrier;
+  const std::vector<std::string> fb{c0.EncodeFrame({&barrier}), c1.EncodeFrame({&barrier})};
+  const engine::Response* p = nullptr;
+  REQUIRE(c0.Apply(fb, 4, &out0, &p).ok());
+  REQUIRE(c1.Apply(fb, 4, &out1, &p).ok());
+  CHECK_FALSE(c0.uniform());
+  r = apply({&c, &b, &a}, 5);
+  CHECK((r.uniform && r.repeated));
+  CHECK(r.names == V{"c/3", "b/2", "a/1"});
+  // Another frame: a uniform round of its own, not a repeat.
+  r = apply({&a, &b}, 6);
+  CHECK((r.uniform && !r.repeated));
+  CHECK(r.names == V{"a/1", "b/2"});
+  r = apply({&a, &b}, 7);
+  CHECK((r.uniform && r.repeated));
+  // b's arguments change (in full, then cached again): the same ids, but the cache changed,
+  // so the next identical frame is built afresh and carries the new count.
+  engine::Request b5 = req("b", 5);
+  CHECK(apply({&b5}, 8).names == V{"b/5"});
+  r = apply({&a, &b5}, 9);
+  CHECK((r.uniform && !r.repeated));
+  CHECK(r.names == V{"a/1", "b/5"});
+  r = apply({&a, &b5}, 10);
+  CHECK((r.uniform && r.repeated));
+  CHECK(r.names == V{"a/1", "b/5"});
+}
+
 }  // namespace
 }  // namespace ringrun::runtime::testing

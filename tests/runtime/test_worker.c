@@ -308,6 +308,51 @@ static int engine(void) {
     EXPECT(ringrun_wait(h) == RINGRUN_OK && d == (float)n, "d: %s", ringrun_handle_message(h));
     ringrun_release(h);
   }
+  /* A name seen before takes the short submission path: what it must still refuse, and a
+   * changed argument that it must not hide from negotiation. */
+  {
+    float k[4] = {1, 1, 1, 1};
+    for (int step = 0; step < 3; ++step) {
+      CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                        &h));
+      EXPECT(ringrun_wait(h) == RINGRUN_OK, "k: %s", ringrun_handle_message(h));
+      ringrun_release(h);
+    }
+    EXPECT(k[0] == 1.0f * (float)n * n * n, "k = %g", k[0]);
+    ringrun_handle bad = NULL;
+    EXPECT(ringrun_allreduce_submit("k", k, k + 1, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                    &bad) == RINGRUN_ERR_INVALID_ARGUMENT &&
+               bad == NULL && strstr(ringrun_error_message(), "overlap") != NULL,
+           "overlap: %s", ringrun_error_message());
+    EXPECT(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_INT32, RINGRUN_AVERAGE, 1.0, 1.0, 0,
+                                    &bad) == RINGRUN_ERR_INVALID_ARGUMENT &&
+               strstr(ringrun_error_message(), "AVERAGE needs a floating dtype") != NULL,
+           "average: %s", ringrun_error_message());
+    EXPECT(ringrun_allreduce_submit("k", NULL, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                    &bad) == RINGRUN_ERR_INVALID_ARGUMENT,
+           "NULL: %s", ringrun_error_message());
+    EXPECT(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 64,
+                                    &bad) == RINGRUN_ERR_INVALID_ARGUMENT,
+           "flags: %s", ringrun_error_message());
+    /* Rank 0 changes the count of a cached name: every rank fails it with a mismatch. */
+    CHECK_RC(ringrun_allreduce_submit("k", k, k, r == 0 ? 3 : 2, RINGRUN_FLOAT32, RINGRUN_SUM,
+                                      1.0, 1.0, 0, &h));
+    if (n > 1) {
+      EXPECT(ringrun_wait(h) == RINGRUN_ERR_MISMATCH &&
+                 strstr(ringrun_handle_message(h), "disagree on the count") != NULL,
+             "k mismatch: %s", ringrun_handle_message(h));
+    } else {
+      EXPECT(ringrun_wait(h) == RINGRUN_OK, "k: %s", ringrun_handle_message(h));
+    }
+    ringrun_release(h);
+    /* And the cached name works again once they agree. */
+    k[0] = 1;
+    CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                      &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == (float)n, "k again: %s",
+           ringrun_handle_message(h));
+    ringrun_release(h);
+  }
   /* Join: rank q runs q+1 steps, then joins. */
   for (int step = 0; step <= r; ++step) {
     float g = 2.0f;

@@ -136,6 +136,47 @@ TEST_CASE("engine: random submission orders and several threads per rank agree",
   }
 }
 
+TEST_CASE("engine: fused tensors of every small byte size are copied in and out whole",
+          "[engine]") {
+  // The fusion buffer copies tensors of up to 16 bytes without memcpy, in overlapping words:
+  // every size from 1 to 40 bytes (int8 counts), packed back to back at odd offsets.
+  const int np = 2, kTensors = 40;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<std::vector<int8_t>> bufs(kTensors);
+    for (int t = 0; t < kTensors; ++t) {
+      bufs[t].resize(static_cast<size_t>(t + 1));
+      for (int i = 0; i <= t; ++i) bufs[t][static_cast<size_t>(i)] = static_cast<int8_t>(rank + i % 7);
+    }
+    std::vector<Entry> entries;
+    for (int t = 0; t < kTensors; ++t) {
+      Entry e;
+      e.req.name = "bytes." + std::to_string(t), e.req.kind = Kind::kAllreduce;
+      e.req.dtype = RINGRUN_INT8, e.req.op = RINGRUN_SUM, e.req.count = bufs[t].size();
+      e.send = bufs[t].data(), e.recv = bufs[t].data();
+      entries.push_back(std::move(e));
+    }
+    engine::SubmitResult r = rt.engine().Submit(std::move(entries), /*group=*/true);
+    if (!r.handle) {
+      f.Add(rank, r.message);
+      return;
+    }
+    std::string err = WaitOk(*r.handle);
+    if (!err.empty()) f.Add(rank, err);
+    for (int t = 0; t < kTensors; ++t) {
+      for (int i = 0; i <= t; ++i) {
+        const int want = 1 + 2 * (i % 7);  // rank 0's i % 7 plus rank 1's 1 + i % 7
+        if (bufs[t][static_cast<size_t>(i)] != want) {
+          f.Add(rank, "bytes." + std::to_string(t) + "[" + std::to_string(i) + "] = " +
+                          std::to_string(bufs[t][static_cast<size_t>(i)]));
+          return;
+        }
+      }
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("engine: AVERAGE and a postscale over the ring, at 2 and 3 ranks", "[engine]") {
   // Large enough for the ring, where the division and the postscale are applied to each block
   // as its last reduction writes it; the values must be exactly sum / n * postscale.

@@ -41,22 +41,31 @@ int64_t Controller::CachedId(const Request& req, int64_t hint) const {
 
 std::string Controller::EncodeFrame(const std::vector<const Request*>& announce,
                                     const std::vector<int64_t>* ids) const {
-  std::string out;
-  out.reserve(4 + announce.size() * 5);
-  Put<uint32_t>(&out, static_cast<uint32_t>(announce.size()));
-  for (size_t i = 0; i < announce.size(); ++i) {
+  // Room for every entry as a cached id (5 bytes: the steady state), written in place; a
+  // request in full is appended at `at` and the room for the rest made again after it.
+  const size_t n = announce.size();
+  std::string out(4 + n * 5, '\0');
+  const uint32_t n32 = static_cast<uint32_t>(n);
+  std::memcpy(out.data(), &n32, sizeof(n32));
+  size_t at = 4;
+  for (size_t i = 0; i < n; ++i) {
     const Request* r = announce[i];
     const int64_t id = ids ? (*ids)[i] : cache_.Find(*r);
     if (id >= 0) {
-      char entry[5] = {static_cast<char>(kTagCached)};
+      char* p = out.data() + at;
+      p[0] = static_cast<char>(kTagCached);
       const uint32_t id32 = static_cast<uint32_t>(id);
-      std::memcpy(entry + 1, &id32, sizeof(id32));
-      out.append(entry, sizeof(entry));
+      std::memcpy(p + 1, &id32, sizeof(id32));
+      at += 5;
     } else {
+      out.resize(at);
       Put<uint8_t>(&out, kTagFull);
       r->Encode(&out);
+      at = out.size();
+      out.resize(at + (n - i - 1) * 5);
     }
   }
+  out.resize(at);
   return out;
 }
 

@@ -328,7 +328,7 @@ Engine::~Engine() { Shutdown(); }
 
 void Engine::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     stop_ = true;
   }
   AbortDevice("ringrun_shutdown was called with device collectives pending");
@@ -460,7 +460,7 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   h->remaining = static_cast<int>(n);
   h->wait_ms = options_.timeout_ms;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     if (stop_) return refuse(RINGRUN_ERR_ABORTED, "ringrun is shutting down");
     if (failed_code_ != RINGRUN_OK) return refuse(failed_code_, failed_message_);
     // Names: a group's entries are "<base>.<i>of<n>"; an unnamed submission gets a default
@@ -552,7 +552,7 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
   const size_t hash = NameHash{}(name);
   HandleState* h = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     if (stop_ || failed_code_ != RINGRUN_OK) return false;
     // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
     Slot* s = slots_.Find(name, hash);
@@ -602,7 +602,7 @@ void Engine::SleepOnDoorbell(Deadline deadline) {
 
 void Engine::Abort(const Status& st) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     if (failed_code_ != RINGRUN_OK || !abort_.ok()) return;
     abort_ = st;
   }
@@ -620,7 +620,7 @@ void Engine::Loop() {
     bool failed;
     Status abort;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<Mutex> lock(mu_);
       if (stop_) break;
       fresh.swap(queue_);
       failed = failed_code_ != RINGRUN_OK;
@@ -641,7 +641,7 @@ void Engine::Loop() {
         std::string m;
         ringrun_status c;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          std::lock_guard<Mutex> lock(mu_);
           c = failed_code_, m = failed_message_;
         }
         FailAll(c, Status(Code::kUnavailable, m));
@@ -655,7 +655,7 @@ void Engine::Loop() {
     if (fresh.empty()) {
       sleeping_.store(true);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<Mutex> lock(mu_);
         if (stop_ || !queue_.empty() || !abort_.ok()) {
           sleeping_.store(false);
           continue;
@@ -694,7 +694,7 @@ void Engine::Loop() {
         }
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<Mutex> lock(mu_);
         if (stop_) break;
         fresh.swap(queue_);
       }
@@ -1311,7 +1311,7 @@ void Engine::NotifyCompleted() {
   // work: a thread waiting on one handle after another then finds the next ones done instead
   // of being woken, and preempting the engine, once per handle.
   if (!finished_.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     for (Slot* s : finished_) ReleaseSlot(s);
   }
   finished_.clear();
@@ -1343,7 +1343,7 @@ void Engine::FailAll(ringrun_status code, const Status& st) {
   // a round that did not announce it.
   std::vector<Slot*> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<Mutex> lock(mu_);
     if (failed_code_ == RINGRUN_OK) {
       failed_code_ = code;
       failed_message_ = st.message();

@@ -36,6 +36,7 @@
 #include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/fusion_buffer.h"
+#include "runtime/src/engine/mutex.h"
 #include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
@@ -248,7 +249,7 @@ class Engine {
   const std::function<bool(const void*)> is_device_;
   UniqueFd doorbell_;  // eventfd
 
-  std::mutex mu_;
+  Mutex mu_;  // not std::mutex: see mutex.h
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
   NameTable<Slot> slots_;  // mu_

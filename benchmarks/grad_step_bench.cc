@@ -10,8 +10,9 @@
 //   blocking     the same gradients as blocking per-tensor allreduces, in reverse order;
 //   ceiling      one blocking allreduce of all the gradients' bytes in one buffer.
 // Then: a warm step of one 4-byte tensor per parameter (named, cached) against one blocking
-// 4-byte allreduce (four timed one by one after each step), and the idle engine (CPU time and context switches of the whole process
-// over 2 s with nothing submitted). Rank 0 prints medians; busbw = bytes * 2(n-1)/n / time.
+// 4-byte allreduce (four timed one by one after each step), and the idle engine (CPU time and
+// context switches of the whole process over 2 s with nothing submitted). Rank 0 prints medians;
+// busbw = bytes * 2(n-1)/n / time.
 #include <sys/resource.h>
 #include <unistd.h>
 

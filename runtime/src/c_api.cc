@@ -313,7 +313,9 @@ ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
 }
 ringrun_status ringrun_wait(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return ringrun_wait_for(h, State(h)->wait_ms);
+  HandleState& s = *State(h);
+  if (s.done()) return s.status;  // the usual case when collecting a step's handles
+  return ringrun::runtime::engine::Engine::Wait(s, s.wait_ms);
 }
 const char* ringrun_handle_message(ringrun_handle h) {
   if (!h) return "";
@@ -376,8 +378,8 @@ ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, v
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     HandleState* h = nullptr;
-    if (name != nullptr && rt.engine().SubmitAllreduceFast(name, sendbuf, recvbuf, count, dtype,
-                                                           op, prescale, postscale, flags, &h)) {
+    if (name != nullptr && rt.engine().SubmitAllreduceFast(name, sendbuf, recvbuf, count, dtype, op,
+                                                           prescale, postscale, flags, &h)) {
       *handle = reinterpret_cast<ringrun_handle>(h);
       return RINGRUN_OK;
     }

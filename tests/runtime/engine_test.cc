@@ -145,7 +145,8 @@ TEST_CASE("engine: fused tensors of every small byte size are copied in and out 
     std::vector<std::vector<int8_t>> bufs(kTensors);
     for (int t = 0; t < kTensors; ++t) {
       bufs[t].resize(static_cast<size_t>(t + 1));
-      for (int i = 0; i <= t; ++i) bufs[t][static_cast<size_t>(i)] = static_cast<int8_t>(rank + i % 7);
+      for (int i = 0; i <= t; ++i)
+        bufs[t][static_cast<size_t>(i)] = static_cast<int8_t>(rank + i % 7);
     }
     std::vector<Entry> entries;
     for (int t = 0; t < kTensors; ++t) {
@@ -166,8 +167,8 @@ TEST_CASE("engine: fused tensors of every small byte size are copied in and out 
       for (int i = 0; i <= t; ++i) {
         const int want = 1 + 2 * (i % 7);  // rank 0's i % 7 plus rank 1's 1 + i % 7
         if (bufs[t][static_cast<size_t>(i)] != want) {
-          f.Add(rank, "bytes." + std::to_string(t) + "[" + std::to_string(i) + "] = " +
-                          std::to_string(bufs[t][static_cast<size_t>(i)]));
+          f.Add(rank, "bytes." + std::to_string(t) + "[" + std::to_string(i) +
+                          "] = " + std::to_string(bufs[t][static_cast<size_t>(i)]));
           return;
         }
       }

@@ -313,8 +313,8 @@ static int engine(void) {
   {
     float k[4] = {1, 1, 1, 1};
     for (int step = 0; step < 3; ++step) {
-      CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
-                                        &h));
+      CHECK_RC(
+          ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
       EXPECT(ringrun_wait(h) == RINGRUN_OK, "k: %s", ringrun_handle_message(h));
       ringrun_release(h);
     }
@@ -335,8 +335,8 @@ static int engine(void) {
                                     &bad) == RINGRUN_ERR_INVALID_ARGUMENT,
            "flags: %s", ringrun_error_message());
     /* Rank 0 changes the count of a cached name: every rank fails it with a mismatch. */
-    CHECK_RC(ringrun_allreduce_submit("k", k, k, r == 0 ? 3 : 2, RINGRUN_FLOAT32, RINGRUN_SUM,
-                                      1.0, 1.0, 0, &h));
+    CHECK_RC(ringrun_allreduce_submit("k", k, k, r == 0 ? 3 : 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0,
+                                      1.0, 0, &h));
     if (n > 1) {
       EXPECT(ringrun_wait(h) == RINGRUN_ERR_MISMATCH &&
                  strstr(ringrun_handle_message(h), "disagree on the count") != NULL,
@@ -347,8 +347,7 @@ static int engine(void) {
     ringrun_release(h);
     /* And the cached name works again once they agree. */
     k[0] = 1;
-    CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
-                                      &h));
+    CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
     EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == (float)n, "k again: %s",
            ringrun_handle_message(h));
     ringrun_release(h);

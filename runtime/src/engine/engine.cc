@@ -526,10 +526,9 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   return RINGRUN_OK;
 }
 
-bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv,
-                                 size_t count, ringrun_dtype dtype, ringrun_op op,
-                                 double prescale, double postscale, uint32_t flags,
-                                 HandleState** handle) {
+bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
+                                 ringrun_dtype dtype, ringrun_op op, double prescale,
+                                 double postscale, uint32_t flags, HandleState** handle) {
   // What Validate accepts for an allreduce of host memory, and nothing else: anything it would
   // refuse, and device memory, take the general path, which says what is wrong.
   if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES) return false;
@@ -543,7 +542,11 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
   if (__builtin_mul_overflow(count, DtypeSize(dtype), &bytes)) return false;
   if (count > 0 && (send == nullptr || recv == nullptr)) return false;
   if (PartialOverlap(send, recv, bytes)) return false;
-  if (is_device_(send) || (recv != send && is_device_(recv))) return false;
+  // The build's own check called directly (not through the std::function): it is inlined.
+  auto device = [this](const void* p) {
+    return options_.is_device ? is_device_(p) : BuildIsDevice(p);
+  };
+  if (device(send) || (recv != send && device(recv))) return false;
   // The request as Submit's caller would have built it (the name stays the slot's own).
   Request r;
   r.kind = Kind::kAllreduce, r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;

@@ -159,8 +159,8 @@ class Engine {
   // which also says what is wrong (a new name, a duplicate, device memory, a bad argument, a
   // runtime that is shutting down or broken).
   bool SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
-                           ringrun_dtype dtype, ringrun_op op, double prescale,
-                           double postscale, uint32_t flags, HandleState** handle);
+                           ringrun_dtype dtype, ringrun_op op, double prescale, double postscale,
+                           uint32_t flags, HandleState** handle);
   // Waits for `h` up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then.
   static ringrun_status Wait(HandleState& h, int timeout_ms);
   int timeout_ms() const { return options_.timeout_ms; }
@@ -197,7 +197,8 @@ class Engine {
   void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
   static void MoveInto(Slot& s, Entry& e);
   // r's arguments (all but the name) into q, writing only fields that differ; whether any did.
-  static bool UpdateArgs(Request& q, const Request& r);  // e's arguments into s (mu_ held, s not in flight)
+  static bool UpdateArgs(Request& q,
+                         const Request& r);  // e's arguments into s (mu_ held, s not in flight)
   // This rank's slot for a ready response, or nullptr (the rank had joined).
   Slot* Local(const Response& r);
   void Loop();
@@ -249,18 +250,18 @@ class Engine {
   const std::function<bool(const void*)> is_device_;
   UniqueFd doorbell_;  // eventfd
 
-  Mutex mu_;  // not std::mutex: see mutex.h
+  Mutex mu_;                  // not std::mutex: see mutex.h
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
-  NameTable<Slot> slots_;  // mu_
-  std::deque<Slot> slot_store_;                                  // mu_ (grows; never moves a slot)
-  std::vector<Slot*> free_slots_;                                // mu_
-  size_t kept_slots_ = 0;                                        // mu_
-  std::vector<uint64_t> noname_counter_;                         // by Kind; mu_
-  bool stop_ = false;                                            // mu_
-  Status abort_;                                                 // mu_
-  ringrun_status failed_code_ = RINGRUN_OK;                      // mu_
-  std::string failed_message_;                                   // mu_
+  NameTable<Slot> slots_;                    // mu_
+  std::deque<Slot> slot_store_;              // mu_ (grows; never moves a slot)
+  std::vector<Slot*> free_slots_;            // mu_
+  size_t kept_slots_ = 0;                    // mu_
+  std::vector<uint64_t> noname_counter_;     // by Kind; mu_
+  bool stop_ = false;                        // mu_
+  Status abort_;                             // mu_
+  ringrun_status failed_code_ = RINGRUN_OK;  // mu_
+  std::string failed_message_;               // mu_
   std::atomic<bool> sleeping_{false};
 
   // The engine thread's own.

@@ -240,6 +240,13 @@ HandleState* NewHandleState() {
 }
 
 void ReleaseHandle(HandleState* h) {
+  // The usual case, a handle released after it completed: the engine has let go already and
+  // never touches h again, so nobody races for the last reference and no read-modify-write is
+  // needed to take it.
+  if (h->flags.load(std::memory_order_acquire) & HandleState::kEngineGone) {
+    Recycle(h, true);
+    return;
+  }
   if (h->flags.fetch_or(HandleState::kReleased) & HandleState::kEngineGone) Recycle(h, true);
 }
 

@@ -55,7 +55,9 @@ Process& TheProcess() {
   return *p;
 }
 
-thread_local std::string t_error;
+// Initial-exec (as the engine's handle cache): every C call clears it, and this makes that one
+// %fs-relative access instead of a call to __tls_get_addr.
+__attribute__((tls_model("initial-exec"))) thread_local std::string t_error;
 
 // One call's use of the current runtime (null when there is none).
 class Use {

@@ -50,7 +50,7 @@ struct Process {
   std::vector<std::unique_ptr<Published>> published;  // every one, kept; guarded by init_mu
   uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu
 };
-Process& TheProcess() {
+inline Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
   return *p;
 }

@@ -373,7 +373,8 @@ bool Update(T& field, const T& value) {
 
 }  // namespace
 
-bool Engine::UpdateArgs(Request& q, const Request& r) {
+template <typename R>
+inline bool Engine::UpdateArgs(Request& q, const R& r) {
   // Field by field, writing only what changed, and never the name (the slot keeps its own):
   // the engine thread read this slot last step, and a field left alone stays in both cores'
   // caches instead of moving back and forth each step.
@@ -557,9 +558,21 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
     return options_.is_device ? is_device_(p) : BuildIsDevice(p);
   };
   if (device(send) || (recv != send && device(recv))) return false;
-  // The request as Submit's caller would have built it (the name stays the slot's own).
-  Request r;
-  r.kind = Kind::kAllreduce, r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
+  // The arguments as Submit's caller would have built the request (the name stays the
+  // slot's own; no string or vector is built).
+  struct {
+    Kind kind = Kind::kAllreduce;
+    ringrun_dtype dtype;
+    ringrun_op op;
+    bool device = false;
+    int32_t root = 0;
+    uint64_t count;
+    uint64_t row_elems = 1;
+    uint32_t flags;
+    bool fixed = false;
+    double prescale, postscale;
+  } r;
+  r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
   r.prescale = prescale, r.postscale = postscale;
   const int64_t now = timeline_ ? Now() : 0;
   const size_t hash = NameHash{}(name);

@@ -195,10 +195,12 @@ class Engine {
   static constexpr size_t kKeptSlots = 16384;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
   void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
+  // e's arguments into s (mu_ held, s not in flight).
   static void MoveInto(Slot& s, Entry& e);
   // r's arguments (all but the name) into q, writing only fields that differ; whether any did.
-  static bool UpdateArgs(Request& q,
-                         const Request& r);  // e's arguments into s (mu_ held, s not in flight)
+  // R: a Request, or anything with its argument fields (the short submission path's).
+  template <typename R>
+  static bool UpdateArgs(Request& q, const R& r);
   // This rank's slot for a ready response, or nullptr (the rank had joined).
   Slot* Local(const Response& r);
   void Loop();

@@ -1,9 +1,9 @@
 // The C API: a thin shell over one Runtime. The only process-wide state is the pointer to that
-// runtime (what ringrun_init builds and ringrun_shutdown drops), and each thread's last error.
+// runtime (what ringrun_init builds and ringrun_shutdown withdraws; see Process), and each
+// thread's last error.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -25,29 +25,19 @@ namespace {
 using ringrun::Status;
 using ringrun::runtime::Runtime;
 
-// The runtime that ringrun_init published, with the count of its users: the process's
-// reference (from ringrun_init until ringrun_shutdown) and each C call running in it. Whoever
-// drops the count to zero destroys the runtime, so a call on another thread that is still using
-// it when ringrun_shutdown returns keeps it alive until it leaves. A call costs two atomic
-// operations on the count and no lock: a submission is made hundreds of times per step.
-// The control block itself is never freed (one per ringrun_init, kept in Process): a call that read
-// the pointer just before ringrun_shutdown withdrew it may still touch its count.
-struct Published {
-  static constexpr int64_t kDead = std::numeric_limits<int64_t>::min() / 2;
-  std::atomic<int64_t> users{1};  // kDead once destroyed: sticky, never zero again
-  std::unique_ptr<Runtime> runtime;
-  // Drops one user; the one that takes the count to zero first destroys the runtime.
-  void Drop() {
-    if (users.fetch_sub(1) != 1) return;
-    int64_t zero = 0;
-    if (users.compare_exchange_strong(zero, kDead)) runtime.reset();
-  }
-};
-
 struct Process {
   std::mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
-  std::atomic<Published*> current{nullptr};
-  std::vector<std::unique_ptr<Published>> published;  // every one, kept; guarded by init_mu
+  // The runtime that ringrun_init published (null after ringrun_shutdown). A C call reads it
+  // with one load, without a count or a lock (a submission is made hundreds of times a step,
+  // and counting each call cost two atomic read-modify-writes, about a tenth of a small
+  // submission). So a runtime is never destroyed: ringrun_shutdown stops its engine, which
+  // releases everything it holds (its thread, connections, shared memory, buffers, the GPU
+  // communicator, the timeline file), and a call still in it on another thread then fails
+  // ("shutting down"). What is left of each (the objects, the doorbell's eventfd, the
+  // controller's cache of names: kilobytes) is kept here, one per ringrun_init, until the
+  // process exits.
+  std::atomic<Runtime*> current{nullptr};
+  std::vector<std::unique_ptr<Runtime>> runtimes;  // every one initialized; guarded by init_mu
   uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu
 };
 inline Process& TheProcess() {
@@ -59,32 +49,8 @@ inline Process& TheProcess() {
 // %fs-relative access instead of a call to __tls_get_addr.
 __attribute__((tls_model("initial-exec"))) thread_local std::string t_error;
 
-// One call's use of the current runtime (null when there is none).
-class Use {
- public:
-  Use() {
-    Published* p = TheProcess().current.load(std::memory_order_acquire);
-    if (!p) return;
-    p->users.fetch_add(1);
-    // Still published after our count (all sequentially consistent): ringrun_shutdown has not
-    // dropped the process's reference yet, so the runtime lives until we drop ours. Otherwise
-    // it may be gone already.
-    if (TheProcess().current.load() == p) {
-      published_ = p;
-    } else {
-      p->Drop();
-    }
-  }
-  ~Use() {
-    if (published_) published_->Drop();
-  }
-  Use(const Use&) = delete;
-  Use& operator=(const Use&) = delete;
-  Runtime* get() const { return published_ ? published_->runtime.get() : nullptr; }
-
- private:
-  Published* published_ = nullptr;
-};
+// The current runtime, or null (see Process).
+Runtime* Current() { return TheProcess().current.load(std::memory_order_acquire); }
 
 ringrun_status Fail(const Status& st) {
   t_error = st.message().empty() ? ringrun::CodeName(st.code()) : st.message();
@@ -100,8 +66,7 @@ ringrun_status Fail(ringrun_status code, const std::string& message) {
 template <typename F>
 ringrun_status Call(F&& f) {
   t_error.clear();
-  Use use;
-  Runtime* rt = use.get();
+  Runtime* rt = Current();
   if (!rt) {
     return Fail(RINGRUN_ERR_NOT_INITIALIZED,
                 "ringrun is not initialized (call ringrun_init first)");
@@ -157,8 +122,8 @@ Entry MakeEntry(Kind kind, const char* name, const void* send, void* recv, size_
 
 template <typename F>
 int Shape(F&& f) {
-  Use use;
-  return use.get() ? f(use.get()->shape()) : -1;
+  Runtime* rt = Current();
+  return rt ? f(rt->shape()) : -1;
 }
 
 }  // namespace
@@ -169,7 +134,7 @@ ringrun_status ringrun_init(void) {
   t_error.clear();
   Process& p = TheProcess();
   std::lock_guard<std::mutex> init_lock(p.init_mu);
-  if (p.current.load()) return RINGRUN_OK;
+  if (Current()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
@@ -185,9 +150,8 @@ ringrun_status ringrun_init(void) {
     }
     ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
     if (rt.ok()) {
-      p.published.push_back(std::make_unique<Published>());  // kept (see Published)
-      p.published.back()->runtime = std::move(rt.value());
-      p.current.store(p.published.back().get(), std::memory_order_release);
+      p.runtimes.push_back(std::move(rt.value()));  // kept (see Process)
+      p.current.store(p.runtimes.back().get(), std::memory_order_release);
     } else {
       st = rt.status();
     }
@@ -203,12 +167,10 @@ ringrun_status ringrun_init(void) {
 void ringrun_shutdown(void) {
   Process& p = TheProcess();
   std::lock_guard<std::mutex> init_lock(p.init_mu);
-  Published* published = p.current.exchange(nullptr);
-  if (!published) return;
-  // Stops the engine now (pending handles fail), even while another thread still uses the
-  // runtime for a moment; the last user destroys it.
-  published->runtime->engine().Shutdown();
-  published->Drop();
+  Runtime* rt = p.current.exchange(nullptr);
+  // Stops the engine now (pending handles fail) and releases what it holds, even while another
+  // thread is still in a call on it (that call fails).
+  if (rt) rt->engine().Shutdown();
 }
 
 int ringrun_rank(void) {

@@ -145,7 +145,9 @@ RINGRUN_API ringrun_status ringrun_init(void);
  * connections and shared memory. Safe to call when not initialized. Returns once the engine
  * thread has stopped: no buffer is touched after it. ringrun_init() may be called again
  * afterwards; in a job of more than one rank every rank must, and they meet in a new round of
- * the job service's rendezvous (new peer table). */
+ * the job service's rendezvous (new peer table). A call on another thread that is still running
+ * fails with RINGRUN_ERR_ABORTED or RINGRUN_ERR_NOT_INITIALIZED. What is left of the runtime
+ * (a few kilobytes) stays allocated until the process exits. */
 RINGRUN_API void ringrun_shutdown(void);
 
 /* The job's shape; -1 before ringrun_init(). local_* count the ranks on this host, cross_*

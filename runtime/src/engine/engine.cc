@@ -345,6 +345,31 @@ void Engine::Shutdown() {
   const uint64_t one = 1;
   (void)!::write(doorbell_.get(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
+  // What the engine thread owned goes now rather than with the object: the C API never
+  // destroys a runtime (a call on another thread may still be in it; see c_api.cc), and the
+  // peers must see this rank's connections close. The doorbell stays (a late Abort or
+  // submission may still ring it), and so does the Timeline object (submissions test its
+  // pointer without a lock), closed. Idempotent.
+  if (timeline_) timeline_->Close();
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    device_live_ = nullptr;
+  }
+  device_.reset();
+  transport_.reset();
+  fusion_.Release();
+  scratch_ = Scratch();
+  std::vector<char>().swap(zeros_);
+  std::vector<Slot*>().swap(by_cache_id_);
+  announced_full_.Clear();
+  std::vector<Response>().swap(responses_);
+  uniform_plan_ = Plan();
+  general_plan_ = Plan();
+  std::lock_guard<Mutex> lock(mu_);  // submissions see stop_ first and touch no slot
+  std::vector<Slot*>().swap(queue_);
+  slots_.Clear();
+  std::vector<Slot*>().swap(free_slots_);
+  slot_store_.clear();
 }
 
 SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {

@@ -16,6 +16,7 @@ class FusionBuffer {
     return data_.get();
   }
   bool allocated() const { return data_ != nullptr; }
+  void Release() { data_.reset(); }  // at shutdown (a later batch would allocate it again)
 
  private:
   const size_t threshold_;

@@ -78,6 +78,10 @@ class NameTable {
     --size_;
   }
   size_t size() const { return size_; }
+  void Clear() {
+    std::vector<Cell>().swap(cells_);
+    mask_ = 0, size_ = 0;
+  }
 
  private:
   struct Cell {

@@ -41,13 +41,17 @@ Timeline::Timeline(std::FILE* f, int rank, const EngineClock* clock)
   std::fflush(f_);
 }
 
-Timeline::~Timeline() {
+Timeline::~Timeline() { Close(); }
+
+void Timeline::Close() {
+  if (!f_) return;
   // A last event without a trailing comma, then the bracket: strict JSON when closed cleanly.
   std::fprintf(f_,
                "{\"name\": \"end\", \"ph\": \"i\", \"s\": \"p\", \"pid\": %d, \"tid\": 0, "
                "\"ts\": 0}\n]\n",
                rank_);
   std::fclose(f_);
+  f_ = nullptr;
 }
 
 int Timeline::Row(const std::string& tensor) {
@@ -63,6 +67,7 @@ int Timeline::Row(const std::string& tensor) {
 
 void Timeline::Span(const std::string& tensor, const char* phase, int64_t start_us, int64_t end_us,
                     const std::string& args) {
+  if (!f_) return;  // closed
   const int tid = Row(tensor);
   std::fprintf(f_,
                "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, "
@@ -73,12 +78,15 @@ void Timeline::Span(const std::string& tensor, const char* phase, int64_t start_
 }
 
 void Timeline::Mark(const char* what, int64_t at_us, const std::string& args) {
+  if (!f_) return;
   std::fprintf(f_,
                "{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"t\", \"pid\": %d, \"tid\": 0, "
                "\"ts\": %lld, \"args\": {%s}},\n",
                what, rank_, static_cast<long long>(at_us - origin_us_), args.c_str());
 }
 
-void Timeline::Flush() { std::fflush(f_); }
+void Timeline::Flush() {
+  if (f_) std::fflush(f_);
+}
 
 }  // namespace ringrun::runtime::engine

@@ -33,6 +33,9 @@ class Timeline {
   // An instant marker on the engine's row (e.g. a negotiation round).
   void Mark(const char* what, int64_t at_us, const std::string& args = "");
   void Flush();
+  // Ends the file (strict JSON) and closes it; later events are dropped. The destructor does
+  // it if nobody did.
+  void Close();
 
  private:
   Timeline(std::FILE* f, int rank, const EngineClock* clock);

@@ -443,15 +443,19 @@ TEST_CASE("engine: a name still in flight is refused at submission", "[engine]")
 TEST_CASE("engine: a user's name that equals a made-up one in flight is a duplicate", "[engine]") {
   std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
     std::vector<float> a(4, 1.0f), b(4, 1.0f);
-    // Named like the first unnamed allreduce, and in flight (rank 1 has not submitted it yet).
-    auto h1 = Submit(rt, Allreduce("allreduce.noname.0", a.data(), a.data(), 4));
+    // Named like the first unnamed allreduce, and in flight on rank 0: rank 1 submits it only
+    // after the barrier, which rank 0 reaches after its unnamed submission was refused.
+    std::shared_ptr<HandleState> h1;
     if (rank == 0) {
+      h1 = Submit(rt, Allreduce("allreduce.noname.0", a.data(), a.data(), 4));
       std::string err;
       auto h2 = Submit(rt, Allreduce("", b.data(), b.data(), 4), &err);
       if (h2 || err.find("'allreduce.noname.0' is still in flight") == std::string::npos) {
         f.Add(rank, "the unnamed submission was accepted: " + err);
       }
     }
+    if (!rt.Barrier().ok()) f.Add(rank, "barrier");
+    if (rank == 1) h1 = Submit(rt, Allreduce("allreduce.noname.0", a.data(), a.data(), 4));
     std::string err = WaitOk(*h1);
     if (!err.empty() || a[0] != 2) f.Add(rank, "allreduce.noname.0: " + err);
   });

@@ -351,6 +351,18 @@ static int engine(void) {
     EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == (float)n, "k again: %s",
            ringrun_handle_message(h));
     ringrun_release(h);
+    /* The same name as another collective in between, then as the allreduce with the very
+     * arguments and buffers of before: an allreduce again, not the broadcast. */
+    k[0] = (float)(r + 10);
+    CHECK_RC(ringrun_broadcast_submit("k", k, 2, RINGRUN_FLOAT32, 0, &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == 10.0f, "k broadcast: %s (%g)",
+           ringrun_handle_message(h), k[0]);
+    ringrun_release(h);
+    k[0] = 1;
+    CHECK_RC(ringrun_allreduce_submit("k", k, k, 2, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == (float)n, "k after the broadcast: %s (%g)",
+           ringrun_handle_message(h), k[0]);
+    ringrun_release(h);
   }
   /* Join: rank q runs q+1 steps, then joins. */
   for (int step = 0; step <= r; ++step) {

@@ -389,6 +389,9 @@ SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
 namespace {
 
 // Writes value into field if it differs; whether it did.
+// Bit for bit, as the response cache compares scale factors (-0.0 differs from 0.0).
+inline bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof(a)) == 0; }
+
 template <typename T>
 bool Update(T& field, const T& value) {
   if (field == value) return false;
@@ -418,6 +421,7 @@ inline bool Engine::UpdateArgs(Request& q, const R& r) {
 }
 
 void Engine::MoveInto(Slot& s, Entry& e) {
+  s.fast_ok = false;  // written by the general path: SubmitAllreduceFast checks again
   Request& q = s.req;
   bool changed = UpdateArgs(q, e.req);
   if (q.send_rows != e.req.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
@@ -446,6 +450,7 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   kept_slots_ += s->kept;
   s->cache_id = -1;
   s->args_changed = true;
+  s->fast_ok = false;
   slots_.Insert(*s->name, s);
   return s;
 }
@@ -562,12 +567,11 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   return RINGRUN_OK;
 }
 
-bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
-                                 ringrun_dtype dtype, ringrun_op op, double prescale,
-                                 double postscale, uint32_t flags, HandleState** handle) {
+bool Engine::ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
+                                ringrun_op op, double prescale, double postscale,
+                                uint32_t flags) const {
   // What Validate accepts for an allreduce of host memory, and nothing else: anything it would
   // refuse, and device memory, take the general path, which says what is wrong.
-  if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES) return false;
   if (!IsValidDtype(dtype) || !IsValidOp(op) || (flags & ~RINGRUN_AVERAGE_BY_CONTRIBUTORS)) {
     return false;
   }
@@ -582,47 +586,75 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
   auto device = [this](const void* p) {
     return options_.is_device ? is_device_(p) : BuildIsDevice(p);
   };
-  if (device(send) || (recv != send && device(recv))) return false;
-  // The arguments as Submit's caller would have built the request (the name stays the
-  // slot's own; no string or vector is built).
-  struct {
-    Kind kind = Kind::kAllreduce;
-    ringrun_dtype dtype;
-    ringrun_op op;
-    bool device = false;
-    int32_t root = 0;
-    uint64_t count;
-    uint64_t row_elems = 1;
-    uint32_t flags;
-    bool fixed = false;
-    double prescale, postscale;
-  } r;
-  r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
-  r.prescale = prescale, r.postscale = postscale;
+  return !device(send) && (recv == send || !device(recv));
+}
+
+bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
+                                 ringrun_dtype dtype, ringrun_op op, double prescale,
+                                 double postscale, uint32_t flags, HandleState** handle) {
+  if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES) return false;
   const int64_t now = timeline_ ? Now() : 0;
   const size_t hash = NameHash{}(name);
   HandleState* h = nullptr;
-  {
-    std::lock_guard<Mutex> lock(mu_);
-    if (stop_ || failed_code_ != RINGRUN_OK) return false;
-    // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
-    Slot* s = slots_.Find(name, hash);
-    if (s == nullptr || !s->kept || s->in_flight) return false;
-    h = NewHandleState();
-    h->kind = Kind::kAllreduce;
-    h->elem = DtypeSize(dtype);
-    h->remaining = 1;
-    h->wait_ms = options_.timeout_ms;
-    h->name_ptr = s->name;
-    s->in_flight = true;
-    bool changed = UpdateArgs(s->req, r);
-    if (!s->req.send_rows.empty()) s->req.send_rows.clear(), changed = true;
-    if (changed) s->args_changed = true;
-    Update(s->send, send), Update(s->recv, recv), Update(s->stream, static_cast<void*>(nullptr));
-    if (s->ready) s->ready.reset();
-    s->submit_us = now;
-    s->handle = h;
-    queue_.push_back(s);
+  bool validated = false;
+  for (;;) {
+    {
+      std::lock_guard<Mutex> lock(mu_);
+      if (stop_ || failed_code_ != RINGRUN_OK) return false;
+      // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
+      Slot* s = slots_.Find(name, hash);
+      if (s == nullptr || !s->kept || s->in_flight) return false;
+      // The same arguments and buffers as this name's last submission, which was checked
+      // here: valid again, and nothing in the slot changes (the steady state of training).
+      const Request& q = s->req;
+      const bool same = s->fast_ok && s->send == send && s->recv == recv && q.count == count &&
+                        q.dtype == dtype && q.op == op && q.flags == flags &&
+                        SameBits(q.prescale, prescale) && SameBits(q.postscale, postscale);
+      if (same || validated) {
+        h = NewHandleState();
+        h->kind = Kind::kAllreduce;
+        h->elem = DtypeSize(dtype);
+        h->remaining = 1;
+        h->wait_ms = options_.timeout_ms;
+        h->name_ptr = s->name;
+        s->in_flight = true;
+        if (!same) {
+          // The arguments as Submit's caller would have built the request (the name stays the
+          // slot's own; no string or vector is built).
+          struct {
+            Kind kind = Kind::kAllreduce;
+            ringrun_dtype dtype;
+            ringrun_op op;
+            bool device = false;
+            int32_t root = 0;
+            uint64_t count;
+            uint64_t row_elems = 1;
+            uint32_t flags;
+            bool fixed = false;
+            double prescale, postscale;
+          } r;
+          r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
+          r.prescale = prescale, r.postscale = postscale;
+          bool changed = UpdateArgs(s->req, r);
+          if (!s->req.send_rows.empty()) s->req.send_rows.clear(), changed = true;
+          if (changed) s->args_changed = true;
+          Update(s->send, send), Update(s->recv, recv);
+          Update(s->stream, static_cast<void*>(nullptr));
+          if (s->ready) s->ready.reset();
+          s->fast_ok = true;
+        }
+        s->submit_us = now;
+        s->handle = h;
+        queue_.push_back(s);
+        break;
+      }
+    }
+    // Not what this name's last submission was: check the arguments (outside the lock: the
+    // device check may ask CUDA), then look the slot up again.
+    if (!ValidHostAllreduce(send, recv, count, dtype, op, prescale, postscale, flags)) {
+      return false;
+    }
+    validated = true;
   }
   if (sleeping_.load() && sleeping_.exchange(false)) {  // as in Submit
     const uint64_t one = 1;

@@ -191,8 +191,14 @@ class Engine {
     // Set by MoveInto when an argument changed (mu_), cleared by the engine once it has
     // compared the request with the cache again.
     bool args_changed = true;
+    // mu_: the slot holds a host allreduce that SubmitAllreduceFast checked (arguments and
+    // buffers) and wrote, unchanged since (MoveInto clears it).
+    bool fast_ok = false;
   };
   static constexpr size_t kKeptSlots = 16384;
+  // Whether Validate would accept these arguments for an allreduce of host memory.
+  bool ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
+                          ringrun_op op, double prescale, double postscale, uint32_t flags) const;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
   void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
   // e's arguments into s (mu_ held, s not in flight).

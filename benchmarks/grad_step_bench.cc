@@ -13,7 +13,9 @@
 // 4-byte allreduce (four timed one by one after each step), and the idle engine (CPU time and
 // context switches of the whole process over 2 s with nothing submitted). Rank 0 prints medians;
 // busbw = bytes * 2(n-1)/n / time.
+#include <dirent.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -132,6 +134,21 @@ double CeilingStep(std::vector<float>& all) {
   return Now() - t0;
 }
 
+// Each thread's run time so far, by thread id (/proc/self/task/TID/schedstat's first field).
+std::map<long, long long> ThreadRunNs() {
+  std::map<long, long long> out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      long long ns = 0;
+      std::ifstream(std::string("/proc/self/task/") + e->d_name + "/schedstat") >> ns;
+      out[std::atol(e->d_name)] = ns;
+    }
+    closedir(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -224,12 +241,22 @@ int main(int argc, char** argv) {
     }
   }
 
-  // The idle engine: nothing submitted for 2 s.
+  // The idle engine: nothing submitted for 2 s. Besides the process's rusage, each thread's
+  // own run time (/proc/self/task/*/schedstat, nanoseconds): the calling thread's includes its
+  // own reads of /proc, the others' (the engine's) nothing but themselves.
   Check(ringrun_barrier(), "barrier");
   rusage r0, r1;
+  const std::map<long, long long> th0 = ThreadRunNs();
   getrusage(RUSAGE_SELF, &r0);
   std::this_thread::sleep_for(std::chrono::seconds(2));
   getrusage(RUSAGE_SELF, &r1);
+  const std::map<long, long long> th1 = ThreadRunNs();
+  const long self = syscall(SYS_gettid);
+  long long other_ns = 0, self_ns = 0;
+  for (const auto& [tid, ns] : th1) {
+    auto before = th0.find(tid);
+    (tid == self ? self_ns : other_ns) += ns - (before == th0.end() ? 0 : before->second);
+  }
   auto cpu = [](const rusage& u) {
     return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
   };
@@ -253,8 +280,10 @@ int main(int argc, char** argv) {
         "warm step of %zu 4-byte tensors: %.1f us; one blocking 4-byte allreduce: %.1f us;"
         " ratio %.2f\n",
         ts.size(), s * 1e6, o * 1e6, s / o);
-    std::printf("idle 2 s (rank 0 process): %.4f s CPU, %ld context switches\n", idle_cpu,
-                idle_switches);
+    std::printf(
+        "idle 2 s (rank 0 process): %.4f s CPU, %ld context switches; threads other than the"
+        " sleeping one (the engine's): %lld us; the sleeping one: %lld us\n",
+        idle_cpu, idle_switches, other_ns / 1000, self_ns / 1000);
   }
   ringrun_shutdown();
   return 0;

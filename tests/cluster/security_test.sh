@@ -16,26 +16,31 @@ WORKER="$BIN_DIR/runtime_test_worker"
 ATTACK="$BIN_DIR/ringrun-test-attack"
 H8="${HP}1:2,${HP}2:2,${HP}3:2,${HP}4:2"
 
-# Ranks of this test's job: "PID RANK" lines.
+# Ranks of the job that start_job started last: "PID RANK" lines. Each job has a tag of its
+# own, so that ranks of an earlier job that are still exiting are not counted as this one's.
 ranks() {
   local p
   for p in $(pgrep -x runtime_test_wo); do
-    tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "RR_TEST_TAG=$TAG" || continue
-    echo "$p $(tr '\0' '\n' <"/proc/$p/environ" | sed -n 's/^RINGRUN_RANK=//p')"
+    tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "RR_TEST_TAG=$JOB_TAG" || continue
+    echo "$p $(tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | sed -n 's/^RINGRUN_RANK=//p')"
   done
 }
 pid_of_rank() { ranks | awk -v r="$1" '$2 == r { print $1 }'; }
 host_of_pid() {  # the cluster host index whose namespace holds PID
-  local i
-  for i in 1 2 3 4; do ip netns pids "${HP}$i" | grep -qx "$1" && { echo "$i"; return; }; done
+  # `ip netns identify` reads PID's own namespace link; `ip netns pids` scans every process and
+  # can miss one while other processes come and go.
+  local ns
+  ns=$(ip netns identify "$1" 2>/dev/null)
+  [[ $ns == "$HP"[1-4] ]] && echo "${ns#"$HP"}"
 }
 # Starts `worker delayed SECONDS` with NP ranks on HOSTS; sets JOB_PID, JOB_LOG; waits for ranks.
 start_job() {  # np hosts seconds
   JOB_LOG=$TMP/job.$RANDOM.log
+  JOB_TAG=$TAG-$RANDOM
   JOB_T0=$(date +%s.%N)
   # The job's own end time, whatever else the test waits for meanwhile.
   {
-    "${RINGRUN[@]}" -np "$1" -H "$2" -x "RR_TEST_TAG=$TAG" -x RINGRUN_TIMEOUT_MS=30000 \
+    "${RINGRUN[@]}" -np "$1" -H "$2" -x "RR_TEST_TAG=$JOB_TAG" -x RINGRUN_TIMEOUT_MS=30000 \
       -x RINGRUN_LOG_LEVEL=debug "$WORKER" delayed "$3" >"$JOB_LOG" 2>&1
     echo "$? $(date +%s.%N)" >"$JOB_LOG.end"
   } &
@@ -94,7 +99,7 @@ flood)
   start_job 8 "$H8" 2
   pids=()
   for i in 1 2 3 4; do
-    on=$(for p in $(ranks | awk '{ print $1 }'); do ip netns pids "${HP}$i" | grep -qx "$p" && echo "$p"; done)
+    on=$(for p in $(ranks | awk '{ print $1 }'); do [[ $(host_of_pid "$p") == "$i" ]] && echo "$p"; done)
     ip netns exec "${HP}$i" "$ATTACK" flood 30 150 $on >"$TMP/flood.$i" 2>&1 &
     pids+=($!)
     cleanup_hooks+=("kill $! 2>/dev/null")

@@ -136,6 +136,56 @@ TEST_CASE("engine: random submission orders and several threads per rank agree",
   }
 }
 
+TEST_CASE("engine: blocking calls on one thread while another submits named tensors", "[engine]") {
+  // One thread per rank makes blocking calls (made-up names, the same order on every rank)
+  // while another submits named tensors in a random order: rounds carry both kinds, in
+  // different mixes on each rank, and every result is right.
+  for (bool shm : {true, false}) {
+    const int np = 3, kSteps = 40, kTensors = 12;
+    std::string failures = RunThreadJob(Opts(np, shm), [&](int rank, Runtime& rt, Failures& f) {
+      std::thread async([&] {
+        std::mt19937 rng(rank * 31 + 1);
+        for (int step = 0; step < kSteps / 4; ++step) {
+          std::vector<std::vector<float>> bufs(kTensors);
+          std::vector<std::shared_ptr<HandleState>> hs(kTensors);
+          std::vector<int> order(kTensors);
+          for (int t = 0; t < kTensors; ++t) order[t] = t, bufs[t].assign(1 + t * 101, 1.0f);
+          std::shuffle(order.begin(), order.end(), rng);
+          for (int t : order) {
+            hs[t] = Submit(rt, Allreduce("async." + std::to_string(t), bufs[t].data(),
+                                         bufs[t].data(), bufs[t].size()));
+          }
+          for (int t = 0; t < kTensors; ++t) {
+            if (!hs[t]) {
+              f.Add(rank, "async." + std::to_string(t) + " refused");
+              return;
+            }
+            std::string err = WaitOk(*hs[t]);
+            if (!err.empty()) f.Add(rank, err);
+            if (bufs[t][0] != np || bufs[t].back() != np) f.Add(rank, "async result wrong");
+          }
+        }
+      });
+      for (int step = 0; step < kSteps; ++step) {
+        std::vector<float> x(1 + (step % 4) * 1000, static_cast<float>(rank + step));
+        Status st = rt.Allreduce(x.data(), x.data(), x.size(), RINGRUN_FLOAT32, RINGRUN_SUM);
+        if (!st.ok()) f.Add(rank, "blocking allreduce: " + st.ToString());
+        const float want = static_cast<float>(np * step + np * (np - 1) / 2);
+        if (x[0] != want || x.back() != want) {
+          f.Add(rank, "blocking step " + std::to_string(step) + ": " + std::to_string(x[0]));
+        }
+        if (step % 10 == 9) {
+          Status b = rt.Barrier();
+          if (!b.ok()) f.Add(rank, "barrier: " + b.ToString());
+        }
+      }
+      async.join();
+    });
+    INFO((shm ? "shm: " : "tcp: ") + failures);
+    CHECK(failures.empty());
+  }
+}
+
 TEST_CASE("engine: fused tensors of every small byte size are copied in and out whole",
           "[engine]") {
   // The fusion buffer copies tensors of up to 16 bytes without memcpy, in overlapping words:

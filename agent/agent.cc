@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "agent/agent_loop.h"
 #include "agent/cpu_binding.h"
@@ -22,20 +25,48 @@ namespace {
 
 constexpr int kCloseTimeoutMs = 5000;  // handing the last events over, then the launcher's close
 
-int FindFreePort() {
+// Binds port (0: any) on every IPv4 address without SO_REUSEADDR and lets it go; returns the
+// port that was bound, or 0.
+int ProbePort(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(a);
-  int port = 0;
+  int bound = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+    bound = ntohs(a.sin_port);
   }
   ::close(fd);
-  return port;
+  return bound;
+}
+
+// MASTER_PORT for rank 0's host: free now, and bound by the ranks only seconds later (torch's
+// TCPStore, once torch is imported). A port that bind(0) hands out is an ephemeral one, which
+// the kernel may give to any outgoing connection on the host meanwhile (parallel jobs made
+// that happen: "Address already in use" in TCPStore). So the port is drawn below the
+// ephemeral range (ip_local_port_range), from 10000 up, where only an explicit bind can take
+// it; bind(0) is the fallback.
+int FindFreePort() {
+  int low = 32768, high = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  constexpr int kFirst = 10000;
+  if (low > kFirst + 1000) {
+    std::mt19937 rng(
+        static_cast<uint32_t>(::getpid()) ^
+        static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::uniform_int_distribution<int> pick(kFirst, low - 1);
+    for (int i = 0; i < 64; ++i) {
+      if (int port = ProbePort(pick(rng))) return port;
+    }
+  }
+  return ProbePort(0);
 }
 
 std::string HostName() {

@@ -11,7 +11,8 @@
 //   ceiling      one blocking allreduce of all the gradients' bytes in one buffer.
 // Then: a warm step of one 4-byte tensor per parameter (named, cached) against one blocking
 // 4-byte allreduce (four timed one by one after each step), and the idle engine (CPU time and
-// context switches of the whole process over 2 s with nothing submitted). Rank 0 prints medians;
+// context switches of the whole process over 2 s with nothing submitted, and the run time of
+// the threads other than the sleeping one, the engine's). Rank 0 prints medians;
 // busbw = bytes * 2(n-1)/n / time.
 #include <dirent.h>
 #include <sys/resource.h>

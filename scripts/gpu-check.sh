@@ -18,12 +18,23 @@
 #   collective and broadcast over the CPU transport; and a CPU-only job must not load CUDA.)
 # and prints a short table last. Designed to fit in 10 minutes (the build is most of it).
 #
-#   scripts/gpu-check.sh [BUILD_DIR]      default build-gpu; JOBS=N for the build's parallelism
+#   scripts/gpu-check.sh [--prebuilt] [BUILD_DIR]   default build-gpu; JOBS=N for the build's
+#                                                   parallelism; PYTHON=... for step 6's interpreter
+#   --prebuilt   BUILD_DIR was built elsewhere (-DRINGRUN_WITH_NCCL=ON, on a machine with the build's
+#                dependencies): skip the build. BUILD_DIR/bin, BUILD_DIR/lib and BUILD_DIR/python
+#                are used as they are; LD_LIBRARY_PATH must reach libringrun's dependencies, NCCL
+#                and the CUDA runtime on this machine.
 # Exit 0 when every step passed.
 set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/.." && pwd)
+PREBUILT=0
+if [[ ${1:-} == --prebuilt ]]; then
+  PREBUILT=1
+  shift
+fi
 BUILD=${1:-$SRC/build-gpu}
+PYTHON=${PYTHON:-/usr/bin/python3}
 JOBS=${JOBS:-$(nproc)}
 TIMEOUT_MS=${GPU_CHECK_TIMEOUT_MS:-8000}   # RINGRUN_TIMEOUT_MS of the kill tests
 TMP=$(mktemp -d /tmp/ringrun-gpu-check.XXXXXX)
@@ -33,7 +44,7 @@ BIN=$BUILD/bin
 rows=()
 failed=0
 now() { date +%s.%N; }
-since() { printf '%.1f' "$(echo "$(now) - $1" | bc)"; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 # row NAME PASS|FAIL SECONDS DETAIL
 row() {
   rows+=("$(printf '%-34s %-5s %7ss  %s' "$1" "$2" "$3" "$4")")
@@ -45,18 +56,22 @@ echo "== host: $(hostname); $(nvidia-smi --query-gpu=name,driver_version --forma
 
 # 0. Build.
 t=$(now)
-gen=(-G Ninja)  # a folder that already has a cache keeps its generator
-[[ -f $BUILD/CMakeCache.txt ]] && gen=()
-if cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
-     >"$TMP/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
-     ringrun-bench gpu_collectives runtime_test_worker ringrun_python >"$TMP/build.log" 2>&1; then
-  row "build (RINGRUN_WITH_NCCL=ON)" PASS "$(since "$t")" "$(grep -m1 'NCCL backend' "$TMP/cmake.log" | sed 's/^-- //')"
+if ((PREBUILT)); then
+  row "build (prebuilt, not built here)" PASS "$(since "$t")" "$BUILD"
 else
-  tail -30 "$TMP/cmake.log" "$TMP/build.log"
-  row "build (RINGRUN_WITH_NCCL=ON)" FAIL "$(since "$t")" "see the log above"
-  printf '%s\n' "${rows[@]}"
-  exit 1
+  gen=(-G Ninja)  # a folder that already has a cache keeps its generator
+  [[ -f $BUILD/CMakeCache.txt ]] && gen=()
+  if cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGRUN_WITH_NCCL=ON \
+       >"$TMP/cmake.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$JOBS" --target ringrun ringrun-agent ringrun-gpu-probe \
+       ringrun-bench gpu_collectives runtime_test_worker ringrun_python >"$TMP/build.log" 2>&1; then
+    row "build (RINGRUN_WITH_NCCL=ON)" PASS "$(since "$t")" "$(grep -m1 'NCCL backend' "$TMP/cmake.log" | sed 's/^-- //')"
+  else
+    tail -30 "$TMP/cmake.log" "$TMP/build.log"
+    row "build (RINGRUN_WITH_NCCL=ON)" FAIL "$(since "$t")" "see the log above"
+    printf '%s\n' "${rows[@]}"
+    exit 1
+  fi
 fi
 "$BIN/ringrun" --check-build
 
@@ -119,6 +134,10 @@ row "--check-gpu --allreduce" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "$(s
   "exit $rc; $(grep -m1 -o 'OK [0-9.]* GB/s[^)]*)' <<<"$out" || true)"
 
 # 4. ringrun-bench --device cuda at np=1 and np=2 (np=2 shares the GPU through the wrapper).
+json_at() {  # BYTES < JSON lines -> "algbw A, busbw B GB/s, wrong N" of the line for BYTES
+  grep -m1 "\"bytes\":$1," |
+    sed -E 's/.*"algbw_GBps":([0-9.]+).*"busbw_GBps":([0-9.]+).*"wrong":([0-9]+).*/algbw \1, busbw \2 GB\/s, wrong \3/'
+}
 bench_row() {  # NP PREFIX...
   local np=$1 t rc out small large
   shift
@@ -126,15 +145,18 @@ bench_row() {  # NP PREFIX...
   out=$(timeout 150 "$BIN/ringrun" -np "$np" "$@" "$BIN/ringrun-bench" allreduce --device cuda \
         -b 1M -e 256M -f 256 -n 20 -w 5 -c 1 --json 2>&1)
   rc=$?
-  echo "$out" | grep '^{' | head -4
-  small=$(grep '^{' <<<"$out" | jq -r 'select(.bytes == 1048576) | "\(.busbw_GBps) GB/s, wrong \(.wrong)"' 2>/dev/null | head -1)
-  large=$(grep '^{' <<<"$out" | jq -r 'select(.bytes == 268435456) | "\(.busbw_GBps) GB/s, wrong \(.wrong)"' 2>/dev/null | head -1)
+  # Rank 0's JSON lines, without the launcher's "[0]<stdout>:" tag (no jq needed).
+  local json
+  json=$(sed -n 's/^\[0\]<stdout>://p' <<<"$out" | grep '^{')
+  echo "$json" | head -4
+  small=$(json_at 1048576 <<<"$json")
+  large=$(json_at 268435456 <<<"$json")
   local wrong
-  wrong=$(grep '^{' <<<"$out" | jq -s 'map(.wrong) | add' 2>/dev/null)
+  wrong=$(grep -o '"wrong":[0-9]*' <<<"$json" | cut -d: -f2 | awk '{ s += $1 } END { print s + 0 }')
   local ok=FAIL
   [[ $rc == 0 && -n $large && $wrong == 0 ]] && ok=PASS
   [[ $ok == PASS ]] || echo "$out" | tail -5
-  row "ringrun-bench --device cuda np=$np" "$ok" "$(since "$t")" "busbw 1M: ${small:-?}; 256M: ${large:-?}"
+  row "ringrun-bench --device cuda np=$np" "$ok" "$(since "$t")" "1M: ${small:-?}; 256M: ${large:-?}"
 }
 bench_row 1
 bench_row 2 "$WRAP"
@@ -150,6 +172,13 @@ kill_row() {  # SIGNAL
   for _ in $(seq 300); do [[ -s $TMP/rank-1.pid && -s $TMP/rank-0.pid ]] && break; sleep 0.1; done
   sleep 5   # well inside the allreduce loop (init and warm-up done)
   pid1=$(cat "$TMP/rank-1.pid" 2>/dev/null)
+  if ! kill -0 "$job" 2>/dev/null; then  # nothing to interrupt: the job never reached its loop
+    wait "$job"
+    rc=$?
+    tail -5 "$TMP/kill-$sig.log"
+    row "peer SIG$sig mid-allreduce" FAIL "0.0" "the job ended (exit $rc) before the signal"
+    return
+  fi
   start=$(now)
   if [[ -n $pid1 ]]; then kill "-$sig" "$pid1"; fi
   limit=$(( TIMEOUT_MS / 1000 + 15 ))
@@ -183,7 +212,7 @@ kill_row KILL
 # 6. ringrun.torch with CUDA tensors (the Python package's GPU path).
 for np in 1 2; do
   t=$(now)
-  out=$(PYTHONPATH=$BUILD/python timeout 180 "$BIN/ringrun" -np "$np" "$WRAP" /usr/bin/python3 \
+  out=$(PYTHONPATH=$BUILD/python timeout 180 "$BIN/ringrun" -np "$np" "$WRAP" "$PYTHON" \
           "$SRC/tests/gpu/torch_cuda_check.py" 2>&1)
   rc=$?
   if grep -q "has no CUDA" <<<"$out"; then

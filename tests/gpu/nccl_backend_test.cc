@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "tests/gpu/fake_nccl_api.h"
 
@@ -199,6 +200,43 @@ TEST_CASE("scale factors are one PreMulSum, created and destroyed per call; othe
   REQUIRE(b_old.ok());
   Status st = (*b_old)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 0.5);
   CHECK_THAT(st.message(), Catch::Contains("NCCL >= 2.11"));
+}
+
+TEST_CASE("with one rank, AVERAGE is a SUM and a PreMulSum is issued in pieces NCCL writes whole",
+          "[backend]") {
+  // NCCL's one-rank kernel (ncclAvg on floats, PreMulSum) leaves the last elements of some
+  // counts unwritten (NcclOneRankPreMulSumSpan); a real H200 with NCCL 2.28.3 showed it.
+  auto world = std::make_shared<ringrun::runtime::testing::FakeGpuWorld>(1);  // moves data
+  auto api = std::make_shared<FakeNcclApi>(FakeNcclApi::Script{}, world, 0);
+  auto backend = MakeNcclBackend(api, Opts(0, 1, 0));
+  REQUIRE(backend.ok());
+  DeviceBackend& b = **backend;
+  constexpr size_t kCount = (size_t{1} << 20) + 3;
+  std::vector<float> send(kCount, 2.0f), recv(kCount, 0.0f);
+  REQUIRE(
+      b.Allreduce(send.data(), recv.data(), kCount, RINGRUN_FLOAT32, RINGRUN_AVERAGE, 1.0).ok());
+  REQUIRE(b.ReduceScatter(send.data(), recv.data(), 8, RINGRUN_FLOAT32, RINGRUN_AVERAGE).ok());
+  REQUIRE(b.Allreduce(send.data(), recv.data(), kCount, RINGRUN_FLOAT32, RINGRUN_SUM, 0.5).ok());
+  REQUIRE(b.Finish({}, /*wait=*/true).ok());
+  const std::string f = std::to_string(ncclFloat32), sum = std::to_string(ncclSum);
+  CHECK(api->record().collectives ==
+        std::vector<std::string>{
+            "allreduce dtype=" + f + " op=" + sum + " count=" + std::to_string(kCount),
+            "reducescatter dtype=" + f + " op=" + sum + " count=8",
+            "premulsum dtype=" + f + " scalar=0.5",
+            "allreduce dtype=" + f + " op=premulsum count=" + std::to_string(size_t{1} << 20),
+            "allreduce dtype=" + f + " op=premulsum count=3"});
+  CHECK(recv.front() == 1.0f);
+  CHECK(recv.back() == 1.0f);
+
+  // With two ranks, AVERAGE stays ncclAvg and a PreMulSum is one call.
+  auto api2 = std::make_shared<FakeNcclApi>();
+  auto two = MakeNcclBackend(api2, Opts(0, 2, 0));
+  REQUIRE(two.ok());
+  REQUIRE((*two)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_AVERAGE, 1.0).ok());
+  CHECK(api2->record().collectives ==
+        std::vector<std::string>{"allreduce dtype=" + f + " op=" + std::to_string(ncclAvg) +
+                                 " count=8"});
 }
 
 TEST_CASE("the fusion buffer is allocated once, grown when needed, freed with the backend",

@@ -119,3 +119,28 @@ TEST_CASE("PreMulSum scalars are encoded in the dtype, rounded to nearest even",
   CHECK(d == 0.125);
   CHECK(EncodeScalar(RINGRUN_INT32, 2.0, out).code() == Code::kInvalidArgument);
 }
+
+TEST_CASE("a one-rank PreMulSum is cut where NCCL's one-rank kernel stops writing", "[mapping]") {
+  // 2^20 + 3 floats: 32 blocks of 32768 elements write 2^20; the 3 left need a second call.
+  CHECK(NcclOneRankPreMulSumSpan((size_t{1} << 20) + 3, 4) == size_t{1} << 20);
+  CHECK(NcclOneRankPreMulSumSpan(3, 4) == 3);
+  CHECK(NcclOneRankPreMulSumSpan(size_t{1} << 20, 4) == size_t{1} << 20);
+  CHECK(NcclOneRankPreMulSumSpan(1027, 4) == 1027);  // one block, rounded up past the end
+  CHECK(NcclOneRankPreMulSumSpan(0, 4) == 0);
+  // Every count is covered in at most two pieces, each of which the kernel writes whole.
+  for (size_t elem : {1, 2, 4, 8}) {
+    for (size_t count = 1; count < 3000000; count = count * 3 / 2 + 7) {
+      size_t done = 0;
+      int pieces = 0;
+      while (done < count) {
+        const size_t n = NcclOneRankPreMulSumSpan(count - done, elem);
+        REQUIRE(n > 0);
+        CHECK(NcclOneRankPreMulSumSpan(n, elem) == n);
+        done += n;
+        ++pieces;
+      }
+      CHECK(done == count);
+      CHECK(pieces <= 2);
+    }
+  }
+}

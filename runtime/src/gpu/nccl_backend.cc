@@ -182,7 +182,7 @@ class NcclBackend final : public DeviceBackend {
     Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": allreduce");
     if (scale == 1.0) {
-      Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
+      Result<ncclRedOp_t> o = OneRankSafeOp(op, dtype);
       if (!o.ok()) return o.status().Annotate(where_ + ": allreduce");
       return Collective("allreduce", count, [&](ncclComm_t comm, cudaStream_t s) {
         return api_->AllReduce(send, recv, count, *t, *o, comm, s);
@@ -208,9 +208,19 @@ class NcclBackend final : public DeviceBackend {
         Collective("ncclRedOpCreatePreMulSum", 1, [&](ncclComm_t comm, cudaStream_t) {
           return api_->RedOpCreatePreMulSum(&premul, scalar, *t, comm);
         }));
-    Status st = Collective("allreduce (premulsum)", count, [&](ncclComm_t comm, cudaStream_t s) {
-      return api_->AllReduce(send, recv, count, *t, premul, comm, s);
-    });
+    // With one rank, NCCL's own kernel would leave the tail of some counts unwritten
+    // (NcclOneRankPreMulSumSpan): the call is issued as pieces that it covers.
+    const size_t elem = NcclTypeSize(*t);
+    Status st;
+    for (size_t done = 0; done < count && st.ok();) {
+      const size_t n = size_ == 1 ? NcclOneRankPreMulSumSpan(count - done, elem) : count - done;
+      const char* from = static_cast<const char*>(send) + done * elem;
+      char* to = static_cast<char*>(recv) + done * elem;
+      st = Collective("allreduce (premulsum)", n, [&](ncclComm_t comm, cudaStream_t s) {
+        return api_->AllReduce(from, to, n, *t, premul, comm, s);
+      });
+      done += n;
+    }
     MutexLock lock(&mu_);
     if (comm_ != nullptr) (void)api_->RedOpDestroy(premul, comm_);
     return st;
@@ -270,7 +280,7 @@ class NcclBackend final : public DeviceBackend {
                        ringrun_op op) override {
     Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": reducescatter");
-    Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
+    Result<ncclRedOp_t> o = OneRankSafeOp(op, dtype);
     if (!o.ok()) return o.status().Annotate(where_ + ": reducescatter");
     return Collective("reducescatter", recv_count, [&](ncclComm_t comm, cudaStream_t s) {
       return api_->ReduceScatter(send, recv, recv_count, *t, *o, comm, s);
@@ -356,6 +366,14 @@ class NcclBackend final : public DeviceBackend {
     cudaError_t e = call();
     if (e != cudaSuccess) return CudaStatus(what, e);
     return Status::Ok();
+  }
+
+  // NCCL's op for `op`; AVERAGE with one rank is SUM, which NCCL turns into a copy: NCCL's
+  // one-rank AVERAGE on floating types runs the kernel that NcclOneRankPreMulSumSpan describes.
+  Result<ncclRedOp_t> OneRankSafeOp(ringrun_op op, ringrun_dtype dtype) const {
+    Result<ncclRedOp_t> o = ToNcclRedOp(op, dtype, nccl_version_);
+    if (o.ok() && size_ == 1 && op == RINGRUN_AVERAGE) return ncclSum;
+    return o;
   }
 
   // Enqueues one collective on the backend's stream and waits, within the timeout, for NCCL to

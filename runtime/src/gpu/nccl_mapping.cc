@@ -1,5 +1,6 @@
 #include "runtime/src/gpu/nccl_mapping.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,6 +47,16 @@ uint16_t FloatToBf16Bits(float f) {
 }
 
 }  // namespace
+
+size_t NcclOneRankPreMulSumSpan(size_t count, size_t elem_size) {
+  if (count == 0 || elem_size == 0) return count;
+  constexpr size_t kBytesPerBlock = size_t{16} << 10;
+  const size_t blocks =
+      std::min<size_t>(32, (count * elem_size + kBytesPerBlock - 1) / kBytesPerBlock);
+  const size_t pack = std::max<size_t>(1, 16 / elem_size);
+  const size_t per_block = (count / blocks + pack - 1) / pack * pack;
+  return std::min(count, blocks * per_block);
+}
 
 size_t NcclTypeSize(ncclDataType_t dtype) {
   switch (dtype) {

@@ -30,6 +30,16 @@ Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_ver
 // Bytes of one element of an NCCL dtype.
 size_t NcclTypeSize(ncclDataType_t dtype);
 
+// How many leading elements of a one-rank PreMulSum (`count` elements of `elem_size` bytes) NCCL
+// writes. With one rank NCCL runs its own kernel for PreMulSum, and for ncclAvg on floating types
+// (ncclLaunchOneRank; seen on an H200 with NCCL 2.28.3): block b of min(32, ceil(bytes / 16 KiB))
+// blocks takes [b s, (b + 1) s) with s = alignUp(count / blocks, 16 / elem_size), so the last count
+// - blocks * s elements (up to 31) are never written when the division has a remainder that the
+// alignment does not absorb: 2^20 + 3 floats leave the last 3 untouched. The backend issues a
+// one-rank PreMulSum as the pieces this returns, one after another, and maps AVERAGE at one rank to
+// SUM (a copy). Returns `count` when the kernel covers it all.
+size_t NcclOneRankPreMulSumSpan(size_t count, size_t elem_size);
+
 // `value` as one element of a floating dtype, rounded to nearest even (the scalar that
 // ncclRedOpCreatePreMulSum reads); InvalidArgument for integer dtypes.
 Status EncodeScalar(ringrun_dtype dtype, double value, unsigned char (&out)[8]);

@@ -59,6 +59,9 @@ Status ReadEngineEnv(const std::function<const char*(const char*)>& getenv, JobE
   got = get_num("RINGRUN_CACHE_CAPACITY", 0, 1 << 24, &x);
   if (!got.ok()) return got.status();
   if (*got) e->cache_capacity = static_cast<size_t>(x);
+  got = get_num("RINGRUN_BURST_QUIET_US", 0, 1e6, &x);
+  if (!got.ok()) return got.status();
+  if (*got) e->burst_quiet_ns = static_cast<int64_t>(x * 1000);
   got = get_num("RINGRUN_STALL_CHECK", 0, 1, &x);
   if (!got.ok()) return got.status();
   if (*got) e->stall.enabled = x != 0;
@@ -151,6 +154,7 @@ EngineSettings Settings(const JobEnv& env) {
   EngineSettings s;
   s.fusion_threshold = env.fusion_threshold;
   s.cache_capacity = env.cache_capacity;
+  s.burst_quiet_ns = env.burst_quiet_ns;
   s.stall = env.stall;
   s.timeline = env.timeline;
   return s;
@@ -232,6 +236,7 @@ Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_
   o.timeout_ms = timeout_ms;
   o.fusion_threshold = settings.fusion_threshold;
   o.cache_capacity = settings.cache_capacity;
+  o.burst_quiet_ns = settings.burst_quiet_ns;
   o.stall = settings.stall;
   o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
   o.log = std::move(settings.log);

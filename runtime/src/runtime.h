@@ -38,6 +38,7 @@ struct JobEnv {
   // The engine's knobs (ringrun.h lists the variables).
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
   size_t cache_capacity = engine::kDefaultCacheCapacity;
+  int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
   std::string timeline;
   // Not from the environment: how many times this process joined before (set by
@@ -57,6 +58,7 @@ struct Shape {
 struct EngineSettings {
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
   size_t cache_capacity = engine::kDefaultCacheCapacity;
+  int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
   std::string timeline;  // path; "" for none
   std::function<void(const std::string&)> log;

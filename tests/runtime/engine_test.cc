@@ -50,6 +50,24 @@ Entry Allreduce(const std::string& name, const float* send, float* recv, size_t 
   return e;
 }
 
+// Rank r's timeline file for a job whose RINGRUN_TIMELINE was DIR/t.json, and a file's bytes.
+std::string TimelineOf(const char* dir, int r) {
+  return std::string(dir) + "/t." + std::to_string(r) + ".json";
+}
+// Waits for each handle, adding its failure to `f`.
+void WaitAll(int rank, const std::vector<std::shared_ptr<HandleState>>& hs, Failures& f) {
+  for (const auto& h : hs) {
+    std::string err = WaitOk(*h);
+    if (!err.empty()) f.Add(rank, err);
+  }
+}
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 TEST_CASE("engine: the name table agrees with a map through growth and churn", "[engine]") {
   // Made-up names come and go (unnamed tensors), kept ones stay: erasing must shift probe runs
   // back so that every name that stays is still found, across wrap-around and growth.
@@ -608,10 +626,7 @@ TEST_CASE("engine: stall warning names the missing rank; stall shutdown fails th
                 Submit(rt, Allreduce("t" + std::to_string(t), bufs[t].data(), bufs[t].data(), 2)));
           }
         }
-        for (auto& h : hs) {
-          std::string err = WaitOk(*h);
-          if (!err.empty()) f.Add(rank, err);
-        }
+        WaitAll(rank, hs, f);
       },
       s);
   INFO(failures);
@@ -682,20 +697,14 @@ TEST_CASE("engine: the timeline is a Chrome trace with every phase", "[engine][t
           hs.push_back(Submit(rt, Allreduce("layer" + std::to_string(t) + "\"q", bufs[t].data(),
                                             bufs[t].data(), 100)));
         }
-        for (auto& h : hs) {
-          std::string err = WaitOk(*h);
-          if (!err.empty()) f.Add(rank, err);
-        }
+        WaitAll(rank, hs, f);
       },
       s);
   INFO(failures);
   CHECK(failures.empty());
   for (int r = 0; r < 2; ++r) {
-    const std::string path = std::string(dir) + "/t." + std::to_string(r) + ".json";
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string path = TimelineOf(dir, r);
+    const std::string text = ReadAll(path);
     INFO(path << ":\n" << text.substr(0, 2000));
     CHECK(text.find("\"NEGOTIATE\"") != std::string::npos);
     CHECK(text.find("\"ALLREDUCE\"") != std::string::npos);
@@ -710,6 +719,58 @@ TEST_CASE("engine: the timeline is a Chrome trace with every phase", "[engine][t
     std::remove(path.c_str());
   }
   ::rmdir(dir);
+}
+
+TEST_CASE("engine: a burst of submissions is one round, and a waiter starts it at once",
+          "[engine]") {
+  char dir[] = "/tmp/ringrun-burst-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  // A quiet window far longer than the pause below: the engine that the first submission woke
+  // gathers the other 29 as well, and the first wait (once both ranks submitted all 30) starts
+  // the round. Without the window that would be a round of 1, then one of 29.
+  EngineSettings s;
+  s.timeline = std::string(dir) + "/t.json";
+  s.burst_quiet_ns = 500'000'000;
+  std::atomic<int> submitted{0};
+  std::string failures = RunThreadJob(
+      Opts(2),
+      [&](int rank, Runtime& rt, Failures& f) {
+        std::vector<float> bufs(30, 1.0f);
+        std::vector<std::shared_ptr<HandleState>> hs;
+        for (int t = 0; t < 30; ++t) {
+          hs.push_back(Submit(rt, Allreduce("burst" + std::to_string(t), &bufs[t], &bufs[t], 1)));
+          if (t == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        submitted.fetch_add(1);
+        while (submitted.load() < 2) std::this_thread::yield();
+        WaitAll(rank, hs, f);
+        if (bufs[29] != 2.0f) f.Add(rank, "wrong sum: " + std::to_string(bufs[29]));
+      },
+      s);
+  INFO(failures);
+  CHECK(failures.empty());
+  // One round of all 30 on each rank.
+  const std::string rank0 = ReadAll(TimelineOf(dir, 0)), rank1 = ReadAll(TimelineOf(dir, 1));
+  std::remove(TimelineOf(dir, 0).c_str()), std::remove(TimelineOf(dir, 1).c_str());
+  ::rmdir(dir);
+  CHECK_THAT(rank0, Catch::Contains("\"announced\": 30, \"ready\": 30"));
+  CHECK_THAT(rank1, Catch::Contains("\"announced\": 30, \"ready\": 30"));
+
+  // A window of 100 s: a lone blocking call must not sit it out (its wait ends the gathering).
+  EngineSettings slow;
+  slow.burst_quiet_ns = 100'000'000'000;
+  const auto t0 = std::chrono::steady_clock::now();
+  failures = RunThreadJob(
+      Opts(2),
+      [&](int rank, Runtime& rt, Failures& f) {
+        float x = 1.0f;
+        std::string err = WaitOk(*Submit(rt, Allreduce("lone", &x, &x, 1)));
+        if (!err.empty()) f.Add(rank, err);
+      },
+      slow);
+  INFO(failures);
+  CHECK(failures.empty());
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
 }
 
 TEST_CASE("engine: a peer that leaves mid-step fails every pending handle, naming it",

@@ -112,6 +112,12 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
         Code::kInvalidArgument);  // no job service
   Result<JobEnv> bad = ReadJobEnv(Env({{env::kRank, "x"}, {env::kSize, "2"}}));
   CHECK(bad.status().message().find("RINGRUN_RANK") != std::string::npos);
+  // The engine's burst window: microseconds, 0 turns it off, a bad value names the variable.
+  CHECK(ReadJobEnv(Env({}))->burst_quiet_ns == engine::kDefaultBurstQuietNs);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "0"}}))->burst_quiet_ns == 0);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "7.5"}}))->burst_quiet_ns == 7500);
+  Result<JobEnv> bad_burst = ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "-1"}}));
+  CHECK(bad_burst.status().message().find("RINGRUN_BURST_QUIET_US") != std::string::npos);
 }
 
 TEST_CASE("ranks join through the job client once and then communicate", "[runtime]") {

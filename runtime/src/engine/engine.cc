@@ -232,6 +232,11 @@ void Recycle(HandleState* h, bool cache) {
 
 }  // namespace
 
+namespace {
+// Threads inside Engine::Wait, in every engine of the process (see CollectBurst).
+std::atomic<int> g_waiters{0};
+}  // namespace
+
 HandleState* NewHandleState() {
   HandleCache& c = t_handles;
   if (HandleState* h = c.top) {
@@ -555,6 +560,7 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
       }
       queue_.push_back(s);
     }
+    pushed_.store(pushed_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
   // A plain load first (no write while the engine is awake): if the engine checked the queue
   // before our push, its store of true happened before that check, which mu_ orders before
@@ -646,6 +652,7 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
         s->submit_us = now;
         s->handle = h;
         queue_.push_back(s);
+        pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         break;
       }
     }
@@ -666,11 +673,47 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
 
 ringrun_status Engine::Wait(HandleState& h, int timeout_ms) {
   if (h.done()) return h.status;
+  // Counted process-wide (an engine may be gone by the time a waiter leaves): CollectBurst
+  // stops gathering as soon as anyone waits, whichever engine's handle it is.
+  g_waiters.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(h.mu);
   h.flags.fetch_or(HandleState::kWaiting);
   const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                                   [&] { return (h.flags.load() & HandleState::kDone) != 0; });
+  g_waiters.fetch_sub(1, std::memory_order_relaxed);
   return done ? h.status : RINGRUN_ERR_TIMEOUT;
+}
+
+void Engine::CollectBurst(std::vector<Slot*>& fresh) {
+  // A step's tensors submitted back to back (a fraction of a microsecond apart) would otherwise
+  // be cut at whichever submission woke the engine: a first round with the few queued by the
+  // time the engine thread ran, a second with the rest, on a machine where the two threads run
+  // on different cores. The quiet window is far below the gaps between a framework's gradient
+  // hooks, so overlap with backward is kept; a waiter ends it at once, so a blocking call pays
+  // nothing for it.
+  const int64_t quiet = options_.burst_quiet_ns;
+  if (quiet <= 0 || fresh.empty()) return;
+  uint64_t seen = pushed_.load(std::memory_order_relaxed);
+  const auto start = Clock::now();
+  auto last = start;
+  while (g_waiters.load(std::memory_order_relaxed) == 0) {
+    for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const auto now = Clock::now();
+    const uint64_t p = pushed_.load(std::memory_order_relaxed);
+    if (p != seen) {
+      seen = p, last = now;
+    } else if (now - last >= std::chrono::nanoseconds(quiet)) {
+      break;
+    }
+    if (now - start >= std::chrono::nanoseconds(32 * quiet)) break;
+  }
+  std::lock_guard<Mutex> lock(mu_);
+  fresh.insert(fresh.end(), queue_.begin(), queue_.end());
+  queue_.clear();
 }
 
 void Engine::SleepOnDoorbell(Deadline deadline) {
@@ -783,6 +826,7 @@ void Engine::Loop() {
       }
       if (fresh.empty() && !peer_input) continue;
     }
+    CollectBurst(fresh);
     try {
       st = Round(std::move(fresh));
     } catch (const std::bad_alloc&) {

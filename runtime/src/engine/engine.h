@@ -51,6 +51,7 @@ namespace ringrun::runtime::engine {
 
 inline constexpr size_t kDefaultFusionThreshold = size_t{64} << 20;
 inline constexpr size_t kDefaultCacheCapacity = 1024;
+inline constexpr int64_t kDefaultBurstQuietNs = 2000;
 
 struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0;
@@ -58,6 +59,10 @@ struct EngineOptions {
   size_t fusion_threshold = kDefaultFusionThreshold;  // 0: no fusion
   size_t cache_capacity = kDefaultCacheCapacity;
   StallOptions stall;
+  // A burst of submissions is gathered into one round: once woken with work, the engine goes
+  // on taking submissions until none came for this long, or some thread waits on a handle, or
+  // 32 such windows passed (CollectBurst). 0: a round starts with what woke the engine.
+  int64_t burst_quiet_ns = kDefaultBurstQuietNs;
   std::string timeline_path;  // "": no timeline
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
@@ -248,6 +253,8 @@ class Engine {
   void NotifyCompleted();
   // Fails everything pending and queued with st; later submissions fail with it too.
   void FailAll(ringrun_status code, const Status& st);
+  // Appends to `fresh` what is submitted while a burst goes on (see burst_quiet_ns).
+  void CollectBurst(std::vector<Slot*>& fresh);
   CollectiveContext Context();
   int64_t Now() const { return clock_->NowMicros(); }
 
@@ -271,6 +278,8 @@ class Engine {
   ringrun_status failed_code_ = RINGRUN_OK;  // mu_
   std::string failed_message_;               // mu_
   std::atomic<bool> sleeping_{false};
+  // Submissions pushed so far: written under mu_, read by CollectBurst without it.
+  std::atomic<uint64_t> pushed_{0};
 
   // The engine thread's own.
   std::unique_ptr<Transport> transport_;

@@ -1,5 +1,6 @@
 // The engine: named asynchronous collectives negotiated across ranks, ranks as threads over
 // real loopback sockets and shared memory.
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -730,7 +731,7 @@ TEST_CASE("engine: a burst of submissions is one round, and a waiter starts it a
   // the round. Without the window that would be a round of 1, then one of 29.
   EngineSettings s;
   s.timeline = std::string(dir) + "/t.json";
-  s.burst_quiet_ns = 500'000'000;
+  s.burst_quiet_ns = 2'000'000'000;  // 250 ms before the first growth
   std::atomic<int> submitted{0};
   std::string failures = RunThreadJob(
       Opts(2),
@@ -749,12 +750,16 @@ TEST_CASE("engine: a burst of submissions is one round, and a waiter starts it a
       s);
   INFO(failures);
   CHECK(failures.empty());
-  // One round of all 30 on each rank.
+  // One round of all 30 on each rank (unless this process may use one CPU only: then the
+  // engine gathers no bursts, since it would share that CPU with the submitting thread).
   const std::string rank0 = ReadAll(TimelineOf(dir, 0)), rank1 = ReadAll(TimelineOf(dir, 1));
   std::remove(TimelineOf(dir, 0).c_str()), std::remove(TimelineOf(dir, 1).c_str());
   ::rmdir(dir);
-  CHECK_THAT(rank0, Catch::Contains("\"announced\": 30, \"ready\": 30"));
-  CHECK_THAT(rank1, Catch::Contains("\"announced\": 30, \"ready\": 30"));
+  cpu_set_t cpus;
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) > 1) {
+    CHECK_THAT(rank0, Catch::Contains("\"announced\": 30, \"ready\": 30"));
+    CHECK_THAT(rank1, Catch::Contains("\"announced\": 30, \"ready\": 30"));
+  }
 
   // A window of 100 s: a lone blocking call must not sit it out (its wait ends the gathering).
   EngineSettings slow;

@@ -1,6 +1,7 @@
 #include "runtime/src/engine/engine.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -691,13 +692,14 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
   // on different cores. The quiet window is far below the gaps between a framework's gradient
   // hooks, so overlap with backward is kept; a waiter ends it at once, so a blocking call pays
   // nothing for it.
-  const int64_t quiet = options_.burst_quiet_ns;
+  const int64_t quiet = burst_quiet_ns_;
   if (quiet <= 0 || fresh.empty()) return;
   uint64_t seen = pushed_.load(std::memory_order_relaxed);
   const auto start = Clock::now();
   auto last = start;
+  bool growing = false;
   while (g_waiters.load(std::memory_order_relaxed) == 0) {
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 8; ++i) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
@@ -705,9 +707,9 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
     const auto now = Clock::now();
     const uint64_t p = pushed_.load(std::memory_order_relaxed);
     if (p != seen) {
-      seen = p, last = now;
-    } else if (now - last >= std::chrono::nanoseconds(quiet)) {
-      break;
+      seen = p, last = now, growing = true;
+    } else if (now - last >= std::chrono::nanoseconds(growing ? quiet : quiet / 8)) {
+      break;  // before any growth, an eighth: a lone submission is not held up
     }
     if (now - start >= std::chrono::nanoseconds(32 * quiet)) break;
   }
@@ -738,6 +740,13 @@ void Engine::Abort(const Status& st) {
 }
 
 void Engine::Loop() {
+  // A thread confined to one CPU (ranks bound to a core each) shares it with the submitting
+  // thread: nothing can be submitted while this thread spins, so a burst is never gathered.
+  burst_quiet_ns_ = options_.burst_quiet_ns;
+  cpu_set_t cpus;
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1) {
+    burst_quiet_ns_ = 0;
+  }
   Status st = Hello();
   if (!st.ok()) FailAll(ToRingrunStatus(st), st);
   for (;;) {

@@ -61,7 +61,8 @@ struct EngineOptions {
   StallOptions stall;
   // A burst of submissions is gathered into one round: once woken with work, the engine goes
   // on taking submissions until none came for this long, or some thread waits on a handle, or
-  // 32 such windows passed (CollectBurst). 0: a round starts with what woke the engine.
+  // 32 such windows passed (CollectBurst). 0: a round starts with what woke the engine; so is
+  // it when the engine thread may run on one CPU only (it would share it with the submitter).
   int64_t burst_quiet_ns = kDefaultBurstQuietNs;
   std::string timeline_path;  // "": no timeline
   // Where stall warnings go (default: stderr).
@@ -282,6 +283,7 @@ class Engine {
   std::atomic<uint64_t> pushed_{0};
 
   // The engine thread's own.
+  int64_t burst_quiet_ns_ = 0;  // options_.burst_quiet_ns, or 0 when confined to one CPU
   std::unique_ptr<Transport> transport_;
   bool spans_hosts_ = false;  // some rank is on another host (its ring runs over TCP)
   Controller controller_;

@@ -59,7 +59,9 @@ Status ReadEngineEnv(const std::function<const char*(const char*)>& getenv, JobE
   got = get_num("RINGRUN_CACHE_CAPACITY", 0, 1 << 24, &x);
   if (!got.ok()) return got.status();
   if (*got) e->cache_capacity = static_cast<size_t>(x);
-  got = get_num("RINGRUN_BURST_QUIET_US", 0, 1e6, &x);
+  // At most 1 ms: the engine gathers for at most 32 windows, and nothing else (a shutdown, a
+  // failure) is looked at meanwhile.
+  got = get_num("RINGRUN_BURST_QUIET_US", 0, 1000, &x);
   if (!got.ok()) return got.status();
   if (*got) e->burst_quiet_ns = static_cast<int64_t>(x * 1000);
   got = get_num("RINGRUN_STALL_CHECK", 0, 1, &x);

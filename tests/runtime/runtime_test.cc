@@ -118,6 +118,8 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
   CHECK(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "7.5"}}))->burst_quiet_ns == 7500);
   Result<JobEnv> bad_burst = ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "-1"}}));
   CHECK(bad_burst.status().message().find("RINGRUN_BURST_QUIET_US") != std::string::npos);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "1001"}})).status().code() ==
+        Code::kInvalidArgument);
 }
 
 TEST_CASE("ranks join through the job client once and then communicate", "[runtime]") {

@@ -57,7 +57,8 @@
  *   RINGRUN_CACHE_CAPACITY            response cache entries (default 1024)
  *   RINGRUN_BURST_QUIET_US            once woken, the engine gathers submissions into one round
  *                                     until none came for this long or a thread waits on a
- *                                     handle (default 2; 0: start with what woke it)
+ *                                     handle (default 2, at most 1000; 0: start with what
+ *                                     woke it)
  *   RINGRUN_STALL_CHECK=0             no stall warnings
  *   RINGRUN_STALL_WARNING_SECONDS     a tensor submitted by some ranks and not others this long
  *                                     is reported, per missing rank (default 60)

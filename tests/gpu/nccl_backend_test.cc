@@ -229,7 +229,7 @@ TEST_CASE("with one rank, AVERAGE is a SUM and a PreMulSum is issued in pieces N
   CHECK(recv.front() == 1.0f);
   CHECK(recv.back() == 1.0f);
 
-  // With two ranks, AVERAGE stays ncclAvg and a PreMulSum is one call.
+  // With two ranks, AVERAGE stays ncclAvg (a PreMulSum stays one call: the test above).
   auto api2 = std::make_shared<FakeNcclApi>();
   auto two = MakeNcclBackend(api2, Opts(0, 2, 0));
   REQUIRE(two.ok());

@@ -231,11 +231,9 @@ void Recycle(HandleState* h, bool cache) {
   ++c.count;
 }
 
-}  // namespace
-
-namespace {
 // Threads inside Engine::Wait, in every engine of the process (see CollectBurst).
 std::atomic<int> g_waiters{0};
+
 }  // namespace
 
 HandleState* NewHandleState() {
@@ -699,11 +697,7 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
   auto last = start;
   bool growing = false;
   while (g_waiters.load(std::memory_order_relaxed) == 0) {
-    for (int i = 0; i < 8; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
+    for (int i = 0; i < 8; ++i) CpuRelax();
     const auto now = Clock::now();
     const uint64_t p = pushed_.load(std::memory_order_relaxed);
     if (p != seen) {

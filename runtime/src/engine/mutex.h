@@ -19,6 +19,13 @@
 
 namespace ringrun::runtime::engine {
 
+// One step of a spin-wait: the x86 pause hint (lets the sibling hyperthread run and saves power).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 class Mutex {
  public:
   Mutex() = default;
@@ -41,9 +48,7 @@ class Mutex {
  private:
   void LockSlow(uint32_t c) {
     for (int i = 0; i < 100 && c != 0; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
+      CpuRelax();
       c = state_.load(std::memory_order_relaxed);
       if (c == 0 && state_.compare_exchange_strong(c, 1, std::memory_order_acquire,
                                                    std::memory_order_relaxed)) {

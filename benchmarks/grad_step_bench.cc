@@ -14,9 +14,9 @@
 // time) is printed as engine_first; it is not one of the compared cases.
 // Then: a warm step of one 4-byte tensor per parameter (named, cached) against one blocking
 // 4-byte allreduce (four timed one by one after each step), and the idle engine (CPU time and
-// context switches of the whole process over 2 s with nothing submitted, and the run time of
-// the threads other than the sleeping one, the engine's). Rank 0 prints medians;
-// busbw = bytes * 2(n-1)/n / time.
+// context switches of the whole process over 2 s with nothing submitted, and the run time and
+// the times on a CPU of the threads other than the sleeping one, the engine's). Rank 0 prints
+// medians; busbw = bytes * 2(n-1)/n / time.
 #include <dirent.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -138,15 +138,22 @@ double CeilingStep(std::vector<float>& all) {
   return Now() - t0;
 }
 
-// Each thread's run time so far, by thread id (/proc/self/task/TID/schedstat's first field).
-std::map<long, long long> ThreadRunNs() {
-  std::map<long, long long> out;
+// Each thread's run time so far and how many times it has been put on a CPU, by thread id
+// (/proc/self/task/TID/schedstat: run time in ns, wait time in ns, slices run).
+struct ThreadStat {
+  long long run_ns = 0;
+  long long slices = 0;
+};
+std::map<long, ThreadStat> ThreadStats() {
+  std::map<long, ThreadStat> out;
   if (DIR* d = opendir("/proc/self/task")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
-      long long ns = 0;
-      std::ifstream(std::string("/proc/self/task/") + e->d_name + "/schedstat") >> ns;
-      out[std::atol(e->d_name)] = ns;
+      ThreadStat st;
+      long long wait_ns = 0;
+      std::ifstream(std::string("/proc/self/task/") + e->d_name + "/schedstat") >> st.run_ns >>
+          wait_ns >> st.slices;
+      out[std::atol(e->d_name)] = st;
     }
     closedir(d);
   }
@@ -212,7 +219,6 @@ int main(int argc, char** argv) {
         if (round >= 0) times["engine_first"].push_back(first);
       } else if (mode == "engine") {
         t = EngineStep(ts, bufs, gap_us);
-        t = std::max(t, 0.0);
       } else if (mode == "blocking") {
         t = BlockingStep(ts, bufs);
       } else {
@@ -253,26 +259,38 @@ int main(int argc, char** argv) {
   }
 
   // The idle engine: nothing submitted for 2 s. Besides the process's rusage, each thread's
-  // own run time (/proc/self/task/*/schedstat, nanoseconds): the calling thread's includes its
-  // own reads of /proc, the others' (the engine's) nothing but themselves.
+  // own run time and the times it was put on a CPU (/proc/self/task/*/schedstat): the calling
+  // thread's include its own reads of /proc, the others' (the engine's) nothing but themselves.
+  // The window opens 100 ms after the barrier, once the engine thread has finished that round
+  // (it completes the barrier's handle before it is done with the round, and goes to sleep after).
   Check(ringrun_barrier(), "barrier");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   rusage r0, r1;
-  const std::map<long, long long> th0 = ThreadRunNs();
+  const std::map<long, ThreadStat> th0 = ThreadStats();
   getrusage(RUSAGE_SELF, &r0);
   std::this_thread::sleep_for(std::chrono::seconds(2));
   getrusage(RUSAGE_SELF, &r1);
-  const std::map<long, long long> th1 = ThreadRunNs();
+  const std::map<long, ThreadStat> th1 = ThreadStats();
   const long self = syscall(SYS_gettid);
-  long long other_ns = 0, self_ns = 0;
-  for (const auto& [tid, ns] : th1) {
+  long long other_ns = 0, self_ns = 0, other_slices = 0;
+  for (const auto& [tid, st] : th1) {
     auto before = th0.find(tid);
-    (tid == self ? self_ns : other_ns) += ns - (before == th0.end() ? 0 : before->second);
+    const ThreadStat b = before == th0.end() ? ThreadStat{} : before->second;
+    if (tid == self) {
+      self_ns += st.run_ns - b.run_ns;
+    } else {
+      other_ns += st.run_ns - b.run_ns;
+      other_slices += st.slices - b.slices;
+    }
   }
   auto cpu = [](const rusage& u) {
     return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
   };
   const double idle_cpu = cpu(r1) - cpu(r0);
   const long idle_switches = (r1.ru_nvcsw - r0.ru_nvcsw) + (r1.ru_nivcsw - r0.ru_nivcsw);
+  // The ranks' windows open and close a little apart: the barrier after them waits 100 ms too,
+  // or the peer's frame for it would wake this rank's engine while this rank is still reading.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   Check(ringrun_barrier(), "barrier");
 
   if (rank == 0) {
@@ -294,8 +312,9 @@ int main(int argc, char** argv) {
         ts.size(), s * 1e6, o * 1e6, s / o);
     std::printf(
         "idle 2 s (rank 0 process): %.4f s CPU, %ld context switches; threads other than the"
-        " sleeping one (the engine's): %lld us; the sleeping one: %lld us\n",
-        idle_cpu, idle_switches, other_ns / 1000, self_ns / 1000);
+        " sleeping one (the engine's): %lld us, put on a CPU %lld times; the sleeping one: %lld"
+        " us\n",
+        idle_cpu, idle_switches, other_ns / 1000, other_slices, self_ns / 1000);
   }
   ringrun_shutdown();
   return 0;

@@ -25,6 +25,7 @@
  *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
  *                               must fail with the stall report (exit 5), or exit 1
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -460,7 +461,18 @@ static void* hammer(void* arg) {
   return NULL;
 }
 
+/* The process's open file descriptors (the entries of /proc/self/fd, less the one listing it). */
+static int open_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  while (readdir(d)) ++n;
+  closedir(d);
+  return n - 3; /* ".", ".." and d's own */
+}
+
 static int reinit(void) {
+  int fds[3];
   for (int round = 0; round < 3; ++round) {
     if (round > 0) CHECK_RC(ringrun_init());
     pthread_t threads[2];
@@ -474,7 +486,12 @@ static int reinit(void) {
     ringrun_shutdown(); /* while the threads still call in */
     EXPECT(ringrun_rank() == -1, "round %d: still initialized after shutdown", round);
     for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
+    fds[round] = open_fds();
   }
+  /* A stopped runtime keeps nothing open (its doorbell goes to the next one), however often a
+   * program joins again. */
+  EXPECT(fds[2] == fds[0], "%d descriptors open after the first shutdown, %d after the third",
+         fds[0], fds[2]);
   return ringrun_init(); /* left initialized: main shuts it down */
 }
 

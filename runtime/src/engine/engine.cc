@@ -234,6 +234,41 @@ void Recycle(HandleState* h, bool cache) {
 // Threads inside Engine::Wait, in every engine of the process (see CollectBurst).
 std::atomic<int> g_waiters{0};
 
+// Doorbells (eventfds) are lent to engines and never closed. A stopped engine may still be rung
+// by a call on another thread (the C API never destroys a runtime; see c_api.cc), and a closed
+// descriptor's number could by then belong to another file. A stopped engine gives its doorbell
+// back for the next one, so a program that joins again and again holds as many doorbells as it
+// ever ran engines at once, not one per ringrun_init. A late ring on a lent-again doorbell wakes
+// the engine that holds it now, which finds nothing queued and sleeps again.
+struct DoorbellPool {
+  std::mutex mu;
+  std::vector<int> free;  // guarded by mu
+};
+DoorbellPool& Doorbells() {
+  static DoorbellPool* pool = new DoorbellPool;  // never destroyed, as the doorbells
+  return *pool;
+}
+int LendDoorbell() {
+  DoorbellPool& pool = Doorbells();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (!pool.free.empty()) {
+      const int fd = pool.free.back();
+      pool.free.pop_back();
+      uint64_t stale;
+      (void)!::read(fd, &stale, sizeof(stale));  // rings meant for its last engine
+      return fd;
+    }
+  }
+  return ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+void ReturnDoorbell(int fd) {
+  if (fd < 0) return;
+  DoorbellPool& pool = Doorbells();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.free.push_back(fd);
+}
+
 }  // namespace
 
 HandleState* NewHandleState() {
@@ -309,7 +344,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
         return g;
       }()),
       is_device_(options_.is_device ? options_.is_device : BuildIsDevice),
-      doorbell_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      doorbell_(LendDoorbell()),
       noname_counter_(8, 0),
       transport_(std::move(transport)),
       controller_(options_.size, options_.cache_capacity),
@@ -347,13 +382,14 @@ void Engine::Shutdown() {
   }
   AbortDevice("ringrun_shutdown was called with device collectives pending");
   const uint64_t one = 1;
-  (void)!::write(doorbell_.get(), &one, sizeof(one));
+  (void)!::write(doorbell(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
   // What the engine thread owned goes now rather than with the object: the C API never
   // destroys a runtime (a call on another thread may still be in it; see c_api.cc), and the
-  // peers must see this rank's connections close. The doorbell stays (a late Abort or
-  // submission may still ring it), and so does the Timeline object (submissions test its
-  // pointer without a lock), closed. Idempotent.
+  // peers must see this rank's connections close. The doorbell goes back to the pool, open (a
+  // late Abort or submission may still ring it), and the Timeline object stays (submissions
+  // test its pointer without a lock), closed. Idempotent.
+  ReturnDoorbell(doorbell_.exchange(-1));
   if (timeline_) timeline_->Close();
   {
     std::lock_guard<std::mutex> lock(device_mu_);
@@ -566,7 +602,7 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   // our push, so the load sees it.
   if (sleeping_.load() && sleeping_.exchange(false)) {
     const uint64_t one = 1;
-    (void)!::write(doorbell_.get(), &one, sizeof(one));
+    (void)!::write(doorbell(), &one, sizeof(one));
   }
   *handle = h;
   return RINGRUN_OK;
@@ -664,7 +700,7 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
   }
   if (sleeping_.load() && sleeping_.exchange(false)) {  // as in Submit
     const uint64_t one = 1;
-    (void)!::write(doorbell_.get(), &one, sizeof(one));
+    (void)!::write(doorbell(), &one, sizeof(one));
   }
   *handle = h;
   return true;
@@ -713,7 +749,7 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
 }
 
 void Engine::SleepOnDoorbell(Deadline deadline) {
-  pollfd p{doorbell_.get(), POLLIN, 0};
+  pollfd p{doorbell(), POLLIN, 0};
   int ms = -1;
   if (deadline != Deadline::max()) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -730,7 +766,7 @@ void Engine::Abort(const Status& st) {
   }
   AbortDevice(st.message());
   const uint64_t one = 1;
-  (void)!::write(doorbell_.get(), &one, sizeof(one));
+  (void)!::write(doorbell(), &one, sizeof(one));
 }
 
 void Engine::Loop() {
@@ -777,7 +813,7 @@ void Engine::Loop() {
       }
       SleepOnDoorbell(Deadline::max());
       uint64_t drained;
-      (void)!::read(doorbell_.get(), &drained, sizeof(drained));
+      (void)!::read(doorbell(), &drained, sizeof(drained));
       continue;
     }
     bool peer_input = false;
@@ -799,13 +835,13 @@ void Engine::Loop() {
       }
       Status wst;
       if (transport_) {
-        wst = transport_->WaitForInput(doorbell_.get(), deadline, &peer_input);
+        wst = transport_->WaitForInput(doorbell(), deadline, &peer_input);
       } else {
         SleepOnDoorbell(deadline);
       }
       sleeping_.store(false);
       uint64_t drained;
-      (void)!::read(doorbell_.get(), &drained, sizeof(drained));
+      (void)!::read(doorbell(), &drained, sizeof(drained));
       if (!wst.ok()) {
         FailAll(ToRingrunStatus(wst), wst);
         continue;

@@ -31,7 +31,6 @@
 #include <thread>
 #include <vector>
 
-#include "ringrun/common/fd.h"
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
@@ -264,7 +263,9 @@ class Engine {
   const EngineClock* const clock_;
   const Group world_;
   const std::function<bool(const void*)> is_device_;
-  UniqueFd doorbell_;  // eventfd
+  // An eventfd lent by a process-wide pool (never closed); -1 once Shutdown gave it back.
+  std::atomic<int> doorbell_;
+  int doorbell() const { return doorbell_.load(std::memory_order_relaxed); }
 
   Mutex mu_;                  // not std::mutex: see mutex.h
   std::vector<Slot*> queue_;  // guarded by mu_

@@ -35,7 +35,7 @@ struct Process {
   // communicator, the timeline file), and a call still in it on another thread then fails
   // ("shutting down"). What is left of each (the objects and the controller's cache of names:
   // kilobytes) is kept here, one per ringrun_init, until the process exits; its doorbell's
-  // eventfd goes back to the engine's pool for the next runtime (engine.cc, LendDoorbell).
+  // eventfd goes back to the engine's pool for the next runtime (engine.cc, TakeDoorbell).
   std::atomic<Runtime*> current{nullptr};
   std::vector<std::unique_ptr<Runtime>> runtimes;  // every one initialized; guarded by init_mu
   uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu

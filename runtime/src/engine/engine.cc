@@ -234,12 +234,13 @@ void Recycle(HandleState* h, bool cache) {
 // Threads inside Engine::Wait, in every engine of the process (see CollectBurst).
 std::atomic<int> g_waiters{0};
 
-// Doorbells (eventfds) are lent to engines and never closed. A stopped engine may still be rung
-// by a call on another thread (the C API never destroys a runtime; see c_api.cc), and a closed
-// descriptor's number could by then belong to another file. A stopped engine gives its doorbell
-// back for the next one, so a program that joins again and again holds as many doorbells as it
-// ever ran engines at once, not one per ringrun_init. A late ring on a lent-again doorbell wakes
-// the engine that holds it now, which finds nothing queued and sleeps again.
+// Doorbells (eventfds) come from a process-wide pool and are never closed. A stopped engine may
+// still be rung by a call on another thread (the C API never destroys a runtime; see
+// c_api.cc), and a closed descriptor's number could by then belong to another file. A stopped
+// engine puts its doorbell back for the next one, so a program that joins again and again holds
+// as many doorbells as it ever ran engines at once, not one per ringrun_init. A late ring on a
+// reused doorbell wakes the engine that holds it now, which finds nothing queued and sleeps
+// again.
 struct DoorbellPool {
   std::mutex mu;
   std::vector<int> free;  // guarded by mu
@@ -248,7 +249,7 @@ DoorbellPool& Doorbells() {
   static DoorbellPool* pool = new DoorbellPool;  // never destroyed, as the doorbells
   return *pool;
 }
-int LendDoorbell() {
+int TakeDoorbell() {
   DoorbellPool& pool = Doorbells();
   {
     std::lock_guard<std::mutex> lock(pool.mu);
@@ -344,7 +345,7 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
         return g;
       }()),
       is_device_(options_.is_device ? options_.is_device : BuildIsDevice),
-      doorbell_(LendDoorbell()),
+      doorbell_(TakeDoorbell()),
       noname_counter_(8, 0),
       transport_(std::move(transport)),
       controller_(options_.size, options_.cache_capacity),

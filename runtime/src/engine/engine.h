@@ -263,7 +263,7 @@ class Engine {
   const EngineClock* const clock_;
   const Group world_;
   const std::function<bool(const void*)> is_device_;
-  // An eventfd lent by a process-wide pool (never closed); -1 once Shutdown gave it back.
+  // An eventfd from a process-wide pool (never closed); -1 once Shutdown put it back.
   std::atomic<int> doorbell_;
   int doorbell() const { return doorbell_.load(std::memory_order_relaxed); }
 

@@ -487,6 +487,38 @@ TEST_CASE("engine: mismatches fail on every rank naming tensor, field and ranks"
   CHECK(failures.empty());
 }
 
+TEST_CASE("engine: a blocking allgather and a submitted one under one name are a mismatch",
+          "[engine]") {
+  // Blocking calls and unnamed submissions share the default names ("allgather.noname.0"), so a
+  // program that mixes them differently on two ranks pairs a blocking call (equal blocks, the
+  // caller's buffer) with a submission (the result in the handle). Where a rank's result goes
+  // would follow the other rank's request: an error on both, never a result in the wrong place.
+  std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> send(4, static_cast<float>(rank)), recv(8, -1.0f);
+    if (rank == 0) {
+      Status st = rt.Allgather(send.data(), recv.data(), send.size(), RINGRUN_FLOAT32);
+      if (st.ok() || st.message().find("disagree on the call") == std::string::npos ||
+          st.message().find("rank 1 sent submitted") == std::string::npos) {
+        f.Add(rank, "blocking: " + st.message());
+      }
+      if (recv[0] != -1.0f) f.Add(rank, "the receive buffer was written");
+    } else {
+      Entry e;
+      e.req.kind = Kind::kAllgather, e.req.dtype = RINGRUN_FLOAT32;
+      e.req.count = send.size(), e.req.row_elems = 1, e.send = send.data();
+      auto h = Submit(rt, std::move(e));
+      if (!h) return f.Add(rank, "refused");
+      if (h->name() != "allgather.noname.0") f.Add(rank, "named " + h->name());
+      auto [st, msg] = WaitStatus(*h);
+      if (st != RINGRUN_ERR_MISMATCH || msg.find("rank 0 sent blocking") == std::string::npos) {
+        f.Add(rank, "submitted: " + msg);
+      }
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
 TEST_CASE("engine: a name still in flight is refused at submission", "[engine]") {
   std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
     std::vector<float> a(4, 1.0f), b(4, 1.0f);

@@ -47,6 +47,7 @@ std::string Request::FieldValue(const std::string& field) const {
   if (field == "root") return std::to_string(root);
   if (field == "count") return std::to_string(count);
   if (field == "row size") return std::to_string(row_elems);
+  if (field == "call") return fixed ? "blocking" : "submitted";
   return "?";
 }
 
@@ -62,8 +63,10 @@ bool Request::Matches(const Request& o) const {
       return dtype == o.dtype && root == o.root && count == o.count;
     case Kind::kAllgather:
     case Kind::kAlltoall:
-      return dtype == o.dtype && row_elems == o.row_elems &&
-             (!(fixed || o.fixed) || count == o.count);
+      // A blocking call (fixed) writes into the caller's buffer, a submission into its handle:
+      // where a rank's result goes follows the agreed request, so both must be the same kind.
+      return dtype == o.dtype && row_elems == o.row_elems && fixed == o.fixed &&
+             (!fixed || count == o.count);
     case Kind::kBarrier:
     case Kind::kJoin:
       return true;
@@ -87,7 +90,7 @@ std::string Request::Differs(const Request& o) const {
       break;
     case Kind::kAllgather:
     case Kind::kAlltoall:
-      fields.insert(fields.end(), {"dtype", "row size"});
+      fields.insert(fields.end(), {"dtype", "row size", "call"});
       if (fixed || o.fixed) fields.push_back("count");
       break;
     case Kind::kBarrier:

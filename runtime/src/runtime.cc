@@ -175,12 +175,21 @@ std::string TimelinePath(const std::string& path, int rank, int size) {
 }
 }  // namespace
 
+namespace {
+// A runtime whose engine could not start (no eventfd) is an error of ringrun_init, not a
+// runtime that refuses every call.
+Result<std::unique_ptr<Runtime>> Started(std::unique_ptr<Runtime> rt) {
+  if (Status st = rt->engine().failure(); !st.ok()) return st;
+  return rt;
+}
+}  // namespace
+
 Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client, bool* joined) {
   if (joined) *joined = false;
   Shape shape;
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
-    return std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env));
+    return Started(std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env)));
   }
   // RINGRUN_LOG_LEVEL=debug shows, among others, the data plane's refused connections.
   if (const char* level = std::getenv("RINGRUN_LOG_LEVEL"); level != nullptr && *level != '\0') {
@@ -221,7 +230,8 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   Result<std::unique_ptr<Transport>> t =
       MakeSocketTransport(env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();
-  return std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, Settings(env));
+  return Started(
+      std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, Settings(env)));
 }
 
 Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,

@@ -1,7 +1,9 @@
 // The engine: named asynchronous collectives negotiated across ranks, ranks as threads over
 // real loopback sockets and shared memory.
+#include <dirent.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -868,6 +871,51 @@ TEST_CASE("engine: shutdown fails pending handles; released handles are harmless
   std::string err;
   CHECK_FALSE(Submit(*rts[0], Allreduce("after", &x, &x, 1), &err));
   CHECK(err.find("shutting down") != std::string::npos);
+}
+
+// The ids of the eventfds this process has open (/proc/self/fdinfo's eventfd-id; empty on a
+// kernel that does not show it).
+std::set<std::string> EventfdIds() {
+  std::set<std::string> ids;
+  DIR* d = ::opendir("/proc/self/fdinfo");
+  if (!d) return ids;
+  while (dirent* e = ::readdir(d)) {
+    std::ifstream info(std::string("/proc/self/fdinfo/") + e->d_name);
+    for (std::string line; std::getline(info, line);) {
+      if (line.rfind("eventfd-id:", 0) == 0) ids.insert(line);
+    }
+  }
+  ::closedir(d);
+  return ids;
+}
+
+TEST_CASE("engine: after fork(), a child's engine makes its own doorbell", "[engine]") {
+  // A stopped engine's doorbell waits in a process-wide pool for the next engine. A child
+  // inherits the pool: taking the parent's eventfd from it, one process's drain could swallow
+  // the other's wake-up.
+  engine::EngineOptions o;
+  engine::Engine(nullptr, o).Shutdown();  // its doorbell goes to the pool
+  const std::set<std::string> parent = EventfdIds();
+  if (parent.empty()) {
+    WARN("this kernel does not show eventfd-id in /proc/self/fdinfo; not checked");
+    return;
+  }
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    engine::Engine mine(nullptr, o);
+    bool fresh = false;
+    for (const std::string& id : EventfdIds()) fresh |= parent.count(id) == 0;
+    mine.Shutdown();
+    ::_exit(fresh ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The parent's pool still serves the parent.
+  engine::Engine again(nullptr, o);
+  CHECK(EventfdIds() == parent);
 }
 
 double CpuSeconds() {

@@ -254,6 +254,11 @@ TEST_CASE("processes: ringrun_init after ringrun_shutdown joins the job again", 
   }
 }
 
+TEST_CASE("processes: ringrun_init at the open-file limit fails cleanly, and can be retried",
+          "[multiprocess][engine]") {
+  RunMode(1, {}, "nofd");
+}
+
 TEST_CASE("processes: running out of memory in a collective is an error, not an abort",
           "[multiprocess]") {
   // The others would wait 20 s (the timeout) if rank 0's failure did not close its connections.

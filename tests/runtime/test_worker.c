@@ -24,8 +24,12 @@
  *                               naming a peer (exit 3), or exit 4
  *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
  *                               must fail with the stall report (exit 5), or exit 1
+ *   runtime_test_worker nofd    a job of one whose process cannot open another descriptor:
+ *                               ringrun_init must fail naming the eventfd and the limit, within
+ *                               20 s (SIGALRM otherwise), then succeed once one is closed
  * Prints "ok rank=R size=N" on success. Works under `ringrun -np N` or the test's own env. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -563,8 +567,34 @@ static int oom(void) {
   return 0;
 }
 
+/* Before ringrun_init: the engine's eventfd cannot be made. */
+static int nofd(void) {
+  struct rlimit lim;
+  EXPECT(getrlimit(RLIMIT_NOFILE, &lim) == 0, "getrlimit failed");
+  lim.rlim_cur = 64;
+  EXPECT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit failed");
+  int last = -1;
+  for (int fd; (fd = open("/dev/null", O_RDONLY)) >= 0;) last = fd;
+  EXPECT(last >= 0, "no descriptor was free to begin with");
+  alarm(20); /* a hang fails the test (SIGALRM) instead of holding it up */
+  EXPECT(ringrun_init() != RINGRUN_OK, "ringrun_init succeeded without a descriptor to spare");
+  const char* msg = ringrun_error_message();
+  EXPECT(strstr(msg, "eventfd") != NULL && strstr(msg, "ulimit -n") != NULL, "error: %s", msg);
+  EXPECT(ringrun_rank() < 0, "a failed ringrun_init left a runtime");
+  close(last);
+  EXPECT(ringrun_init() == RINGRUN_OK, "ringrun_init failed again: %s", ringrun_error_message());
+  float x = 2.0f;
+  EXPECT(ringrun_allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM) == RINGRUN_OK && x == 2.0f,
+         "allreduce after a retried init");
+  ringrun_shutdown();
+  alarm(0);
+  printf("ok nofd\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "check";
+  if (strcmp(mode, "nofd") == 0) return nofd();
   if (uninitialized("before ringrun_init") != 0) return 2;
   if (ringrun_init() != 0) {
     fprintf(stderr, "ringrun_init failed: %s\n", ringrun_error_message());

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -240,19 +241,28 @@ std::atomic<int> g_waiters{0};
 // engine puts its doorbell back for the next one, so a program that joins again and again holds
 // as many doorbells as it ever ran engines at once, not one per ringrun_init. A late ring on a
 // reused doorbell wakes the engine that holds it now, which finds nothing queued and sleeps
-// again.
+// again. A child made by fork() inherits the pool but not its engines: sharing a parent's
+// eventfd, one process's drain could swallow the other's ring, so the child closes its copies
+// and makes its own.
 struct DoorbellPool {
   std::mutex mu;
+  pid_t owner = 0;        // the process whose doorbells `free` holds (mu)
   std::vector<int> free;  // guarded by mu
 };
 DoorbellPool& Doorbells() {
   static DoorbellPool* pool = new DoorbellPool;  // never destroyed, as the doorbells
   return *pool;
 }
+// A doorbell, or -errno when no eventfd could be made (the process's descriptor limit).
 int TakeDoorbell() {
   DoorbellPool& pool = Doorbells();
   {
     std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.owner != ::getpid()) {
+      for (int fd : pool.free) ::close(fd);  // a parent's, inherited across fork()
+      pool.free.clear();
+      pool.owner = ::getpid();
+    }
     if (!pool.free.empty()) {
       const int fd = pool.free.back();
       pool.free.pop_back();
@@ -261,12 +271,14 @@ int TakeDoorbell() {
       return fd;
     }
   }
-  return ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return fd >= 0 ? fd : -errno;
 }
 void ReturnDoorbell(int fd) {
   if (fd < 0) return;
   DoorbellPool& pool = Doorbells();
   std::lock_guard<std::mutex> lock(pool.mu);
+  if (pool.owner != ::getpid()) return;  // an engine made before fork(): not this process's
   pool.free.push_back(fd);
 }
 
@@ -335,6 +347,12 @@ ringrun_status ToRingrunStatus(const Status& st) {
   return st.ok() ? RINGRUN_OK : static_cast<ringrun_status>(st.code());
 }
 
+Status Engine::failure() {
+  std::lock_guard<Mutex> lock(mu_);
+  if (failed_code_ == RINGRUN_OK) return Status::Ok();
+  return Status(static_cast<Code>(failed_code_), failed_message_);
+}
+
 Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
     : options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
@@ -355,6 +373,18 @@ Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
               ? options_.log
               : [](const std::string& m) { std::fprintf(stderr, "ringrun: %s\n", m.c_str()); }),
       fusion_(options_.fusion_threshold) {
+  if (const int bell = doorbell(); bell < 0) {
+    // Nothing could wake the engine thread: fail now, without one (Submit refuses, and
+    // Runtime::Join reports it); the peers see this rank's connections close.
+    doorbell_.store(-1);
+    Status why = Internal("rank " + std::to_string(options_.rank) +
+                          ": cannot make the engine's eventfd: " + std::strerror(-bell) +
+                          (-bell == EMFILE ? " (the process's open-file limit, ulimit -n)" : ""));
+    failed_code_ = ToRingrunStatus(why);
+    failed_message_ = why.message();
+    if (transport_) transport_->Break(why);
+    return;
+  }
   if (!options_.timeline_path.empty()) {
     Result<std::unique_ptr<Timeline>> t =
         Timeline::Open(options_.timeline_path, options_.rank, clock_);

@@ -176,6 +176,9 @@ class Engine {
   // Stops the engine thread; pending handles fail with RINGRUN_ERR_ABORTED. Idempotent.
   void Shutdown();
   const EngineOptions& options() const { return options_; }
+  // OK until the engine fails for good (a broken transport, a stall shutdown, no doorbell at
+  // construction); then what every later submission is refused with.
+  Status failure();
 
  private:
   struct Batch;

@@ -265,13 +265,20 @@ Runtime::~Runtime() = default;
 ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
                                       std::shared_ptr<engine::HandleState>* handle) {
   const std::string name = entry.req.name;
+  const bool join = entry.req.kind == engine::Kind::kJoin;
   engine::HandleState* raw = nullptr;
   ringrun_status submitted = engine_->Submit(&entry, 1, name, /*group=*/false, &raw, message);
   if (submitted != RINGRUN_OK) return submitted;
   std::shared_ptr<engine::HandleState> owned;
   if (handle) owned = engine::ShareHandle(raw);  // else released below
   engine::HandleState& h = *raw;
-  ringrun_status st = engine::Engine::Wait(h, timeout_ms_);
+  ringrun_status st;
+  if (join) {
+    while ((st = engine::Engine::Wait(h, std::numeric_limits<int>::max())) == RINGRUN_ERR_TIMEOUT) {
+    }
+  } else {
+    st = engine::Engine::Wait(h, timeout_ms_);
+  }
   if (st == RINGRUN_ERR_TIMEOUT) {
     if (!h.done()) {
       engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name() +

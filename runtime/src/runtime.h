@@ -93,7 +93,8 @@ class Runtime {
   }
   // Submits and waits; a request that has not completed within the collective timeout breaks
   // the runtime (naming the ranks that did not submit it) and fails. The ringrun_status is
-  // what the C API returns; the Status carries the message.
+  // what the C API returns; the Status carries the message. A join waits without that bound:
+  // the other ranks may train for as long as they have data (a failure or shutdown ends it).
   ringrun_status SubmitAndWait(engine::Entry entry, std::string* message,
                                std::shared_ptr<engine::HandleState>* handle = nullptr);
 

@@ -634,6 +634,52 @@ TEST_CASE("engine: join with uneven steps", "[engine][join]") {
   }
 }
 
+TEST_CASE("engine: a blocking join outlasts the collective timeout and the stall times",
+          "[engine][join][stall]") {
+  // Rank 0 runs out of data at once; rank 1 trains for 1.2 s more, past the collective timeout
+  // (300 ms) and the stall warning and shutdown times (100 and 200 ms). That is what join is
+  // for: no rank is stalled, and the blocking join must not give up.
+  std::mutex mu;
+  std::vector<std::string> logs;
+  EngineSettings s;
+  s.stall.warning_us = 100'000;
+  s.stall.shutdown_us = 200'000;
+  s.log = [&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    logs.push_back(m);
+  };
+  ThreadJobOptions o = Opts(2);
+  o.timeout_ms = 300;
+  std::string failures = RunThreadJob(
+      o,
+      [&](int rank, Runtime& rt, Failures& f) {
+        if (rank == 1) {
+          const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1200);
+          for (int step = 0; std::chrono::steady_clock::now() < end; ++step) {
+            float g = 2;
+            if (!rt.Allreduce(&g, &g, 1, RINGRUN_FLOAT32, RINGRUN_SUM).ok() || g != 2) {
+              return f.Add(rank, "step " + std::to_string(step) + " = " + std::to_string(g));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }
+        Entry j;
+        j.req.name = "join", j.req.kind = Kind::kJoin;
+        std::string message;
+        std::shared_ptr<HandleState> h;
+        ringrun_status st = rt.SubmitAndWait(std::move(j), &message, &h);
+        if (st != RINGRUN_OK) return f.Add(rank, "join: " + message);
+        if (h->last_joined != 1) f.Add(rank, "last joined " + std::to_string(h->last_joined));
+      },
+      s);
+  INFO(failures);
+  CHECK(failures.empty());
+  std::string all;
+  for (const std::string& l : logs) all += l + "\n";
+  INFO(all);
+  CHECK(logs.empty());
+}
+
 TEST_CASE("engine: stall warning names the missing rank; stall shutdown fails the job",
           "[engine][stall]") {
   std::mutex mu;

@@ -280,7 +280,10 @@ RINGRUN_API ringrun_status ringrun_alltoall(const void* sendbuf, void* recvbuf,
 /* Returns once every rank has entered it. */
 RINGRUN_API ringrun_status ringrun_barrier(void);
 /* ringrun_join_submit and wait; *last_joined_rank (if not NULL) gets the last rank that
- * joined. */
+ * joined. Unlike the collectives, it waits past the collective timeout (RINGRUN_TIMEOUT_MS):
+ * the other ranks may go on training for as long as they have data. A failed peer or
+ * ringrun_shutdown ends the wait. A pending join is not a stall either (the stall inspector
+ * does not report it), as in Horovod. */
 RINGRUN_API ringrun_status ringrun_join(int* last_joined_rank);
 
 /* ---- GPU streams ------------------------------------------------------------------------ */

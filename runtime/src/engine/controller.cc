@@ -461,10 +461,19 @@ Response Controller::Build(Slot& s) {
   return resp;
 }
 
+// A join is not a stall: the ranks that have not joined are the ones that still have data, and
+// may train for long after (Horovod's stall inspector does not see joins either).
+bool Controller::IsJoin(const Slot& s) {
+  const std::optional<Request>& first = s.by_rank[s.first_rank];
+  return first && first->kind == Kind::kJoin;
+}
+
 int64_t Controller::OldestPendingUs() const {
   int64_t oldest = -1;
   auto consider = [&](int64_t t) { oldest = oldest < 0 ? t : std::min(oldest, t); };
-  for (const auto& [name, s] : table_) consider(s.first_us);
+  for (const auto& [name, s] : table_) {
+    if (!IsJoin(s)) consider(s.first_us);
+  }
   int left = fast_pending_;
   for (uint32_t id = 0; left > 0 && id < fast_.size(); ++id) {
     if (fast_[id].count > 0) consider(fast_[id].first_us), --left;
@@ -475,6 +484,7 @@ int64_t Controller::OldestPendingUs() const {
 std::vector<PendingView> Controller::Pending() const {
   std::vector<PendingView> out;
   for (const auto& [name, s] : table_) {
+    if (IsJoin(s)) continue;
     PendingView v{&name, s.first_us, std::vector<bool>(size_)};
     for (int r = 0; r < size_; ++r) v.announced[r] = s.by_rank[r].has_value() || joined_[r];
     out.push_back(std::move(v));

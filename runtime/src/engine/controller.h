@@ -78,7 +78,8 @@ class Controller {
   Result<size_t> Apply(const std::vector<std::string>& frames, int64_t now_us,
                        std::vector<Response>* out, const Response** ready);
 
-  // Names announced by some ranks and not all (joined ranks count as announced).
+  // Names announced by some ranks and not all (joined ranks count as announced), but for a
+  // pending join: what the stall inspector and a timed-out call report.
   std::vector<PendingView> Pending() const;
   // When the oldest of those was first announced (-1: none), without building Pending().
   int64_t OldestPendingUs() const;
@@ -119,6 +120,7 @@ class Controller {
   };
   bool Ready(const Slot& s) const;
   bool Ready(uint32_t fast_id) const;
+  static bool IsJoin(const Slot& s);
   Response Build(Slot& s);
   // Apply's shortcut for the steady state (see the definition); nullopt: take the general path.
   // Apply's path for every other round: counts each announcement, and reports what is

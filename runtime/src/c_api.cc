@@ -273,7 +273,10 @@ ringrun_status ringrun_test(ringrun_handle h) {
 }
 ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return ringrun::runtime::engine::Engine::Wait(*State(h), timeout_ms < 0 ? 0 : timeout_ms);
+  // 0 (or less) is ringrun_test: RINGRUN_IN_PROGRESS, without counting as a waiter (which
+  // would end the engine's gathering of a burst of submissions).
+  if (timeout_ms <= 0) return State(h)->done() ? State(h)->status : RINGRUN_IN_PROGRESS;
+  return ringrun::runtime::engine::Engine::Wait(*State(h), timeout_ms);
 }
 ringrun_status ringrun_wait(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");

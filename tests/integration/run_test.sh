@@ -391,6 +391,13 @@ int main() {
   std::vector<float> v(3, float(s.rank() + 1));
   s.Allreduce(v);
   std::printf("cxx rank=%d size=%d sum=%g\n", s.rank(), s.size(), double(v[2]));
+  try {  // one split per rank, or an error (not a read past the vector)
+    s.AlltoallAsync("short", v.data(), std::vector<size_t>(size_t(s.size()) + 1, 1));
+    std::printf("cxx: AlltoallAsync took a rows vector of the wrong size\n");
+    return 1;
+  } catch (const ringrun::Error& e) {
+    std::printf("cxx rank=%d: %s\n", s.rank(), e.what());
+  }
   return 0;
 }
 CXX
@@ -406,6 +413,7 @@ CXX
   "$RINGRUN" -np 2 "$WORK/consumer/build/cxx_app" >"$WORK/cxx2" 2>&1; rc=$?
   expect_rc 0 $rc "cxx_app under ringrun -np 2"
   expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3"
+  expect_contains "$WORK/cxx2" "[1]<stdout>:cxx rank=1: AlltoallAsync: rows has 3 entries, one per rank is 2"
   # The installed library is the one that ran, not the build tree's.
   ldd "$WORK/consumer/build/c_app" | grep -q "$WORK/prefix/lib.*/libringrun.so" ||
     fail "c_app does not load the installed libringrun.so: $(ldd "$WORK/consumer/build/c_app" | grep ringrun)"

@@ -304,6 +304,12 @@ static int engine(void) {
                                       &dup) == RINGRUN_ERR_DUPLICATE_NAME &&
                  dup == NULL,
              "duplicate accepted: %s", ringrun_error_message());
+      EXPECT(
+          ringrun_wait_for(h, 0) == RINGRUN_IN_PROGRESS && ringrun_test(h) == RINGRUN_IN_PROGRESS,
+          "a pending handle: ringrun_wait_for(h, 0) = %s",
+          ringrun_status_name(ringrun_wait_for(h, 0)));
+      EXPECT(ringrun_wait_for(h, 5) == RINGRUN_ERR_TIMEOUT,
+             "ringrun_wait_for(h, 5) did not time out");
     }
     CHECK_RC(ringrun_barrier());
     if (r != 0) {

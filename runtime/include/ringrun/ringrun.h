@@ -176,7 +176,8 @@ RINGRUN_API ringrun_status ringrun_test(ringrun_handle handle);
  * waited on again; a tensor that some rank never submits is reported by the stall
  * inspector). */
 RINGRUN_API ringrun_status ringrun_wait(ringrun_handle handle);
-/* As ringrun_wait, with a timeout in milliseconds (0: as ringrun_test). */
+/* As ringrun_wait, with a timeout in milliseconds; 0 or less is ringrun_test (it returns
+ * RINGRUN_IN_PROGRESS while pending, where a timeout returns RINGRUN_ERR_TIMEOUT). */
 RINGRUN_API ringrun_status ringrun_wait_for(ringrun_handle handle, int timeout_ms);
 /* Why the handle failed ("" while pending or after success). Never NULL; valid until the
  * handle is released. */

@@ -196,6 +196,11 @@ class Session {
   template <typename T>
   Handle AlltoallAsync(const std::string& name, const T* send, const std::vector<size_t>& rows,
                        size_t row_elems = 1) {
+    if (rows.size() != static_cast<size_t>(ringrun_size())) {
+      throw Error(RINGRUN_ERR_INVALID_ARGUMENT,
+                  "AlltoallAsync: rows has " + std::to_string(rows.size()) +
+                      " entries, one per rank is " + std::to_string(ringrun_size()));
+    }
     ringrun_handle h = nullptr;
     detail::Check(ringrun_alltoall_submit(Name(name), send, rows.data(), row_elems,
                                           detail::DtypeOf<T>::kValue, &h),

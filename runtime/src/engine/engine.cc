@@ -874,6 +874,9 @@ void Engine::Loop() {
       uint64_t drained;
       (void)!::read(doorbell(), &drained, sizeof(drained));
       if (!wst.ok()) {
+        // As a failed round: the peers must see this rank's connections close, not wait for
+        // it until their timeout.
+        if (transport_) transport_->Break(wst);
         FailAll(ToRingrunStatus(wst), wst);
         continue;
       }

@@ -227,8 +227,10 @@ ringrun_status ringrun_join(int* last_joined_rank) {
   return Call([&](Runtime& rt) {
     std::string message;
     std::shared_ptr<HandleState> h;
-    ringrun_status st = rt.SubmitAndWait(
-        MakeEntry(Kind::kJoin, "join", nullptr, nullptr, 0, RINGRUN_UINT8), &message, &h);
+    ringrun_status st =
+        rt.SubmitAndWait(MakeEntry(Kind::kJoin, ringrun::runtime::engine::kJoinName.data(), nullptr,
+                                   nullptr, 0, RINGRUN_UINT8),
+                         &message, &h);
     if (st != RINGRUN_OK) return Fail(st, message);
     if (last_joined_rank) *last_joined_rank = h->last_joined;
     return RINGRUN_OK;
@@ -434,7 +436,7 @@ ringrun_status ringrun_join_submit(ringrun_handle* handle) {
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     Entry e = MakeEntry(Kind::kJoin, nullptr, nullptr, nullptr, 0, RINGRUN_UINT8);
-    return SubmitEntries(rt, &e, 1, "join", handle);
+    return SubmitEntries(rt, &e, 1, ringrun::runtime::engine::kJoinName.data(), handle);
   });
 }
 

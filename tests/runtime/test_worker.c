@@ -18,7 +18,8 @@
  *                               2 s naming it (its connections closed); exit 0 when all that holds
  *   runtime_test_worker engine  named submissions from two threads in a per-rank order, some
  *                               handles released unwaited, ragged allgather, alltoall with
- *                               splits, a mismatch, a duplicate, join with uneven steps
+ *                               splits, a mismatch, a duplicate, join with uneven steps, and
+ *                               "join" refused as another collective's name
  *   runtime_test_worker fused   steps of 64 named 16 KiB allreduces (fused) until one fails;
  *                               then every pending handle must have failed, not timed out,
  *                               naming a peer (exit 3), or exit 4
@@ -374,6 +375,17 @@ static int engine(void) {
     EXPECT(ringrun_wait(h) == RINGRUN_OK && k[0] == (float)n, "k after the broadcast: %s (%g)",
            ringrun_handle_message(h), k[0]);
     ringrun_release(h);
+  }
+  /* "join" is the join's own name: an allreduce under it is refused at submission, before
+   * any join (the general path) and after one (the name has a slot on the short path). */
+  for (int k = 0; k < 2; ++k) {
+    float j = 1;
+    h = NULL;
+    EXPECT(ringrun_allreduce_submit("join", &j, &j, 1, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                    &h) == RINGRUN_ERR_INVALID_ARGUMENT &&
+               h == NULL && strstr(ringrun_error_message(), "ringrun_join") != NULL,
+           "an allreduce named join: %s", ringrun_error_message());
+    if (k == 0) CHECK_RC(ringrun_join(NULL));
   }
   /* Join: rank q runs q+1 steps, then joins. */
   for (int step = 0; step <= r; ++step) {

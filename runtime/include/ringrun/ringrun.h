@@ -252,7 +252,8 @@ RINGRUN_API ringrun_status ringrun_barrier_submit(ringrun_handle* handle);
  * complete with this rank contributing zeros (its engine takes part on its own); broadcast,
  * allgather, alltoall and reducescatter fail with RINGRUN_ERR_JOINED. Completes when every
  * rank has joined; ringrun_handle_last_joined_rank then says which rank joined last. A rank
- * submits nothing else between its join and the join's completion. */
+ * submits nothing else between its join and the join's completion. Its name is "join", which
+ * no other submission may take (RINGRUN_ERR_INVALID_ARGUMENT). */
 RINGRUN_API ringrun_status ringrun_join_submit(ringrun_handle* handle);
 
 /* ---- Blocking calls (submit, then wait) ------------------------------------------------- */

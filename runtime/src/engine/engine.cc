@@ -558,6 +558,12 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
     }
     e.submit_us = now;
   }
+  if (name == kJoinName && !group && entries[0].req.kind != Kind::kJoin) {
+    // Every rank's controller counts a rank that announces "join" as joined as soon as it sees
+    // the announcement, before any mismatch is found.
+    *message = "'join' is the name of ringrun_join's request; choose another name";
+    return RINGRUN_ERR_INVALID_ARGUMENT;
+  }
   HandleState* h = NewHandleState();
   // Refused after this point: the engine never saw the handle, and the caller never gets it.
   auto refuse = [&](ringrun_status st, std::string why) {
@@ -664,7 +670,7 @@ bool Engine::ValidHostAllreduce(const void* send, void* recv, size_t count, ring
 bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
                                  ringrun_dtype dtype, ringrun_op op, double prescale,
                                  double postscale, uint32_t flags, HandleState** handle) {
-  if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES) return false;
+  if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES || name == kJoinName) return false;
   const int64_t now = timeline_ ? Now() : 0;
   const size_t hash = NameHash{}(name);
   HandleState* h = nullptr;

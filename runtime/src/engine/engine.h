@@ -51,6 +51,8 @@ namespace ringrun::runtime::engine {
 inline constexpr size_t kDefaultFusionThreshold = size_t{64} << 20;
 inline constexpr size_t kDefaultCacheCapacity = 1024;
 inline constexpr int64_t kDefaultBurstQuietNs = 2000;
+// The name of every join request (ringrun_join_submit); no other submission may take it.
+inline constexpr std::string_view kJoinName = "join";
 
 struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0;

@@ -44,12 +44,17 @@ struct DeviceJob {
   std::vector<std::unique_ptr<Runtime>> rts;
 
   // timeline: a path for RINGRUN_TIMELINE ("" for none); rank r writes <stem>.<r>.json.
-  explicit DeviceJob(int n, int backend_timeout_ms = 10000, const std::string& timeline = "")
+  // failing_malloc_on_0: rank 0's n-th device allocation fails (0: none does).
+  explicit DeviceJob(int n, int backend_timeout_ms = 10000, const std::string& timeline = "",
+                     int failing_malloc_on_0 = 0)
       : np(n) {
     world = std::make_shared<FakeGpuWorld>(np);
     FakeNcclApi::Script script;
     script.device_count = 1;
-    for (int r = 0; r < np; ++r) apis.push_back(std::make_shared<FakeNcclApi>(script, world, r));
+    for (int r = 0; r < np; ++r) {
+      script.failing_malloc = r == 0 ? failing_malloc_on_0 : 0;
+      apis.push_back(std::make_shared<FakeNcclApi>(script, world, r));
+    }
     ThreadJobOptions o;
     o.np = np;
     o.transport.use_shm = false;
@@ -348,6 +353,52 @@ TEST_CASE("device engine: fused work that cannot complete ends at the deadline o
     auto h = Submit(rt, DeviceAllreduce("after", p, 2, RINGRUN_SUM), &again);
     if (!h || engine::Engine::Wait(*h, 20000) == RINGRUN_OK) f.Add(r, "later device work ran");
     if (api.record().aborts != 1) f.Add(r, "aborts: " + std::to_string(api.record().aborts));
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE(
+    "device engine: a device failure on one rank never pairs its NCCL calls with "
+    "another step's",
+    "[engine_device]") {
+  // Rank 0 cannot allocate the fusion buffer in step 0, so it enqueues nothing for it while
+  // rank 1 enqueues step 0's allreduce. Were rank 0's communicator kept, its step 1 allreduce
+  // would be the partner of rank 1's step 0 one (NCCL pairs the k-th calls), and rank 1 would
+  // get step 1's data as step 0's sum. Every handle must end with the right sum or an error.
+  const int np = 2;
+  DeviceJob job(np, /*backend_timeout_ms=*/1000, "", /*failing_malloc_on_0=*/1);
+  std::string failures = job.Run([&](int r, Runtime& rt, FakeNcclApi&, Failures& f) {
+    int failed = 0;
+    for (int step = 0; step < 2; ++step) {
+      std::vector<Entry> group;
+      for (int t = 0; t < 2; ++t) {
+        float* p = g_device[r][t];
+        for (int i = 0; i < 4; ++i) p[i] = static_cast<float>(10 * step + r);
+        group.push_back(DeviceAllreduce("s", p, 4, RINGRUN_SUM));
+      }
+      engine::SubmitResult g = rt.Submit(std::move(group), /*group=*/true);
+      if (!g.handle) {  // refused: the runtime has failed (that is allowed)
+        ++failed;
+        continue;
+      }
+      ringrun_status st = engine::Engine::Wait(*g.handle, 20000);
+      if (st != RINGRUN_OK) {
+        ++failed;
+        if (r == 0 && step == 0 && g.handle->message.find("cudaMalloc") == std::string::npos) {
+          f.Add(r, "step 0 failed without naming the allocation: " + g.handle->message);
+        }
+        continue;
+      }
+      const float want = static_cast<float>(2 * 10 * step + 1);
+      for (int t = 0; t < 2; ++t) {
+        if (g_device[r][t][0] != want) {
+          f.Add(r, "step " + std::to_string(step) + ": " + std::to_string(g_device[r][t][0]) +
+                       " reported OK, the sum is " + std::to_string(want));
+        }
+      }
+    }
+    if (r == 0 && failed == 0) f.Add(r, "the failed allocation failed nothing");
   });
   INFO(failures);
   CHECK(failures.empty());

@@ -89,6 +89,7 @@ class FakeNcclApi : public NcclApi {
     bool collective_hangs = false;  // NCCL operations never complete
     ncclResult_t async_error = ncclSuccess;  // reported on the first poll after an enqueue
     ncclResult_t enqueue_result = ncclSuccess;
+    int failing_malloc = 0;  // the n-th Malloc (1-based) fails with cudaErrorMemoryAllocation
   };
 
   // What happened.
@@ -278,7 +279,7 @@ class FakeNcclApi : public NcclApi {
   }
   cudaError_t Malloc(void** p, size_t bytes) override {
     std::lock_guard<std::mutex> lock(world_->mu_);
-    ++record_.mallocs;
+    if (++record_.mallocs == script_.failing_malloc) return cudaErrorMemoryAllocation;
     *p = ::operator new(bytes == 0 ? 1 : bytes);
     allocations_[*p] = bytes;
     return cudaSuccess;

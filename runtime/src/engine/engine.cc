@@ -1489,6 +1489,14 @@ Status Engine::RunDevice(Batch& b) {
     device_busy_ = true;
   }
   Status st = RunDeviceBatch({*dev, options_.rank, options_.size, timeline_.get(), clock_}, items);
+  if (!st.ok()) {
+    // This rank may have enqueued less of the batch than its peers (or more): its NCCL calls
+    // are no longer in step with theirs, and its next one would pair with another batch of
+    // theirs (NCCL matches calls by order). Abort the communicator: this rank's later device
+    // work fails with this reason, and the peers' unmatched call ends at their deadline.
+    AbortDevice("rank " + std::to_string(options_.rank) +
+                ": an earlier device collective failed here: " + st.message());
+  }
   std::lock_guard<std::mutex> lock(device_mu_);
   device_busy_ = false;
   return st;

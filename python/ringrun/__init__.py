@@ -55,6 +55,7 @@ def shutdown():
     _initialized = False
     _engine.stop()
     _lib.lib.ringrun_shutdown()
+    _engine.after_shutdown()
 
 
 atexit.register(shutdown)

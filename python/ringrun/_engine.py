@@ -400,9 +400,12 @@ def barrier(name=None):
 # allreduces, join in the runtime. RINGRUN_PY_ENGINE=0 keeps the blocking-call path above.
 
 class NativeHandle:
-    """A libringrun handle; `finish(handle)` turns a successful completion into the result."""
+    """A libringrun handle; `finish(handle)` turns a successful completion into the result.
+
+    Several threads may poll and wait on one handle: `_lock` makes one of them at a time call
+    into the C handle, and the one that sees it complete runs `finish` and releases it."""
     __slots__ = ("ptr", "name", "release_after", "_finish", "_keep", "_done", "_result",
-                 "_error")
+                 "_error", "_lock")
 
     def __init__(self, ptr, name, finish, keep):
         self.ptr, self.name, self._finish, self._keep = ptr, name, finish, keep
@@ -411,8 +414,10 @@ class NativeHandle:
         self.release_after = None
         self._done = False
         self._result = self._error = None
+        self._lock = threading.Lock()
 
     def _complete(self, status):
+        """Under _lock, once ringrun_test has returned `status` (not IN_PROGRESS)."""
         if status == 0:
             try:
                 self._result = self._finish(self) if self._finish else None
@@ -431,8 +436,35 @@ class NativeHandle:
         self._done = True
 
     def __del__(self):
-        if self.ptr is not None and _lib is not None:
-            _lib.lib.ringrun_release(self.ptr)  # detached: the collective still runs
+        # Dropped before it completed (an interrupted wait, a synchronize that raised for
+        # another part of the same operation, or never waited on): the collective still runs
+        # and still reads and writes the buffers in _keep, so both stay until it is done.
+        if self.ptr is not None and _detached is not None:
+            _detached.append((self.ptr, self._keep))
+
+
+# Handles dropped while pending: (ptr, keep). Appended by NativeHandle.__del__, which may run
+# on any thread at any allocation (so no lock: deque.append and popleft are atomic); released
+# once ringrun_test says they are done (checked at each submission) or after ringrun_shutdown,
+# which fails whatever is still pending.
+_detached = collections.deque()
+
+
+def _release_detached(everything=False):
+    for _ in range(len(_detached)):
+        try:
+            ptr, keep = _detached.popleft()
+        except IndexError:
+            return
+        if everything or _lib.lib.ringrun_test(ptr) != _lib.IN_PROGRESS:
+            _lib.lib.ringrun_release(ptr)
+        else:
+            _detached.append((ptr, keep))
+
+
+def after_shutdown():
+    """Called once ringrun_shutdown has returned: nothing is pending any more."""
+    _release_detached(everything=True)
 
 
 # Handles whose device output is still read by a copy on a caller's stream: (ptr, waitable),
@@ -476,6 +508,8 @@ def _release_deferred(deadline_s=None):
 def _native_submit(what, call, name, finish=None, keep=()):
     if _deferred:
         _release_deferred()
+    if _detached:
+        _release_detached()
     h = ctypes.c_void_p()
     status = call(ctypes.byref(h))
     if status != 0:
@@ -489,20 +523,30 @@ def _native_submit(what, call, name, finish=None, keep=()):
 def _native_poll(h):
     if h._done:
         return True
-    status = _lib.lib.ringrun_test(h.ptr)
-    if status == _lib.IN_PROGRESS:
-        return False
-    h._complete(status)
-    return True
+    if not h._lock.acquire(blocking=False):
+        return h._done  # another thread is testing or waiting on it: never block here
+    try:
+        if h._done:
+            return True
+        status = _lib.lib.ringrun_test(h.ptr)
+        if status == _lib.IN_PROGRESS:
+            return False
+        h._complete(status)
+        return True
+    finally:
+        h._lock.release()
 
 
 def _native_wait(h):
     while not h._done:
-        status = _lib.lib.ringrun_test(h.ptr)
-        if status != _lib.IN_PROGRESS:
-            h._complete(status)
-            break
-        _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
+        with h._lock:  # released between slices, so that pollers and other waiters get a turn
+            if h._done:
+                break
+            status = _lib.lib.ringrun_test(h.ptr)
+            if status != _lib.IN_PROGRESS:
+                h._complete(status)
+                break
+            _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
     if h._error is not None:
         raise h._error
     return h._result

@@ -1,6 +1,8 @@
 """Every tensor collective of ringrun.torch, for every dtype that torch and ringrun share, at the
 job's size (run at np=1, 2 and 3)."""
+import gc
 import threading
+import time
 
 import pytest
 import torch
@@ -321,3 +323,79 @@ def test_named_tensors_in_a_different_order_on_each_rank():
                for nm in names}
     for nm, h in handles.items():
         assert torch.equal(hvd.synchronize(h), torch.full((3,), float(int(nm[-1]) * hvd.size())))
+
+
+def test_a_dropped_pending_handle_keeps_its_buffers():
+    """A grouped allreduce of two dtypes whose int32 group fails on rank 0 while its float32
+    group is still pending there: synchronize raises and drops the handles. The float32 group
+    still runs later, into buffers that must not have been freed (64 MiB each: freed, they
+    would be unmapped, and the engine would fault)."""
+    if not _engine.USING_ENGINE or hvd.size() == 1:
+        pytest.skip("needs the engine and a peer")
+    big = 16 << 20
+    if hvd.rank() == 0:
+        h = hvd.grouped_allreduce_async([torch.ones(4, dtype=torch.int32), torch.ones(big)],
+                                        name="dropped", op=hvd.Sum)
+        try:
+            hvd.synchronize(h)
+            raise AssertionError("the int32 group should have failed")
+        except hvd.HorovodInternalError as e:
+            assert "dropped.int32" in str(e), e
+        gc.collect()
+        parked = len(getattr(_engine, "_detached", ()))  # the float32 group, with its buffers
+        hvd.barrier()  # the peers submit the float32 group after this
+        hvd.barrier()
+        assert parked == 1
+        deadline = time.monotonic() + 20
+        while _engine._detached and time.monotonic() < deadline:
+            _engine._release_detached()
+            time.sleep(0.01)
+        assert not _engine._detached  # released once it completed
+    else:
+        with pytest.raises(hvd.HorovodInternalError, match="dropped.int32"):
+            hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(8, dtype=torch.int32)],
+                                                        name="dropped.int32", op=hvd.Sum))
+        hvd.barrier()
+        out = hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(big)],
+                                                          name="dropped.float32", op=hvd.Sum))
+        assert torch.equal(out[0][:8], torch.full((8,), float(hvd.size())))
+        hvd.barrier()
+
+
+def test_one_handle_from_several_threads():
+    """Two threads synchronize one handle while a third polls it: one result, computed once
+    (an integer Average divides once), and no call on a released handle."""
+    if not _engine.USING_ENGINE or hvd.size() == 1:
+        pytest.skip("needs the engine and a peer")
+    x = torch.full((4,), 4, dtype=torch.int32)
+    if hvd.rank() != 0:
+        hvd.barrier()
+        hvd.synchronize(hvd.allreduce_async(x, name="shared", op=hvd.Average))
+        return
+    h = hvd.allreduce_async(x, name="shared", op=hvd.Average)
+    results, errors = [], []
+
+    def sync():
+        try:
+            results.append(hvd.synchronize(h))
+        except BaseException as e:  # noqa: B902 - reported by the assertion below
+            errors.append(e)
+
+    def spin():
+        try:
+            while not hvd.poll(h):
+                pass
+        except ValueError:
+            pass  # synchronized meanwhile
+        except BaseException as e:  # noqa: B902
+            errors.append(e)
+    threads = [threading.Thread(target=f) for f in (sync, sync, spin)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)  # both are waiting before the peers submit
+    hvd.barrier()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(results) == 2 and results[0] is results[1]
+    assert torch.equal(results[0], torch.full((4,), 4, dtype=torch.int32))

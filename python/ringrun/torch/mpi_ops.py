@@ -224,10 +224,15 @@ def _device_copier(out):
 
 
 class _Pending:
-    __slots__ = ("handles", "finish", "keep")
+    """What a handle id stands for. `lock` makes one synchronize at a time wait and run finish;
+    `outcome` is (result, error) once one has, for a synchronize on another thread that came
+    in meanwhile."""
+    __slots__ = ("handles", "finish", "keep", "lock", "outcome")
 
     def __init__(self, handles, finish, keep):
         self.handles, self.finish, self.keep = handles, finish, keep
+        self.lock = threading.Lock()
+        self.outcome = None
 
 
 _handle_map = {}
@@ -264,12 +269,22 @@ def synchronize(handle):
         p = _handle_map.get(handle)
     if p is None:
         raise ValueError(f"handle {handle} was not created or has been synchronized")
-    try:
-        results = _internal(lambda: [_engine.wait(h) for h in p.handles])
-    finally:
-        with _handle_lock:
-            _handle_map.pop(handle, None)
-    return p.finish(results)
+    with p.lock:
+        if p.outcome is None:
+            try:
+                results = _internal(lambda: [_engine.wait(h) for h in p.handles])
+                p.outcome = (p.finish(results), None)
+            except Exception as e:  # noqa: B902 - raised below, here and to concurrent callers
+                p.outcome = (None, e)
+            finally:
+                # Also when interrupted (KeyboardInterrupt): the handles still pending are
+                # dropped with p, and the engine keeps their buffers until they complete.
+                with _handle_lock:
+                    _handle_map.pop(handle, None)
+    result, error = p.outcome
+    if error is not None:
+        raise error
+    return result
 
 
 def _submit(make):

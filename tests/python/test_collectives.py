@@ -156,8 +156,9 @@ def test_allgather_ragged(dtype):
 def test_allgather_autograd():
     r = hvd.rank()
     x = torch.ones(r + 1, 2, requires_grad=True)
-    hvd.allgather(x).sum().backward()
-    assert torch.equal(x.grad, torch.full((r + 1, 2), float(hvd.size())))
+    (hvd.allgather(x) * 3).sum().backward()
+    # Horovod averages the output's gradient over the ranks, then takes this rank's rows.
+    assert torch.equal(x.grad, torch.full((r + 1, 2), 3.0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -179,8 +180,9 @@ def test_broadcast_forms(dtype):
 
 def test_broadcast_autograd():
     x = torch.ones(4, requires_grad=True)
-    hvd.broadcast(x, 0).sum().backward()
-    want = float(hvd.size()) if hvd.rank() == 0 else 0.0
+    (hvd.broadcast(x, 0) * (hvd.rank() + 1)).sum().backward()
+    # Horovod: the average of the ranks' gradients on the root, zero elsewhere.
+    want = sum(range(1, hvd.size() + 1)) / hvd.size() if hvd.rank() == 0 else 0.0
     assert torch.equal(x.grad, torch.full((4,), want))
 
 
@@ -198,6 +200,41 @@ def test_alltoall(dtype):
     out = hvd.alltoall(even)
     assert out.shape == (2 * n,)
     assert torch.equal(hvd.synchronize(hvd.alltoall_async(even)), out)
+
+
+def test_alltoall_autograd():
+    n, r = hvd.size(), hvd.rank()
+    splits = [j + 1 for j in range(n)]
+    x = torch.zeros(sum(splits), 2, requires_grad=True)
+    out, received = hvd.alltoall(x, splits=splits)
+    # rank r weighs the rows it received from rank q by 10 * r + q
+    weight = torch.cat([torch.full((int(k), 2), 10.0 * r + q) for q, k in enumerate(received)])
+    (out * weight).sum().backward()
+    # so the rows that rank r sent to rank j get the gradient 10 * j + r
+    want = torch.cat([torch.full((j + 1, 2), 10.0 * j + r) for j in range(n)])
+    assert torch.equal(x.grad, want)
+    even = torch.zeros(2 * n, requires_grad=True)
+    (hvd.alltoall(even) * (r + 1)).sum().backward()
+    assert torch.equal(even.grad, torch.arange(1, n + 1).repeat_interleave(2).to(torch.float32))
+
+
+@pytest.mark.parametrize("op,pre,post", [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0),
+                                         (hvd.Sum, 2.0, 0.5), (hvd.Average, 3.0, 1.0)])
+def test_reducescatter_autograd_and_scale_factors(op, pre, post):
+    n, r = hvd.size(), hvd.rank()
+    rows = 2 * n + 1  # uneven shares: rank 0 gets one row more
+    x = value(r, (rows, 3), torch.float64).requires_grad_()
+    out = hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
+    q, rem = divmod(rows, n)
+    shares = [q + (1 if j < rem else 0) for j in range(n)]
+    first = sum(shares[:r])
+    full = expected(op, (rows, 3), torch.float64) * pre * post
+    close(out, full[first:first + shares[r]], torch.float64)
+    (out * (r + 1)).sum().backward()
+    scale = pre * post / (n if op == hvd.Average else 1)
+    want = torch.cat([torch.full((shares[j], 3), (j + 1) * scale, dtype=torch.float64)
+                      for j in range(n)])
+    close(x.grad, want, torch.float64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -260,6 +297,10 @@ def test_errors():
         hvd.allreduce_(torch.ones(4, 4).t())
     with pytest.raises(ValueError, match="floating dtype"):
         hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Sum, prescale_factor=2.0)
+    for d in (torch.int32, torch.int64):  # the scaling made a float copy, read as d
+        with pytest.raises(ValueError, match="reducescatter.*floating dtype"):
+            hvd.reducescatter(torch.ones(2 * hvd.size(), dtype=d), op=hvd.Sum,
+                              prescale_factor=2.0)
     with pytest.raises(NotImplementedError, match="elastic"):
         hvd.elastic
     assert not hasattr(hvd, "ProcessSet")

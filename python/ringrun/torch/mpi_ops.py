@@ -520,7 +520,8 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output.contiguous(), op=Sum)
+        # Averaged over the ranks, as current Horovod does (older versions summed).
+        grad = allreduce(grad_output.contiguous(), op=Average)
         me = rank()
         offset = sum(ctx.counts[:me])
         return grad.narrow(0, offset, ctx.counts[me]), None, None
@@ -573,7 +574,7 @@ class HorovodBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output.contiguous(), op=Sum)
+        grad = allreduce(grad_output.contiguous(), op=Average)  # as Horovod's
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -591,8 +592,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall, reducescatter, barrier, join ---------------------------------------------------
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
+def _alltoall_async(tensor, splits, name):
+    """A handle whose result is (output, received_splits) whether or not splits were given."""
     dtype = _dtype(tensor)
     t, rows, row_elems = _rows(tensor)
     n = size()
@@ -615,16 +616,43 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
                                device=t.device))
         return (out[0], torch.tensor(received, dtype=torch.int32)), out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
-    h = _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
-                                          name, keep=(t,), device_copy=copy))
+    return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
+                                             name, keep=(t,), device_copy=copy))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    _check_process_set(process_set)
+    h = _alltoall_async(tensor, splits, name)
     return _register([h], lambda results: results[0] if splits is not None else results[0][0])
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """The gradient of an alltoall is the alltoall of the output's gradient back, with the
+    received splits as splits (as Horovod's)."""
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        _check_process_set(process_set)
+        output, received = synchronize(_register([_alltoall_async(tensor, splits, name)],
+                                                 lambda results: results[0]))
+        ctx.received = received
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *_received_grad):
+        grad, _ = synchronize(_register(
+            [_alltoall_async(grad_output.contiguous(), ctx.received, None)],
+            lambda results: results[0]))
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Scatters rows of tensor to the ranks (splits[j] rows to rank j; equal shares without
     splits) and gathers what they sent. Returns the received tensor, and with splits also the
-    received splits (as Horovod)."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    received splits (as Horovod). Differentiable."""
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average,
@@ -638,6 +666,7 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
     n, me = size(), rank()
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
+    _engine._check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
     integer_average = op == Average and dtype not in _lib.FLOATING
     c_op = Sum if integer_average else op
     if prescale_factor != 1.0:
@@ -666,12 +695,38 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
     return _register([h], finish, (t, out))
 
 
+class HorovodReducescatter(torch.autograd.Function):
+    """The gradient of a Sum reducescatter is the allgather of the shards' gradients (each
+    rank's input reaches every rank's shard); Average divides by size(), and the scale factors
+    multiply, as in Horovod."""
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, Compression.none, op,
+                                               global_process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("the gradient of reducescatter is implemented for Sum "
+                                      "and Average")
+        h, _ = _allgather_async(grad_output, None)
+        grad = synchronize(_register([h], lambda results: results[0]))
+        scale = ctx.scale / (size() if ctx.op == Average else 1)
+        if scale != 1.0:
+            grad = grad * scale
+        return grad, None, None, None, None
+
+
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """op over ranks of tensor, scattered on the first dimension: each rank gets rows // size
-    rows and the first rows % size ranks one more."""
-    return synchronize(reducescatter_async(tensor, name, compression, op, process_set,
-                                           prescale_factor, postscale_factor))
+    rows and the first rows % size ranks one more. Differentiable (Sum and Average)."""
+    _check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
 
 
 def barrier(process_set=global_process_set):

@@ -48,7 +48,10 @@ def init():
 
 
 def shutdown():
-    """Leaves the job after pending collectives finish. Safe when not initialized."""
+    """Leaves the job; safe when not initialized. Collectives still pending fail with an
+    error, as in Horovod (on the blocking path, RINGRUN_PY_ENGINE=0, what is already queued
+    runs first, each bounded by the collective timeout). Their handles stay usable: waiting
+    on one returns its result or raises its error."""
     global _initialized
     if not _initialized:
         return

@@ -96,10 +96,15 @@ class _Worker:
 
 _worker = None
 _worker_lock = threading.Lock()
+_timeout_ms = [60000]  # RINGRUN_TIMEOUT_MS, read at start() (ringrun_init has checked it)
 
 
 def start():
     global _worker
+    try:
+        _timeout_ms[0] = int(os.environ.get("RINGRUN_TIMEOUT_MS", "60000"))
+    except ValueError:
+        pass  # ringrun_init refuses it, naming the variable
     with _worker_lock:
         if _worker is None:
             _rounds[0] = 0
@@ -402,19 +407,30 @@ def barrier(name=None):
 class NativeHandle:
     """A libringrun handle; `finish(handle)` turns a successful completion into the result.
 
+    The C handle lives in `_holder` (a c_void_p that the submit call writes), which is
+    registered in `_live` with the buffers the collective uses before the call is made. So an
+    exception at any point (a signal raises at any bytecode) can leak a handle but never free
+    a buffer that a pending collective still reads or writes.
+
     Several threads may poll and wait on one handle: `_lock` makes one of them at a time call
     into the C handle, and the one that sees it complete runs `finish` and releases it."""
-    __slots__ = ("ptr", "name", "release_after", "_finish", "_keep", "_done", "_result",
-                 "_error", "_lock")
+    __slots__ = ("_holder", "name", "release_after", "_finish", "_keep", "_done", "_result",
+                 "_error", "_lock", "_bounded")
 
-    def __init__(self, ptr, name, finish, keep):
-        self.ptr, self.name, self._finish, self._keep = ptr, name, finish, keep
+    def __init__(self, holder, name, finish, keep, bounded=True):
+        self._holder = holder
+        self.name, self._finish, self._keep = name, finish, keep
         # Set by finish when device work enqueued on the caller's stream still reads memory
         # that the handle owns: an object whose query() is True once that work is done.
         self.release_after = None
         self._done = False
         self._result = self._error = None
         self._lock = threading.Lock()
+        self._bounded = bounded  # waits end at the collective timeout (not a join's)
+
+    @property
+    def ptr(self):
+        return self._holder.value
 
     def _complete(self, status):
         """Under _lock, once ringrun_test has returned `status` (not IN_PROGRESS)."""
@@ -426,24 +442,33 @@ class NativeHandle:
         else:
             msg = _lib.lib.ringrun_handle_message(self.ptr).decode("utf-8", "replace")
             self._error = _lib.RingrunError(msg or f"collective '{self.name}' failed ({status})")
-        ptr, self.ptr = self.ptr, None
+        holder, ptr = self._holder, self.ptr
         if self.release_after is not None:
             _release_when_done(ptr, self.release_after)
         else:
             _lib.lib.ringrun_release(ptr)
+        holder.value = None
+        _live.pop(id(holder), None)
         self.release_after = None
         self._keep = self._finish = None
         self._done = True
 
     def __del__(self):
         # Dropped before it completed (an interrupted wait, a synchronize that raised for
-        # another part of the same operation, or never waited on): the collective still runs
-        # and still reads and writes the buffers in _keep, so both stay until it is done.
-        if self.ptr is not None and _detached is not None:
-            _detached.append((self.ptr, self._keep))
+        # another part of the same operation, or never waited on): the collective still runs,
+        # and _live still holds its buffers. Parked here, it is released once done.
+        holder = getattr(self, "_holder", None)
+        if holder is not None and holder.value and _detached is not None:
+            _detached.append(holder)
 
 
-# Handles dropped while pending: (ptr, keep). Appended by NativeHandle.__del__, which may run
+# id(holder) -> (holder, keep) for every C handle from submission until it is released: the
+# buffers a pending collective reads and writes stay referenced whatever happens to its
+# NativeHandle. Entries whose NativeHandle never got made (an exception right after the C
+# call) stay until ringrun_shutdown: a leak, never a buffer freed under a collective.
+_live = {}
+
+# Holders of handles dropped while pending. Appended by NativeHandle.__del__, which may run
 # on any thread at any allocation (so no lock: deque.append and popleft are atomic); released
 # once ringrun_test says they are done (checked at each submission) or after ringrun_shutdown,
 # which fails whatever is still pending.
@@ -453,18 +478,22 @@ _detached = collections.deque()
 def _release_detached(everything=False):
     for _ in range(len(_detached)):
         try:
-            ptr, keep = _detached.popleft()
+            holder = _detached.popleft()
         except IndexError:
             return
-        if everything or _lib.lib.ringrun_test(ptr) != _lib.IN_PROGRESS:
-            _lib.lib.ringrun_release(ptr)
+        if everything or _lib.lib.ringrun_test(holder) != _lib.IN_PROGRESS:
+            _lib.lib.ringrun_release(holder)
+            holder.value = None
+            _live.pop(id(holder), None)
         else:
-            _detached.append((ptr, keep))
+            _detached.append(holder)
 
 
 def after_shutdown():
-    """Called once ringrun_shutdown has returned: nothing is pending any more."""
+    """Called once ringrun_shutdown has returned: nothing is pending any more, so the library
+    uses no buffer of ours."""
     _release_detached(everything=True)
+    _live.clear()
 
 
 # Handles whose device output is still read by a copy on a caller's stream: (ptr, waitable),
@@ -505,19 +534,22 @@ def _release_deferred(deadline_s=None):
         time.sleep(0.001)
 
 
-def _native_submit(what, call, name, finish=None, keep=()):
+def _native_submit(what, call, name, finish=None, keep=(), bounded=True):
     if _deferred:
         _release_deferred()
     if _detached:
         _release_detached()
-    h = ctypes.c_void_p()
-    status = call(ctypes.byref(h))
+    holder = ctypes.c_void_p()
+    _live[id(holder)] = (holder, keep)  # before the call: see NativeHandle
+    status = call(ctypes.byref(holder))
     if status != 0:
+        del _live[id(holder)]
         message = f"{what}: {_lib.error_message() or 'failed (%d)' % status}"
-        if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME):
+        if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME,
+                      _lib.ERR_NOT_INITIALIZED):
             raise ValueError(message)
         raise _lib.RingrunError(message)
-    return NativeHandle(h.value, name, finish, keep)
+    return NativeHandle(holder, name, finish, keep, bounded)
 
 
 def _native_poll(h):
@@ -538,6 +570,10 @@ def _native_poll(h):
 
 
 def _native_wait(h):
+    """Bounded by the collective timeout, as ringrun_wait: the handle then stays pending (and
+    may be waited on again). A join waits as long as the other ranks have data."""
+    timeout_ms = _timeout_ms[0]
+    end = time.monotonic() + timeout_ms / 1000 if h._bounded else None
     while not h._done:
         with h._lock:  # released between slices, so that pollers and other waiters get a turn
             if h._done:
@@ -546,7 +582,17 @@ def _native_wait(h):
             if status != _lib.IN_PROGRESS:
                 h._complete(status)
                 break
-            _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
+            slice_s = WAIT_SLICE_S
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    name = _lib.lib.ringrun_handle_name(h.ptr).decode("utf-8", "replace")
+                    raise _lib.RingrunError(
+                        f"'{name}' did not complete within {timeout_ms} ms (RINGRUN_TIMEOUT_MS); "
+                        "it is still pending (the stall inspector names the ranks that have "
+                        "not submitted it)")
+                slice_s = min(slice_s, left)
+            _lib.lib.ringrun_wait_for(h.ptr, max(1, int(slice_s * 1000)))
     if h._error is not None:
         raise h._error
     return h._result
@@ -584,11 +630,11 @@ def _native_broadcast(send, recv, count, dtype, root, name=None, keep=()):
         _name(name), recv, count, dtype, root, h), name, keep=keep)
 
 
-def _copy_output(h, dtype, alloc, device_copy):
-    """The handle's output into alloc's buffer. Device output (device_copy given) is copied by
-    device_copy(recv, data, nbytes), which returns what says when the copy is done; the handle
-    is released after it."""
-    n = _lib.lib.ringrun_size()
+def _copy_output(h, n, dtype, alloc, device_copy):
+    """The handle's output into alloc's buffer (n: the job's size at submission; the handle
+    stays valid after ringrun_shutdown, ringrun_size does not). Device output (device_copy
+    given) is copied by device_copy(recv, data, nbytes), which returns what says when the copy
+    is done; the handle is released after it."""
     rows = (ctypes.c_size_t * n)()
     _lib.check(_lib.lib.ringrun_handle_rows(h.ptr, rows, n), f"'{h.name}': rows")
     data, count = ctypes.c_void_p(), ctypes.c_size_t()
@@ -610,7 +656,8 @@ def _native_allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(),
     return _native_submit(
         f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h: _copy_output(h, dtype, alloc, device_copy), keep)
+        lambda h, n=_lib.lib.ringrun_size(): _copy_output(h, n, dtype, alloc, device_copy),
+        keep)
 
 
 def _native_alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(),
@@ -619,7 +666,7 @@ def _native_alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(),
     return _native_submit(
         f"alltoall '{name}'", lambda h: _lib.lib.ringrun_alltoall_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h: _copy_output(h, dtype, alloc, device_copy), (keep, rows))
+        lambda h, n=len(splits): _copy_output(h, n, dtype, alloc, device_copy), (keep, rows))
 
 
 def _native_reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
@@ -647,7 +694,8 @@ def _native_barrier(name=None):
 
 def _native_join(name=None):
     return _native_submit("join", _lib.lib.ringrun_join_submit, name,
-                          lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr))
+                          lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr),
+                          bounded=False)
 
 
 # ---- Waiting on any handle ------------------------------------------------------------------

@@ -106,7 +106,7 @@ def dtype_size(dtype):
 
 # ---- libringrun's engine: named, negotiated asynchronous collectives (ringrun.h "Handles") ---
 IN_PROGRESS = 100
-ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_JOINED = 1, 9, 11
+ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_NOT_INITIALIZED, ERR_JOINED = 1, 9, 10, 11
 HAS_ENGINE = hasattr(lib, "ringrun_allreduce_submit")
 if HAS_ENGINE:
     _hp = ctypes.POINTER(_vp)
@@ -116,6 +116,7 @@ if HAS_ENGINE:
         "ringrun_test": (_c_int, [_vp]),
         "ringrun_wait_for": (_c_int, [_vp, _c_int]),
         "ringrun_handle_message": (_cstr, [_vp]),
+        "ringrun_handle_name": (_cstr, [_vp]),
         "ringrun_handle_output": (_c_int, [_vp, ctypes.POINTER(_vp), _sizep]),
         "ringrun_handle_rows": (_c_int, [_vp, _sizep, _c_size]),
         "ringrun_handle_last_joined_rank": (_c_int, [_vp]),

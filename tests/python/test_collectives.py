@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import ringrun.torch as hvd
-from ringrun import _engine
+from ringrun import _engine, _lib
+from ringrun.torch import mpi_ops
 
 hvd.init()  # every rank runs this module's tests in the same order
 
@@ -440,3 +441,77 @@ def test_one_handle_from_several_threads():
     assert not errors, errors
     assert len(results) == 2 and results[0] is results[1]
     assert torch.equal(results[0], torch.full((4,), 4, dtype=torch.int32))
+
+
+def test_a_wait_ends_at_the_collective_timeout():
+    """A tensor that a peer has not submitted: the wait raises at RINGRUN_TIMEOUT_MS (here
+    300 ms) and the collective stays pending; it completes, into buffers that are still
+    there, once the peer submits it."""
+    if not _engine.USING_ENGINE or hvd.size() == 1:
+        pytest.skip("needs the engine and a peer")
+    if hvd.rank() == 0:
+        h = hvd.allreduce_async(torch.ones(4), name="late", op=hvd.Sum)
+        saved, _engine._timeout_ms[0] = _engine._timeout_ms[0], 300
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(hvd.HorovodInternalError,
+                               match="'late' did not complete within 300 ms"):
+                hvd.synchronize(h)
+        finally:
+            _engine._timeout_ms[0] = saved
+        assert time.monotonic() - t0 < 5
+        hvd.barrier()  # the peers submit "late" after this
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        out = hvd.synchronize(hvd.allreduce_async(torch.ones(4), name="late", op=hvd.Sum))
+        assert torch.equal(out, torch.full((4,), float(hvd.size())))
+        hvd.barrier()
+
+
+def test_an_exception_right_after_submission_keeps_the_buffers(monkeypatch):
+    """A signal can raise between the C submission's return and the making of its handle
+    (here: a KeyboardInterrupt from making the handle). The collective is pending on rank 0
+    and runs later, so its 64 MiB buffers must stay (freed, they would be unmapped)."""
+    if not _engine.USING_ENGINE or hvd.size() == 1:
+        pytest.skip("needs the engine and a peer")
+    big = 16 << 20
+    if hvd.rank() == 0:
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(_engine, "NativeHandle", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            hvd.allreduce_async(torch.ones(big), name="lost", op=hvd.Sum)
+        monkeypatch.undo()
+        gc.collect()
+        hvd.barrier()  # the peers submit "lost" after this
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        out = hvd.synchronize(hvd.allreduce_async(torch.ones(big), name="lost", op=hvd.Sum))
+        assert torch.equal(out[:8], torch.full((8,), float(hvd.size())))
+        hvd.barrier()
+
+
+def test_handles_stay_usable_after_shutdown_then_init_again():
+    """Last in this file: it shuts down. Completed handles give their results after
+    shutdown (finish must not ask the runtime for the job's size); a collective after it is a
+    ValueError, as before init(); init() joins again."""
+    n, r = hvd.size(), hvd.rank()
+    h1 = hvd.allgather_async(torch.full((r + 1,), r))
+    h2 = hvd.allreduce_async(torch.full((2,), 3, dtype=torch.int32), op=hvd.Average)
+    hvd.barrier()
+    for h in (h1, h2):  # completed in the library, not yet seen by Python
+        for native in mpi_ops._handle_map[h].handles:
+            if isinstance(native, _engine.NativeHandle):
+                while _lib.lib.ringrun_test(native.ptr) == _lib.IN_PROGRESS:
+                    time.sleep(0.001)
+            else:
+                native._done.wait()
+    hvd.shutdown()
+    assert hvd.synchronize(h1).tolist() == [q for q in range(n) for _ in range(q + 1)]
+    assert hvd.synchronize(h2).tolist() == [3, 3]
+    with pytest.raises(ValueError, match="not initialized"):
+        hvd.allreduce(torch.ones(2))
+    hvd.init()
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))

@@ -2,6 +2,7 @@
 the device-memory description handed to torch, byte views, device checks, and the deferred
 release of handles whose device output is still being copied. The CUDA collectives themselves
 are checked by tests/gpu/torch_cuda_check.py (scripts/gpu-check.sh)."""
+import ctypes
 import types
 
 import pytest
@@ -103,7 +104,7 @@ def test_handle_with_a_pending_copy_is_released_after_it(released):
     def finish(h):
         h.release_after = copy
         return "result"
-    h = _engine.NativeHandle(1234, "g", finish, keep=())
+    h = _engine.NativeHandle(ctypes.c_void_p(1234), "g", finish, keep=())
     h._complete(0)
     assert h._result == "result" and h.ptr is None and released == []
     assert _engine._release_deferred() == 1 and released == []
@@ -113,7 +114,7 @@ def test_handle_with_a_pending_copy_is_released_after_it(released):
 
 
 def test_handle_without_device_output_is_released_at_once(released):
-    h = _engine.NativeHandle(99, "a", lambda h: None, keep=())
+    h = _engine.NativeHandle(ctypes.c_void_p(99), "a", lambda h: None, keep=())
     h._complete(0)
     assert released == [99] and _engine._deferred == []
 
@@ -141,3 +142,16 @@ def test_cpu_collectives_unchanged_after_device_helpers():
     hvd.init()
     n = hvd.size()
     assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(n)))
+
+
+def test_grouped_allreduce_prepares_each_group_on_its_own(monkeypatch):
+    """A grouped allreduce of tensors on several devices is one submission per (dtype,
+    device): the one-device check and the stream ordering apply to each group, not to all."""
+    hvd.init()
+    calls = []
+    monkeypatch.setattr(mpi_ops, "_prepare_device", lambda *ts: calls.append(ts))
+    a, b, c = torch.ones(2), torch.ones(3, dtype=torch.float64), torch.ones(4)
+    outs = hvd.grouped_allreduce([a, b, c], op=hvd.Sum)
+    assert [len(ts) for ts in calls] == [4, 2]  # float32: a and c in and out; float64: b
+    assert calls[0][0] is a and calls[0][1] is c and calls[1][0] is b
+    assert all(torch.equal(o, t * hvd.size()) for o, t in zip(outs, (a, b, c)))

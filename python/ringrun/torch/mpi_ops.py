@@ -306,13 +306,14 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     _prepare_device(tensor, output)
     integer_average = op == Average and dtype not in _lib.FLOATING
     c_op = Sum if integer_average else op
+    n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
     h = _submit(lambda: _engine.allreduce(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
                                           dtype, c_op, name, float(prescale_factor),
                                           float(postscale_factor), keep=(tensor, output)))
 
     def finish(_):
         if integer_average:
-            output.copy_(torch.div(output, size(), rounding_mode="floor"))
+            output.copy_(torch.div(output, n, rounding_mode="floor"))
         return output
     return _register([h], finish, (tensor, output))
 
@@ -388,9 +389,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                              f"{t.device}")
         inputs.append(t.contiguous())
         keys.append((d, str(t.device)))
-    _prepare_device(*inputs, *outputs)
+    n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
     handles, integer = [], []
     for (d, _), idx, group_name in _groups(keys, name):
+        _prepare_device(*[inputs[i] for i in idx], *[outputs[i] for i in idx])  # one device
         integer_average = op == Average and d not in _lib.FLOATING
         if integer_average:
             integer.extend(idx)
@@ -401,7 +403,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
 
     def finish(_):
         for i in integer:
-            outputs[i].copy_(torch.div(outputs[i], size(), rounding_mode="floor"))
+            outputs[i].copy_(torch.div(outputs[i], n, rounding_mode="floor"))
         return list(outputs)
     return _register(handles, finish, (inputs, outputs))
 

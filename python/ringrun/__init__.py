@@ -12,6 +12,11 @@ import atexit
 import os
 import pickle
 
+try:  # as Horovod: cloudpickle pickles lambdas and local classes; pickle reads its output
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
+
 import numpy as np
 
 from ringrun import _engine, _lib
@@ -247,23 +252,60 @@ def join():
     return _engine.wait(_engine.join())
 
 
+def _pickle(obj):
+    """(bytes, None), or (None, why) when obj cannot be pickled. cloudpickle, when installed,
+    takes what pickle cannot (lambdas, local classes), as in Horovod."""
+    try:
+        return (_pickler.dumps(obj), None)
+    except Exception as e:  # noqa: B902 - every rank must learn of it, not only this one
+        return (None, f"{type(e).__name__}: {e}")
+
+
 def broadcast_object(obj, root_rank=0, name=None):
-    """root_rank's obj (pickled), on every rank."""
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if rank() == root_rank else None
-    length = np.array([payload.size if payload is not None else 0], np.int64)
+    """root_rank's obj (pickled), on every rank. If root cannot pickle it, every rank raises
+    (root its own error, the others RingrunError naming it) instead of waiting on root."""
+    me = rank()
+    data, why = _pickle(obj) if me == root_rank else (None, None)
+    if data is not None:
+        payload = np.frombuffer(data, np.uint8)
+    elif why is not None:
+        payload = np.frombuffer(why.encode("utf-8", "replace"), np.uint8)
+    else:
+        payload = None
+    # The size, negative when what follows is root's error message.
+    length = np.array([0 if payload is None else (payload.size if why is None
+                                                  else -payload.size)], np.int64)
     length = broadcast_(length, root_rank, name=f"{name}.sz" if name else None)
-    buf = payload.copy() if payload is not None else np.empty(int(length[0]), np.uint8)
+    n = int(length[0])
+    buf = payload.copy() if payload is not None else np.empty(abs(n), np.uint8)
     broadcast_(buf, root_rank, name=f"{name}.t" if name else None)
-    return obj if rank() == root_rank else pickle.loads(buf.tobytes())
+    if n < 0:
+        if me == root_rank:
+            _pickler.dumps(obj)  # raises root's own error, with its traceback
+        raise RingrunError(f"broadcast_object: rank {root_rank} could not pickle the object: "
+                           f"{buf.tobytes().decode('utf-8', 'replace')}")
+    return obj if me == root_rank else pickle.loads(buf.tobytes())
 
 
 def allgather_object(obj, name=None):
-    """A list of every rank's obj (pickled), in rank order."""
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8)
-    sizes = allgather(np.array([payload.size], np.int64), name=f"{name}.sz" if name else None)
-    data = allgather(payload, name=f"{name}.t" if name else None)
-    out, off = [], 0
-    for s in sizes:
-        out.append(pickle.loads(data[off:off + s].tobytes()))
-        off += s
-    return out
+    """A list of every rank's obj (pickled), in rank order. If a rank cannot pickle its obj,
+    every rank raises, naming it."""
+    data, why = _pickle(obj)
+    failed = data is None
+    payload = np.frombuffer(why.encode("utf-8", "replace") if failed else data, np.uint8)
+    sizes = allgather(np.array([-payload.size if failed else payload.size], np.int64),
+                      name=f"{name}.sz" if name else None)
+    gathered = allgather(payload, name=f"{name}.t" if name else None)
+    out, errors, off = [], [], 0
+    for q, s in enumerate(sizes.tolist()):
+        chunk = gathered[off:off + abs(s)].tobytes()
+        off += abs(s)
+        if s < 0:
+            errors.append(f"rank {q}: {chunk.decode('utf-8', 'replace')}")
+        else:
+            out.append(chunk)
+    if errors:
+        if failed:
+            _pickler.dumps(obj)  # this rank's own error, with its traceback
+        raise RingrunError("allgather_object: could not pickle the object on " + "; ".join(errors))
+    return [pickle.loads(c) for c in out]

@@ -126,7 +126,21 @@ def collectives(where):
     same(f"{where} allreduce autograd", a.grad, n)
     a = produced(1.0, (r + 1, 2), torch.float32).requires_grad_()
     hvd.allgather(a).sum().backward()
-    same(f"{where} allgather autograd", a.grad, n)
+    same(f"{where} allgather autograd", a.grad, 1.0)  # averaged, as Horovod's
+
+    # one group per device: host and device tensors in one grouped allreduce
+    mixed = hvd.grouped_allreduce([produced(r + 1, (5,), torch.float32),
+                                   torch.full((3,), float(r + 1))], op=hvd.Sum)
+    same(f"{where} grouped_allreduce cpu+cuda (cuda)", mixed[0], tri)
+    same(f"{where} grouped_allreduce cpu+cuda (cpu)", mixed[1], tri)
+
+    # SyncBatchNorm on the device against BatchNorm2d on the whole batch (CPU)
+    torch.manual_seed(5)
+    whole = torch.randn(4 * n, 3, 4, 4)
+    sbn, bn = hvd.SyncBatchNorm(3).to(dev), torch.nn.BatchNorm2d(3)
+    mine = whole[4 * r:4 * (r + 1)].to(dev)
+    same(f"{where} SyncBatchNorm forward", sbn(mine), bn(whole)[4 * r:4 * (r + 1)].detach(), 1e-4)
+    same(f"{where} SyncBatchNorm running_mean", sbn.running_mean, bn.running_mean, 1e-5)
     hvd.barrier()
 
 
@@ -160,7 +174,27 @@ def train(compression, predivide):
              1e-5 if compression is hvd.Compression.none else 2e-3)
 
 
+def optimizer_state_stays_on_each_ranks_device():
+    """Adam's moments on CUDA, broadcast from rank 0: they arrive on each rank's own device."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    model(torch.ones(2, 8, device=dev)).sum().backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for p in model.parameters():
+        for name in ("exp_avg", "exp_avg_sq"):
+            checked[0] += 1
+            if opt.state[p][name].device != p.device:
+                failures.append(f"broadcast_optimizer_state: {name} on "
+                                f"{opt.state[p][name].device}, its parameter on {p.device}")
+    checked[0] += 1
+    if opt.param_groups[0]["lr"] != 0.01:
+        failures.append(f"broadcast_optimizer_state: lr {opt.param_groups[0]['lr']}, want 0.01")
+
+
 side = torch.cuda.Stream(device=dev)
+optimizer_state_stays_on_each_ranks_device()
 collectives("default stream")
 with torch.cuda.stream(side):
     collectives("side stream")

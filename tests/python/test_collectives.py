@@ -268,6 +268,25 @@ def test_objects_and_parameters():
     assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
 
 
+def test_an_object_that_cannot_be_pickled_fails_on_every_rank():
+    """Not a wait on the rank that failed until the timeout: every rank raises at once."""
+    t0 = time.monotonic()
+    if hvd.rank() == 0:
+        with pytest.raises(Exception, match="lambda|local object"):
+            hvd.broadcast_object(lambda x: x, root_rank=0)
+    else:
+        with pytest.raises(hvd.HorovodInternalError, match="rank 0 could not pickle"):
+            hvd.broadcast_object(None, root_rank=0)
+    last = hvd.size() - 1
+    obj = (lambda x: x) if hvd.rank() == last else hvd.rank()
+    # the failing rank raises its own error; the others name it
+    with pytest.raises(Exception, match="lambda|local object" if hvd.rank() == last
+                       else f"rank {last}: .*(lambda|local object)"):
+        hvd.allgather_object(obj)
+    assert time.monotonic() - t0 < 10
+    assert hvd.broadcast_object({"after": 1}, root_rank=0) == {"after": 1}
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_broadcast_optimizer_state(kind):
     torch.manual_seed(0)

@@ -219,3 +219,109 @@ def test_constructor_errors():
         hvd.DistributedOptimizer(sgd, named_parameters=named[:1])
     with pytest.raises(ValueError, match="tuples"):
         hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])
+
+
+def one_step_on_the_whole_batch(s):
+    """make_opt's model after one plain SGD step on batch s, in one process."""
+    ref = make_model()
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = data(s)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    sgd.step()
+    return ref
+
+
+def test_synchronize_skipped_step_then_a_new_backward_is_reduced():
+    """synchronize(), no step (e.g. a gradient norm that was too large), then an ordinary
+    backward and step(): that step waits for and uses the new averaged gradients."""
+    model, opt = make_opt()
+    backward(model)
+    opt.synchronize()
+    opt.zero_grad()
+    backward(model, 1)
+    opt.step()
+    assert_same(model, one_step_on_the_whole_batch(1), 1e-5)
+    opt.zero_grad()  # nothing left pending
+
+
+def test_step_with_a_closure_uses_averaged_gradients():
+    model, opt = make_opt()
+
+    def closure():
+        opt.zero_grad()
+        x, y = data(2)
+        loss = nn.functional.cross_entropy(model(shard(x)), shard(y))
+        loss.backward()
+        return loss
+    loss = opt.step(closure)
+    assert loss is not None and loss.requires_grad
+    assert_same(model, one_step_on_the_whole_batch(2), 1e-5)
+
+
+def test_load_state_dict_and_set_backward_passes_per_step_forget_pending_passes():
+    model, opt = make_opt(backward_passes_per_step=2)
+    saved = opt.state_dict()
+    backward(model)
+    opt.load_state_dict(saved)  # a rollback, as Horovod's: the pass above is forgotten
+    opt.zero_grad()
+    opt.set_backward_passes_per_step(1)
+    assert opt.backward_passes_per_step == 1
+    backward(model)
+    opt.step()
+    with pytest.raises(ValueError, match="must be > 0"):
+        opt.set_backward_passes_per_step(0)
+
+
+def test_broadcast_optimizer_state_keeps_the_wrapped_optimizers_groups():
+    """An LR scheduler made on the wrapped optimizer must keep steering the distributed one on
+    every rank after broadcast_optimizer_state (Horovod sets values in place)."""
+    model = make_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1 * (hvd.rank() + 1), momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert opt.param_groups[0] is base.param_groups[0]
+    backward(model)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert hvd.allgather_object(opt.param_groups[0]["lr"]) == [pytest.approx(0.05)] * hvd.size()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "sparse_adam"])
+def test_sparse_gradients_as_dense(kind):
+    """An Embedding(sparse=True): reduced dense (sparse_as_dense=True), handed back sparse, as
+    Horovod does; the result matches one process on the whole batch."""
+    def make():
+        torch.manual_seed(3)
+        return nn.Embedding(10, 4, sparse=True)
+
+    def optimizer(m):
+        if kind == "sgd":
+            return torch.optim.SGD(m.parameters(), lr=0.5)
+        return torch.optim.SparseAdam(list(m.parameters()), lr=0.1)
+    idx = torch.arange(2 * hvd.size()) % 10
+    ref = make()
+    ropt = optimizer(ref)
+    dist = make()
+    opt = hvd.DistributedOptimizer(optimizer(dist), named_parameters=dist.named_parameters(),
+                                   sparse_as_dense=True)
+    for step in range(3):
+        ropt.zero_grad()
+        (ref(idx) * (step + 1)).sum().div(idx.numel()).backward()
+        ropt.step()
+        opt.zero_grad()
+        mine = idx[2 * hvd.rank():2 * hvd.rank() + 2]
+        (dist(mine) * (step + 1)).sum().div(mine.numel()).backward()
+        opt.synchronize()
+        assert dist.weight.grad.is_sparse
+        with opt.skip_synchronize():
+            opt.step()
+    assert torch.allclose(dist.weight, ref.weight, atol=1e-6)
+    plain = make()
+    hooked = hvd.DistributedOptimizer(torch.optim.SGD(plain.parameters(), lr=0.5),
+                                      named_parameters=plain.named_parameters())
+    with pytest.raises(NotImplementedError, match="sparse_as_dense=True"):
+        plain(idx[:2]).sum().backward()  # raised by the hook that starts the bucket
+    assert not hooked.sparse_as_dense

@@ -32,9 +32,27 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     step counts) equal to root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state")
+    sd = None
+    if ringrun.rank() == root_rank:
+        # State tensors travel on the host: unpickled CUDA tensors would be made on root's
+        # device index on every rank. load_state_dict moves them to each parameter's device.
+        sd = optimizer.state_dict()
+        sd = dict(sd, state={k: {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in v.items()}
+                             for k, v in sd["state"].items()})
+    state = broadcast_object(sd, root_rank, name="optimizer_state")
     if ringrun.rank() != root_rank:
+        # load_state_dict makes new param_group dicts and a new state dict. Horovod sets the
+        # values in place, and programs rely on it: a DistributedOptimizer shares its group
+        # dicts with the optimizer it wraps, so an LR scheduler made on that one would then
+        # change the learning rate on the root only. Keep the old objects, with new contents.
+        old_groups, old_state = optimizer.param_groups, optimizer.state
         optimizer.load_state_dict(state)
+        for old, new in zip(old_groups, optimizer.param_groups):
+            old.update({k: v for k, v in new.items() if k != "params"})
+        new_state = optimizer.state
+        old_state.clear()
+        old_state.update(new_state)
+        optimizer.param_groups, optimizer.state = old_groups, old_state
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=mpi_ops.global_process_set):

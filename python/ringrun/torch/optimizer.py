@@ -40,6 +40,7 @@ class _Bucket:
         self.handle = None
         self.wire = None
         self.ctx = None
+        self.sparse = {}  # p -> sparse_dim, for gradients that arrived sparse (sparse_as_dense)
 
 
 def _auto_buckets(params, cap):
@@ -172,6 +173,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         "gradients locally.")
                 self._allreduce_delay[p] -= 1
                 self._stepped_without_backward = False
+                self._synchronized = False  # new gradients: the next step() reduces them
                 if self._allreduce_delay[p] == 0:
                     b = self._bucket_of[p]
                     b.ready += 1
@@ -192,11 +194,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if g is None:
                 view.zero_()
                 p.grad = view
+            elif g.is_sparse:  # before data_ptr(): a sparse tensor has none
+                if not self.sparse_as_dense:
+                    raise NotImplementedError("sparse gradients: pass sparse_as_dense=True to "
+                                              "DistributedOptimizer")
+                b.sparse[p] = g.sparse_dim()
+                view.copy_(g.to_dense())
+                p.grad = view
             elif g.data_ptr() != view.data_ptr():
-                if g.is_sparse:
-                    if not self.sparse_as_dense:
-                        raise NotImplementedError("sparse gradients: pass sparse_as_dense=True")
-                    g = g.to_dense()
                 view.copy_(g)
                 p.grad = view
         wire, ctx = self._compression.compress(b.flat)
@@ -231,6 +236,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                                        torch.int32, torch.int64):
                         b.flat.copy_(torch.div(b.flat, mpi_ops.size(), rounding_mode="floor"))
                     b.wire = b.ctx = None
+                    # Horovod's sparse_as_dense: reduced dense, handed back sparse (SparseAdam
+                    # and other sparse-only optimizers refuse a dense gradient).
+                    for p, sparse_dim in b.sparse.items():
+                        p.grad = b.views[p].to_sparse(sparse_dim)
+                    b.sparse = {}
         finally:
             with self._lock:
                 for b in self._buckets:
@@ -253,7 +263,43 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bpps = self.backward_passes_per_step
         return any(d != bpps for d in self._allreduce_delay.values())
 
+    def _reset(self):
+        """Waits for the buckets in flight (their allreduces are on the wire and write the
+        buckets) and forgets the backward passes counted so far."""
+        try:
+            for b in self._buckets:
+                if b.handle is not None:
+                    h, b.handle = b.handle, None
+                    mpi_ops._internal(lambda: _engine.wait(h))
+        finally:
+            with self._lock:
+                for b in self._buckets:
+                    b.ready, b.wire, b.ctx, b.sparse = 0, None, None, {}
+                for p in self._allreduce_delay:
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                self._next_launch = 0
+            self._synchronized = False
+            self._stepped_without_backward = False
+
+    def set_backward_passes_per_step(self, passes):
+        """As Horovod's: a new number of local passes per step, counted from now."""
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+        self._reset()
+
+    def load_state_dict(self, *args, **kwargs):
+        """As Horovod's: a rollback also forgets the gradients of passes since the last step."""
+        self._reset()
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            # Before synchronize: the closure's backward produces the gradients that this step
+            # averages (torch's optimizers would run it inside their step, after it).
+            with torch.enable_grad():
+                loss = closure()
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -268,7 +314,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self.synchronize()
         self._synchronized = False
         self._stepped_without_backward = True
-        return super(self.__class__, self).step(closure)
+        out = super(self.__class__, self).step()
+        return loss if closure is not None else out
 
     def zero_grad(self, *args, **kwargs):
         if self._pending():

@@ -49,7 +49,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         c = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
         x = input.to(torch.float64) if input.dtype != torch.float64 else input
-        count = torch.tensor([input.numel() // c], dtype=torch.float64)
+        count = torch.tensor([input.numel() // c], dtype=torch.float64, device=input.device)
         stats = torch.cat([count, x.sum(dims), (x * x).sum(dims)])
         stats = mpi_ops.allreduce(stats, op=mpi_ops.Sum, name=None)
         n = stats[0]

@@ -121,8 +121,13 @@ def _as_array(x, writable=False):
         except TypeError:
             arr = np.asarray(x)
         else:
-            arr = np.frombuffer(view.cast("B"), dtype=np.dtype(view.format)).reshape(view.shape) \
-                if view.ndim else np.frombuffer(view.cast("B"), dtype=np.dtype(view.format))
+            if not view.c_contiguous:  # a strided view: numpy follows its strides
+                arr = np.asarray(view)
+            elif view.ndim:
+                arr = np.frombuffer(view.cast("B"), dtype=np.dtype(view.format)).reshape(
+                    view.shape)
+            else:
+                arr = np.frombuffer(view.cast("B"), dtype=np.dtype(view.format))
     if arr.dtype not in _NP_DTYPES:
         supported = ", ".join(str(d) for d in _NP_DTYPES)
         raise TypeError(f"ringrun: dtype {arr.dtype} is not supported (supported: {supported})")

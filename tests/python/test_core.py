@@ -53,6 +53,10 @@ def test_buffer_protocol():
     ringrun.broadcast_(buf, root_rank=0)
     assert buf == bytearray([0, 7])
     assert ringrun.allreduce(memoryview(b"\x01\x02"), op=ringrun.Sum).tolist() == [n, 2 * n]
+    strided = memoryview(bytearray([1, 9, 2, 9]))[::2]  # not contiguous: copied
+    assert ringrun.allreduce(strided, op=ringrun.Sum).tolist() == [n, 2 * n]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ringrun.allreduce_(strided)
 
 
 def test_objects():

@@ -13,8 +13,9 @@ When libringrun's engine (named, negotiated handles) is available, this module i
 that changes: the functions below keep their signatures.
 
 Waiting: wait() sleeps on the handle in slices of WAIT_SLICE_S with the GIL released, so that
-SIGINT (Ctrl-C) raises KeyboardInterrupt in the waiting thread; the C call itself is bounded
-by the collective timeout (RINGRUN_TIMEOUT_MS).
+SIGINT (Ctrl-C) raises KeyboardInterrupt in the waiting thread. On the blocking path the C
+call is bounded by the collective timeout (RINGRUN_TIMEOUT_MS); with the engine a wait lasts
+until the collective completes or fails, as in Horovod (see _native_wait).
 """
 import collections
 import os
@@ -96,15 +97,10 @@ class _Worker:
 
 _worker = None
 _worker_lock = threading.Lock()
-_timeout_ms = [60000]  # RINGRUN_TIMEOUT_MS, read at start() (ringrun_init has checked it)
 
 
 def start():
     global _worker
-    try:
-        _timeout_ms[0] = int(os.environ.get("RINGRUN_TIMEOUT_MS", "60000"))
-    except ValueError:
-        pass  # ringrun_init refuses it, naming the variable
     with _worker_lock:
         if _worker is None:
             _rounds[0] = 0
@@ -415,9 +411,9 @@ class NativeHandle:
     Several threads may poll and wait on one handle: `_lock` makes one of them at a time call
     into the C handle, and the one that sees it complete runs `finish` and releases it."""
     __slots__ = ("_holder", "name", "release_after", "_finish", "_keep", "_done", "_result",
-                 "_error", "_lock", "_bounded")
+                 "_error", "_lock")
 
-    def __init__(self, holder, name, finish, keep, bounded=True):
+    def __init__(self, holder, name, finish, keep):
         self._holder = holder
         self.name, self._finish, self._keep = name, finish, keep
         # Set by finish when device work enqueued on the caller's stream still reads memory
@@ -426,7 +422,6 @@ class NativeHandle:
         self._done = False
         self._result = self._error = None
         self._lock = threading.Lock()
-        self._bounded = bounded  # waits end at the collective timeout (not a join's)
 
     @property
     def ptr(self):
@@ -442,13 +437,14 @@ class NativeHandle:
         else:
             msg = _lib.lib.ringrun_handle_message(self.ptr).decode("utf-8", "replace")
             self._error = _lib.RingrunError(msg or f"collective '{self.name}' failed ({status})")
+        # Forgotten before it is freed: a signal raising in between leaks it, never frees twice.
         holder, ptr = self._holder, self.ptr
+        holder.value = None
+        _live.pop(id(holder), None)
         if self.release_after is not None:
             _release_when_done(ptr, self.release_after)
         else:
             _lib.lib.ringrun_release(ptr)
-        holder.value = None
-        _live.pop(id(holder), None)
         self.release_after = None
         self._keep = self._finish = None
         self._done = True
@@ -481,10 +477,12 @@ def _release_detached(everything=False):
             holder = _detached.popleft()
         except IndexError:
             return
+        if not holder.value:
+            continue  # parked twice (by a __del__ and by _native_submit) and released once
         if everything or _lib.lib.ringrun_test(holder) != _lib.IN_PROGRESS:
-            _lib.lib.ringrun_release(holder)
-            holder.value = None
+            ptr, holder.value = holder.value, None  # forgotten first, as in _complete
             _live.pop(id(holder), None)
+            _lib.lib.ringrun_release(ptr)
         else:
             _detached.append(holder)
 
@@ -534,22 +532,30 @@ def _release_deferred(deadline_s=None):
         time.sleep(0.001)
 
 
-def _native_submit(what, call, name, finish=None, keep=(), bounded=True):
+def _native_submit(what, call, name, finish=None, keep=()):
     if _deferred:
         _release_deferred()
     if _detached:
         _release_detached()
     holder = ctypes.c_void_p()
     _live[id(holder)] = (holder, keep)  # before the call: see NativeHandle
-    status = call(ctypes.byref(holder))
-    if status != 0:
-        del _live[id(holder)]
-        message = f"{what}: {_lib.error_message() or 'failed (%d)' % status}"
-        if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME,
-                      _lib.ERR_NOT_INITIALIZED):
-            raise ValueError(message)
-        raise _lib.RingrunError(message)
-    return NativeHandle(holder, name, finish, keep, bounded)
+    try:
+        status = call(ctypes.byref(holder))
+        if status == 0:
+            return NativeHandle(holder, name, finish, keep)
+    except BaseException:
+        # Raised before the C call (a bad argument), or after it (a signal): nothing to keep,
+        # or a collective that runs on, parked until it is done.
+        if holder.value:
+            _detached.append(holder)
+        else:
+            _live.pop(id(holder), None)
+        raise
+    del _live[id(holder)]
+    message = f"{what}: {_lib.error_message() or 'failed (%d)' % status}"
+    if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME, _lib.ERR_NOT_INITIALIZED):
+        raise ValueError(message)
+    raise _lib.RingrunError(message)
 
 
 def _native_poll(h):
@@ -570,10 +576,10 @@ def _native_poll(h):
 
 
 def _native_wait(h):
-    """Bounded by the collective timeout, as ringrun_wait: the handle then stays pending (and
-    may be waited on again). A join waits as long as the other ranks have data."""
-    timeout_ms = _timeout_ms[0]
-    end = time.monotonic() + timeout_ms / 1000 if h._bounded else None
+    """As Horovod's: until the collective completes or fails. A tensor that some rank has not
+    submitted is no failure (that rank may be evaluating or saving a checkpoint): the stall
+    inspector warns, naming it, and with RINGRUN_STALL_SHUTDOWN_SECONDS ends the job. A dead
+    peer or a transfer that stops fails it, within RINGRUN_TIMEOUT_MS."""
     while not h._done:
         with h._lock:  # released between slices, so that pollers and other waiters get a turn
             if h._done:
@@ -582,17 +588,7 @@ def _native_wait(h):
             if status != _lib.IN_PROGRESS:
                 h._complete(status)
                 break
-            slice_s = WAIT_SLICE_S
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    name = _lib.lib.ringrun_handle_name(h.ptr).decode("utf-8", "replace")
-                    raise _lib.RingrunError(
-                        f"'{name}' did not complete within {timeout_ms} ms (RINGRUN_TIMEOUT_MS); "
-                        "it is still pending (the stall inspector names the ranks that have "
-                        "not submitted it)")
-                slice_s = min(slice_s, left)
-            _lib.lib.ringrun_wait_for(h.ptr, max(1, int(slice_s * 1000)))
+            _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
     if h._error is not None:
         raise h._error
     return h._result
@@ -694,8 +690,7 @@ def _native_barrier(name=None):
 
 def _native_join(name=None):
     return _native_submit("join", _lib.lib.ringrun_join_submit, name,
-                          lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr),
-                          bounded=False)
+                          lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr))
 
 
 # ---- Waiting on any handle ------------------------------------------------------------------

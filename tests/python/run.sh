@@ -4,6 +4,7 @@
 #   pytest FILE NP   run tests/python/FILE.py with pytest on every rank of `ringrun -np NP`
 #   interrupt        Ctrl-C (SIGINT) during a collective's wait raises KeyboardInterrupt at once,
 #                    and the rank can go on (the abandoned collective keeps its buffers)
+#   late_peer        a peer later than RINGRUN_TIMEOUT_MS is waited for (engine path)
 #   rank_raises      a rank raising mid-training ends the job with its exit code and traceback
 #   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
 #   install          cmake --install, then import ringrun.torch from a new shell, system-wide
@@ -30,6 +31,11 @@ interrupt)
   awk -v s="$secs" 'BEGIN { exit !(s < 2.0) }' || fail "KeyboardInterrupt came after $secs s"
   grep -q 'went on: \[6.0, 6.0, 6.0, 6.0\]' <<<"$out" || fail "rank 0 did not go on: $out"
   echo "interrupted after $secs s, then went on" ;;
+late_peer)
+  # RINGRUN_TIMEOUT_MS below the peer's lateness: waits with the engine are not bounded by it.
+  out=$(RINGRUN_TIMEOUT_MS=500 timeout 60 "$BIN/ringrun" -np 2 $PY "$here/late_peer.py" 2>&1) || fail "$out"
+  [[ $(grep -c 'rank 0 waited' <<<"$out") == 2 ]] || fail "$out"
+  echo "$out" ;;
 rank_raises)
   start=$(date +%s)
   timeout 60 "$BIN/ringrun" -np 2 $PY "$here/raise_mid_training.py" >"$WORK/out" 2>&1

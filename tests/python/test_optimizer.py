@@ -266,7 +266,11 @@ def test_load_state_dict_and_set_backward_passes_per_step_forget_pending_passes(
     opt.zero_grad()
     opt.set_backward_passes_per_step(1)
     assert opt.backward_passes_per_step == 1
+    backward(model)  # at 1 pass per step: every bucket starts
+    opt.set_backward_passes_per_step(2)  # waits for them, then counts afresh
+    opt.zero_grad()
     backward(model)
+    backward(model, 1)
     opt.step()
     with pytest.raises(ValueError, match="must be > 0"):
         opt.set_backward_passes_per_step(0)

@@ -32,14 +32,18 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     step counts) equal to root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    sd = None
+    msg = None
     if ringrun.rank() == root_rank:
         # State tensors travel on the host: unpickled CUDA tensors would be made on root's
-        # device index on every rank. load_state_dict moves them to each parameter's device.
+        # device index on every rank. load_state_dict moves them to each parameter's device,
+        # except "step", which the receivers move back to the device (capturable Adam).
         sd = optimizer.state_dict()
+        on_device = sorted((k, n) for k, v in sd["state"].items() for n, t in v.items()
+                           if torch.is_tensor(t) and t.is_cuda)
         sd = dict(sd, state={k: {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in v.items()}
                              for k, v in sd["state"].items()})
-    state = broadcast_object(sd, root_rank, name="optimizer_state")
+        msg = (sd, on_device)
+    state, on_device = broadcast_object(msg, root_rank, name="optimizer_state")
     if ringrun.rank() != root_rank:
         # load_state_dict makes new param_group dicts and a new state dict. Horovod sets the
         # values in place, and programs rely on it: a DistributedOptimizer shares its group
@@ -53,6 +57,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         old_state.clear()
         old_state.update(new_state)
         optimizer.param_groups, optimizer.state = old_groups, old_state
+        params = [p for g in optimizer.param_groups for p in g["params"]]  # state_dict's ids
+        for k, n in on_device:
+            t = optimizer.state[params[k]][n]
+            if torch.is_tensor(t) and not t.is_cuda and params[k].is_cuda:
+                optimizer.state[params[k]][n] = t.to(params[k].device)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=mpi_ops.global_process_set):

@@ -460,8 +460,8 @@ class NativeHandle:
 
 # id(holder) -> (holder, keep) for every C handle from submission until it is released: the
 # buffers a pending collective reads and writes stay referenced whatever happens to its
-# NativeHandle. Entries whose NativeHandle never got made (an exception right after the C
-# call) stay until ringrun_shutdown: a leak, never a buffer freed under a collective.
+# NativeHandle. A handle whose NativeHandle never got made (an exception right after the C
+# call) is parked in _detached by _native_submit and released like a dropped one.
 _live = {}
 
 # Holders of handles dropped while pending. Appended by NativeHandle.__del__, which may run

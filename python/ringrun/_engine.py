@@ -20,6 +20,7 @@ until the collective completes or fails, as in Horovod (see _native_wait).
 import collections
 import os
 import ctypes
+import struct
 import threading
 import time
 
@@ -137,16 +138,20 @@ def _worker_wait(h):
 
 # ---- Join and the control round ------------------------------------------------------------
 # Without the engine's negotiation, join needs every collective to announce itself: before each
-# one, all ranks allreduce (MAX) a small descriptor [joined, kind, count, dtype, op, mark] and
-# its negation. A joined rank learns what the others run and takes part (zeros for allreduce);
-# the active ranks learn that someone joined, and that every active rank submitted the same
-# collective (max == -min of each field), so that a mismatch is an error, not a wrong result.
-# One 96-byte allreduce per collective: a few microseconds on shared memory.
+# one, all ranks allreduce (MAX) a small descriptor [joined, kind, count, dtype, op, the two
+# scale factors' bits, mark] and its negation. A joined rank learns what the others run and
+# takes part (zeros for allreduce); the active ranks learn that someone joined, and that every
+# active rank submitted the same collective (max == -min of each field), so that a mismatch is
+# an error, not a wrong result. One 160-byte allreduce per collective: a few microseconds on
+# shared memory.
 
 _ALLREDUCE, _BROADCAST, _ALLGATHER, _ALLTOALL, _REDUCESCATTER, _BARRIER = range(1, 7)
 _KIND_NAMES = {_ALLREDUCE: "allreduce", _BROADCAST: "broadcast", _ALLGATHER: "allgather",
                _ALLTOALL: "alltoall", _REDUCESCATTER: "reducescatter", _BARRIER: "barrier"}
-_FIELDS = 6
+_FIELDS = 10  # joined, kind, count, dtype, op, prescale (2 fields), postscale (2), mark
+_COMPARED = ((1, "collective"), (2, "element count"), (3, "dtype"), (4, "op"),
+             (5, "prescale factor"), (6, "prescale factor"), (7, "postscale factor"),
+             (8, "postscale factor"))
 _LOW = -(1 << 62)
 _rounds = [0]  # control rounds since start(); the worker thread is the only user
 
@@ -159,17 +164,37 @@ def _control_round(values):
     return list(msg)
 
 
-def _announce(kind, count, dtype, op, name):
+def _bits(factor):
+    """A scale factor's IEEE bits as two non-negative fields (so that negating them is exact)."""
+    b = struct.unpack("<Q", struct.pack("<d", float(factor)))[0]
+    return [b >> 32, b & 0xFFFFFFFF]
+
+
+def _factor(hi, lo):
+    return struct.unpack("<d", struct.pack("<Q", (hi << 32) | lo))[0]
+
+
+def _shown(m, i, field):
+    """Field i of the round's maximum and minimum, as the user wrote them."""
+    if field.endswith("factor"):
+        first = i - (i - 5) % 2
+        return (_factor(m[first], m[first + 1]),
+                _factor(-m[_FIELDS + first], -m[_FIELDS + first + 1]))
+    return m[i], -m[_FIELDS + i]
+
+
+def _announce(kind, count, dtype, op, name, prescale=1.0, postscale=1.0):
     """Runs before every collective of an active rank (worker thread)."""
     if _lib.lib.ringrun_size() <= 1:
         return
-    m = _control_round([0, kind, count, dtype, op, _LOW])
+    m = _control_round([0, kind, count, dtype, op, *_bits(prescale), *_bits(postscale), _LOW])
     what = f"{_KIND_NAMES[kind]} '{name}'"
-    for i, field in ((1, "collective"), (2, "element count"), (3, "dtype"), (4, "op")):
+    for i, field in _COMPARED:
         if m[i] != -m[_FIELDS + i]:
+            high, low = _shown(m, i, field)
             raise _lib.RingrunError(
                 f"{what}: ranks submitted different collectives ({field} differs: "
-                f"{m[i]} against {-m[_FIELDS + i]}); every rank must submit the same "
+                f"{high} against {low}); every rank must submit the same "
                 "collectives in the same order")
     if m[0] == 1 and kind not in (_ALLREDUCE, _BARRIER):
         raise _lib.RingrunError(f"{what}: a rank has joined; until every rank joins only "
@@ -185,11 +210,11 @@ def join(name=None):
             return me
         mark = _rounds[0] * n + me
         while True:
-            m = _control_round([1, _LOW, _LOW, _LOW, _LOW, mark])
+            m = _control_round([1] + [_LOW] * (_FIELDS - 2) + [mark])
             kind, count, dtype, op = m[1], m[2], m[3], m[4]
             if kind == _LOW:
-                return m[5] % n
-            if any(m[i] != -m[_FIELDS + i] for i in range(1, 5)):
+                return m[_FIELDS - 1] % n
+            if any(m[i] != -m[_FIELDS + i] for i, _ in _COMPARED):
                 continue  # active ranks disagree: they raise; nothing to take part in
             if kind == _ALLREDUCE:
                 zeros = _buffer(count * _lib.dtype_size(dtype))
@@ -240,7 +265,7 @@ def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1
 
     def fn():
         what = f"allreduce '{name}'"
-        _announce(_ALLREDUCE, count, dtype, op, name)
+        _announce(_ALLREDUCE, count, dtype, op, name, prescale, postscale)
         src = send
         if prescale != 1.0:
             if recv != send:
@@ -259,7 +284,7 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
 
     def fn():
         total = sum(c for _, _, c in entries)
-        _announce(_ALLREDUCE, total, dtype, op, name)
+        _announce(_ALLREDUCE, total, dtype, op, name, prescale, postscale)
         fused = _buffer(total * esize)
         base, off = _addr(fused), 0
         for s, _, c in entries:
@@ -277,6 +302,10 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
 
 
 def broadcast(send, recv, count, dtype, root, name=None, keep=()):
+    n = _lib.lib.ringrun_size()
+    if not 0 <= root < n:  # at submission, as the engine refuses it (before any control round)
+        raise ValueError(f"broadcast '{name}': broadcast: root {root} is not a rank of a job "
+                         f"of size {n}")
     esize = _lib.dtype_size(dtype)
 
     def fn():

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+import ringrun
 import ringrun.torch as hvd
 from ringrun import _engine, _lib
 from ringrun.torch import mpi_ops
@@ -152,6 +153,17 @@ def test_allgather_ragged(dtype):
     assert out.dtype == dtype and torch.equal(out.to(torch.int64), want)
     out2 = hvd.synchronize(hvd.allgather_async(x))
     assert torch.equal(out2, out)
+
+
+def test_allgather_and_alltoall_of_rows_with_no_elements():
+    # A (rows, 0) tensor moves its rows and no data (torch's data_ptr() of it may be 0).
+    n, r = hvd.size(), hvd.rank()
+    out = hvd.allgather(torch.zeros(r + 1, 0), name="no elements")
+    assert out.shape == (sum(q + 1 for q in range(n)), 0)
+    out, received = hvd.alltoall(torch.zeros(r * n + sum(range(n)), 0),
+                                 splits=[r + j for j in range(n)])
+    assert out.shape == (sum(q + r for q in range(n)), 0)
+    assert received.tolist() == [q + r for q in range(n)]
 
 
 def test_allgather_autograd():
@@ -329,11 +341,31 @@ def test_errors():
         with pytest.raises(ValueError, match="reducescatter.*floating dtype"):
             hvd.reducescatter(torch.ones(2 * hvd.size(), dtype=d), op=hvd.Sum,
                               prescale_factor=2.0)
+    for root in (-1, hvd.size()):  # refused at submission, on both paths, with or without torch
+        with pytest.raises(ValueError, match=f"root_rank {root} is not a rank"):
+            hvd.broadcast(torch.ones(2), root_rank=root)
+        with pytest.raises(ValueError, match=f"root {root} is not a rank of a job of size"):
+            ringrun.broadcast(bytearray(2), root_rank=root)
     with pytest.raises(NotImplementedError, match="elastic"):
         hvd.elastic
     assert not hasattr(hvd, "ProcessSet")
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         hvd.not_a_name
+
+
+@pytest.mark.parametrize("which", ["prescale", "postscale"])
+def test_different_scale_factors_fail_on_every_rank(which):
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks")
+    factor = {f"{which}_factor": 2.0 if hvd.rank() == 1 else 1.0}
+    want = "scale factors" if _engine.USING_ENGINE else f"{which} factor differs: 2.0 against 1.0"
+    with pytest.raises(hvd.HorovodInternalError, match=want):
+        hvd.allreduce(torch.ones(3), name=f"scaled.{which}", op=hvd.Sum, **factor)
+    with pytest.raises(hvd.HorovodInternalError, match=want):
+        hvd.grouped_allreduce([torch.ones(3), torch.ones(2)], name=f"grouped.{which}",
+                              op=hvd.Sum, **factor)
+    # Nothing ran, and the job goes on.
+    assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), hvd.size()))
 
 
 def test_duplicate_name_in_flight():

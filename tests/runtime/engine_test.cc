@@ -405,6 +405,37 @@ TEST_CASE("engine: every collective", "[engine]") {
   CHECK(failures.empty());
 }
 
+TEST_CASE("engine: allgather and alltoall of rows with no elements move the rows", "[engine]") {
+  const int np = 3;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    // A tensor of shape (rank + 1, 0): no bytes, no buffer (torch's data_ptr() of it is 0).
+    Entry eg;
+    eg.req.name = "empty rows", eg.req.kind = Kind::kAllgather, eg.req.dtype = RINGRUN_FLOAT32;
+    eg.req.count = rank + 1, eg.req.row_elems = 0, eg.send = nullptr;
+    auto hg = Submit(rt, std::move(eg));
+    Entry et;
+    et.req.name = "empty a2a", et.req.kind = Kind::kAlltoall, et.req.dtype = RINGRUN_FLOAT32;
+    et.req.row_elems = 0, et.send = nullptr;
+    for (int j = 0; j < np; ++j) et.req.send_rows.push_back(rank + j);
+    et.req.count = 0;
+    for (size_t x : et.req.send_rows) et.req.count += x;
+    auto ht = Submit(rt, std::move(et));
+    if (!hg || !ht) return f.Add(rank, "a submission was refused");
+    for (auto* h : {hg.get(), ht.get()}) {
+      std::string err = WaitOk(*h);
+      if (!err.empty()) return f.Add(rank, err);
+    }
+    if (!hg->output.empty()) f.Add(rank, "allgather output is not empty");
+    if (hg->rows != std::vector<size_t>{1, 2, 3}) f.Add(rank, "allgather rows wrong");
+    std::vector<size_t> want_t;
+    for (int r = 0; r < np; ++r) want_t.push_back(r + rank);
+    if (!ht->output.empty()) f.Add(rank, "alltoall output is not empty");
+    if (ht->rows != want_t) f.Add(rank, "alltoall rows wrong");
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
 // Rank 1 submits `name` differently (through `change`); every rank's handle must fail naming
 // the tensor, the field and the ranks.
 void CheckMismatch(const std::string& field, const std::function<void(Entry&)>& change) {

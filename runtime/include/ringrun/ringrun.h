@@ -228,8 +228,9 @@ RINGRUN_API ringrun_status ringrun_broadcast_submit(const char* name, void* buf,
                                                     ringrun_dtype dtype, int root,
                                                     ringrun_handle* handle);
 /* Every rank's rows x row_elems elements of sendbuf, concatenated in rank order; rows may
- * differ from rank to rank, row_elems must not. The result is owned by the handle
- * (ringrun_handle_output, ringrun_handle_rows). Fails while a rank has joined. */
+ * differ from rank to rank, row_elems must not (it may be 0: only the rows travel). The
+ * result is owned by the handle (ringrun_handle_output, ringrun_handle_rows). Fails while a
+ * rank has joined. */
 RINGRUN_API ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf,
                                                     size_t rows, size_t row_elems,
                                                     ringrun_dtype dtype, ringrun_handle* handle);

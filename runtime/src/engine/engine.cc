@@ -118,7 +118,7 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
   uint64_t factor = r.kind == Kind::kReduceScatter ? static_cast<uint64_t>(size) : 1;
   if (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) factor = size;
   if (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) {
-    if (r.row_elems == 0 && !r.fixed) return InvalidArgument("row_elems is 0");
+    // row_elems 0 (a tensor of shape (rows, 0)) is valid: no bytes move, the rows still do.
     if (r.row_elems > SIZE_MAX / elem) return InvalidArgument("row_elems overflows");
   }
   const uint64_t unit = (r.kind == Kind::kAllgather || r.kind == Kind::kAlltoall) ? r.row_elems : 1;
@@ -146,7 +146,7 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
       total_rows += x;
     }
   }
-  const bool has_data = total_rows > 0;
+  const bool has_data = total_rows > 0 && unit > 0;
   if (has_data && e.send == nullptr) return InvalidArgument("buffer is NULL");
   const bool needs_recv = r.kind == Kind::kAllreduce || r.kind == Kind::kBroadcast ||
                           r.kind == Kind::kReduceScatter || r.fixed;

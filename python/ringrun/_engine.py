@@ -18,6 +18,7 @@ call is bounded by the collective timeout (RINGRUN_TIMEOUT_MS); with the engine 
 until the collective completes or fails, as in Horovod (see _native_wait).
 """
 import collections
+import copy
 import os
 import ctypes
 import struct
@@ -125,11 +126,23 @@ def submit(fn, name=None, keep=()):
     return w.submit(name, fn, keep)
 
 
+def raise_shared(error):
+    """Raises `error`, which other threads may raise too, as a copy of it: every raise adds the
+    raising frames to the traceback of the object raised, so one object raised by several
+    threads would collect all their frames. The copy keeps the original's traceback and cause."""
+    try:
+        clone = copy.copy(error)
+    except Exception:  # noqa: B902 - an exception type that cannot be copied: raise it as is
+        raise error
+    clone.__cause__, clone.__suppress_context__ = error.__cause__, error.__suppress_context__
+    raise clone.with_traceback(error.__traceback__)
+
+
 def _worker_wait(h):
     while not h._done.wait(WAIT_SLICE_S):
         pass
     if h._error is not None:
-        raise h._error
+        raise_shared(h._error)
     return h._result
 
 
@@ -619,7 +632,7 @@ def _native_wait(h):
                 break
             _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
     if h._error is not None:
-        raise h._error
+        raise_shared(h._error)
     return h._result
 
 

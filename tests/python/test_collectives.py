@@ -3,6 +3,7 @@ job's size (run at np=1, 2 and 3)."""
 import gc
 import threading
 import time
+import traceback
 
 import pytest
 import torch
@@ -500,6 +501,35 @@ def test_one_handle_from_several_threads():
     assert not errors, errors
     assert len(results) == 2 and results[0] is results[1]
     assert torch.equal(results[0], torch.full((4,), 4, dtype=torch.int32))
+
+
+def test_a_failed_handle_raises_in_every_waiting_thread_with_its_own_traceback():
+    """One failure, raised to several threads: each gets an exception of its own, so tracebacks
+    do not pile up on one shared object."""
+    if hvd.size() == 1:
+        pytest.skip("needs a peer to disagree with")
+    factor = 2.0 if hvd.rank() == 1 else 1.0
+    h = hvd.allreduce_async(torch.ones(3), name="fails", op=hvd.Sum, prescale_factor=factor)
+    caught, start = [], threading.Barrier(4)
+
+    def waiter():
+        start.wait()
+        for _ in range(3):  # once the handle is gone, synchronize says so: not this error
+            try:
+                hvd.synchronize(h)
+            except hvd.HorovodInternalError as e:
+                caught.append(e)
+            except ValueError as e:
+                assert "has been synchronized" in str(e), e
+    threads = [threading.Thread(target=waiter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert caught and len({id(e) for e in caught}) == len(caught)
+    depths = {len(traceback.extract_tb(e.__traceback__)) for e in caught}
+    assert len(depths) == 1, depths
+    assert all("fails" in str(e) for e in caught)
 
 
 def test_an_exception_right_after_submission_keeps_the_buffers(monkeypatch):

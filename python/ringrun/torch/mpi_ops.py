@@ -283,7 +283,7 @@ def synchronize(handle):
                     _handle_map.pop(handle, None)
     result, error = p.outcome
     if error is not None:
-        raise error
+        _engine.raise_shared(error)
     return result
 
 

@@ -18,7 +18,6 @@ call is bounded by the collective timeout (RINGRUN_TIMEOUT_MS); with the engine 
 until the collective completes or fails, as in Horovod (see _native_wait).
 """
 import collections
-import copy
 import os
 import ctypes
 import struct
@@ -127,14 +126,26 @@ def submit(fn, name=None, keep=()):
 
 
 def raise_shared(error):
-    """Raises `error`, which other threads may raise too, as a copy of it: every raise adds the
-    raising frames to the traceback of the object raised, so one object raised by several
-    threads would collect all their frames. The copy keeps the original's traceback and cause."""
+    """Raises `error`, which other threads may raise too, as an exception of its own: every
+    raise adds the raising frames to the traceback of the object raised, so one object raised
+    by several threads would collect all their frames. The clone is made without calling
+    __init__ (which may format its arguments again): same type, args, attributes, traceback and
+    chain. A type that cannot be made that way is raised as it is."""
+    clone = None
     try:
-        clone = copy.copy(error)
-    except Exception:  # noqa: B902 - an exception type that cannot be copied: raise it as is
+        clone = type(error).__new__(type(error), *error.args)
+        clone.args = error.args
+        attrs = getattr(error, "__dict__", None)
+        if attrs:
+            clone.__dict__.update(attrs)
+            if isinstance(attrs.get("__notes__"), list):
+                clone.__notes__ = list(attrs["__notes__"])
+        clone.__cause__, clone.__context__ = error.__cause__, error.__context__
+        clone.__suppress_context__ = error.__suppress_context__
+    except Exception:  # noqa: B902 - checked below, outside this handler
+        clone = None
+    if clone is None:
         raise error
-    clone.__cause__, clone.__suppress_context__ = error.__cause__, error.__suppress_context__
     raise clone.with_traceback(error.__traceback__)
 
 
@@ -179,21 +190,8 @@ def _control_round(values):
 
 def _bits(factor):
     """A scale factor's IEEE bits as two non-negative fields (so that negating them is exact)."""
-    b = struct.unpack("<Q", struct.pack("<d", float(factor)))[0]
+    b = struct.unpack("<Q", struct.pack("<d", float(factor) + 0.0))[0]  # -0.0 == 0.0
     return [b >> 32, b & 0xFFFFFFFF]
-
-
-def _factor(hi, lo):
-    return struct.unpack("<d", struct.pack("<Q", (hi << 32) | lo))[0]
-
-
-def _shown(m, i, field):
-    """Field i of the round's maximum and minimum, as the user wrote them."""
-    if field.endswith("factor"):
-        first = i - (i - 5) % 2
-        return (_factor(m[first], m[first + 1]),
-                _factor(-m[_FIELDS + first], -m[_FIELDS + first + 1]))
-    return m[i], -m[_FIELDS + i]
 
 
 def _announce(kind, count, dtype, op, name, prescale=1.0, postscale=1.0):
@@ -204,11 +202,16 @@ def _announce(kind, count, dtype, op, name, prescale=1.0, postscale=1.0):
     what = f"{_KIND_NAMES[kind]} '{name}'"
     for i, field in _COMPARED:
         if m[i] != -m[_FIELDS + i]:
-            high, low = _shown(m, i, field)
+            if field.endswith("factor"):
+                # The round gives each half's maximum and minimum, maybe from different ranks:
+                # only this rank's own factor can be named.
+                mine = prescale if field.startswith("pre") else postscale
+                shown = f"differs between ranks; this rank passed {mine}"
+            else:
+                shown = f"differs: {m[i]} against {-m[_FIELDS + i]}"
             raise _lib.RingrunError(
-                f"{what}: ranks submitted different collectives ({field} differs: "
-                f"{high} against {low}); every rank must submit the same "
-                "collectives in the same order")
+                f"{what}: ranks submitted different collectives ({field} {shown}); every "
+                "rank must submit the same collectives in the same order")
     if m[0] == 1 and kind not in (_ALLREDUCE, _BARRIER):
         raise _lib.RingrunError(f"{what}: a rank has joined; until every rank joins only "
                                 "allreduce and barrier can run")
@@ -240,6 +243,12 @@ def join(name=None):
 
 def _buffer(nbytes):
     return (ctypes.c_char * max(nbytes, 1))()
+
+
+def _copy(dst, src, nbytes):
+    """memmove that copies nothing for 0 bytes (a (rows, 0) tensor's pointer may be NULL)."""
+    if nbytes:
+        ctypes.memmove(dst, src, nbytes)
 
 
 def _addr(buf):
@@ -316,7 +325,7 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
 
 def broadcast(send, recv, count, dtype, root, name=None, keep=()):
     n = _lib.lib.ringrun_size()
-    if not 0 <= root < n:  # at submission, as the engine refuses it (before any control round)
+    if n > 0 and not 0 <= root < n:  # at submission, as the engine; n < 0: not initialized
         raise ValueError(f"broadcast '{name}': broadcast: root {root} is not a rank of a job "
                          f"of size {n}")
     esize = _lib.dtype_size(dtype)
@@ -361,11 +370,11 @@ def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_c
         block = max(counts) * row_elems * esize
         padded = _buffer(block * len(counts))
         mine = _buffer(block)
-        ctypes.memmove(_addr(mine), send, rows * row_elems * esize)
+        _copy(_addr(mine), send, rows * row_elems * esize)
         _lib.check(_lib.lib.ringrun_allgather(_addr(mine), _addr(padded), block, _lib.UINT8), what)
         off = 0
         for r, c in enumerate(counts):
-            ctypes.memmove(recv + off, _addr(padded) + r * block, c * row_elems * esize)
+            _copy(recv + off, _addr(padded) + r * block, c * row_elems * esize)
             off += c * row_elems * esize
         return result
     return submit(fn, name, keep)
@@ -396,12 +405,12 @@ def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_
         inp = _buffer(block * n)
         off = 0
         for j in range(n):
-            ctypes.memmove(_addr(out) + j * block, send + off, splits[j] * row_elems * esize)
+            _copy(_addr(out) + j * block, send + off, splits[j] * row_elems * esize)
             off += splits[j] * row_elems * esize
         _lib.check(_lib.lib.ringrun_alltoall(_addr(out), _addr(inp), block, _lib.UINT8), what)
         off = 0
         for j in range(n):
-            ctypes.memmove(recv + off, _addr(inp) + j * block, received[j] * row_elems * esize)
+            _copy(recv + off, _addr(inp) + j * block, received[j] * row_elems * esize)
             off += received[j] * row_elems * esize
         return result
     return submit(fn, name, keep)

@@ -133,8 +133,7 @@ def raise_shared(error):
     chain. A type that cannot be made that way is raised as it is."""
     clone = None
     try:
-        clone = type(error).__new__(type(error), *error.args)
-        clone.args = error.args
+        clone = type(error).__new__(type(error), *error.args)  # sets args, runs no __init__
         attrs = getattr(error, "__dict__", None)
         if attrs:
             clone.__dict__.update(attrs)
@@ -246,7 +245,7 @@ def _buffer(nbytes):
 
 
 def _copy(dst, src, nbytes):
-    """memmove that copies nothing for 0 bytes (a (rows, 0) tensor's pointer may be NULL)."""
+    """memmove that copies nothing for 0 bytes (an empty tensor's pointer may be NULL)."""
     if nbytes:
         ctypes.memmove(dst, src, nbytes)
 
@@ -291,7 +290,7 @@ def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1
         src = send
         if prescale != 1.0:
             if recv != send:
-                ctypes.memmove(recv, send, count * esize)
+                _copy(recv, send, count * esize)
             src = recv
             _scale(recv, count, dtype, prescale)
         _lib.check(_lib.lib.ringrun_allreduce(src, recv, count, dtype, op), what)
@@ -310,7 +309,7 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
         fused = _buffer(total * esize)
         base, off = _addr(fused), 0
         for s, _, c in entries:
-            ctypes.memmove(base + off, s, c * esize)
+            _copy(base + off, s, c * esize)
             off += c * esize
         _scale(base, total, dtype, prescale)
         _lib.check(_lib.lib.ringrun_allreduce(base, base, total, dtype, op),
@@ -318,7 +317,7 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
         _scale(base, total, dtype, postscale)
         off = 0
         for _, r, c in entries:
-            ctypes.memmove(r, base + off, c * esize)
+            _copy(r, base + off, c * esize)
             off += c * esize
     return submit(fn, name, keep)
 
@@ -333,7 +332,7 @@ def broadcast(send, recv, count, dtype, root, name=None, keep=()):
     def fn():
         _announce(_BROADCAST, count, dtype, root, name)
         if recv != send:
-            ctypes.memmove(recv, send, count * esize)
+            _copy(recv, send, count * esize)
         _lib.check(_lib.lib.ringrun_broadcast(recv, count, dtype, root), f"broadcast '{name}'")
     return submit(fn, name, keep)
 
@@ -435,7 +434,7 @@ def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
             q, rem = divmod(rows, n)
             first = me * q + min(me, rem)
             mine = q + (1 if me < rem else 0)
-            ctypes.memmove(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
+            _copy(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
     return submit(fn, name, keep)
 
 
@@ -672,7 +671,7 @@ def _native_grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, posts
 def _native_broadcast(send, recv, count, dtype, root, name=None, keep=()):
     """Host memory may have send != recv (copied first); device memory needs send == recv."""
     if recv != send:
-        ctypes.memmove(recv, send, count * _lib.dtype_size(dtype))
+        _copy(recv, send, count * _lib.dtype_size(dtype))
     return _native_submit(f"broadcast '{name}'", lambda h: _lib.lib.ringrun_broadcast_submit(
         _name(name), recv, count, dtype, root, h), name, keep=keep)
 
@@ -691,7 +690,7 @@ def _copy_output(h, n, dtype, alloc, device_copy):
     nbytes = count.value * _lib.dtype_size(dtype)
     if nbytes:
         if device_copy is None:
-            ctypes.memmove(recv, data.value, nbytes)
+            _copy(recv, data.value, nbytes)
         else:
             h.release_after = device_copy(recv, data.value, nbytes)
     return result
@@ -729,7 +728,7 @@ def _native_reducescatter(send, recv, rows, row_elems, dtype, op, name=None, kee
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
 
     def finish(_):
-        ctypes.memmove(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
+        _copy(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
     return _native_submit(what, lambda h: _lib.lib.ringrun_allreduce_submit(
         _name(name), send, _addr(tmp), rows * row_elems, dtype, op, 1.0, 1.0, 0, h), name,
         finish, (keep, tmp))

@@ -2,8 +2,8 @@
 // The job secret is the first line of stdin; stdin then stays open, and its EOF means the
 // launcher is gone.
 // ringrun-agent --launcher HOST:PORT --slurm-hosts NAME0,NAME1,... [--log-level L]
-// Started by srun (launcher/slurm_agent_starter.h): the host index is this node's position in
-// the list, the secret is in RINGRUN_AGENT_SECRET, and stdin (srun's /dev/null) is not watched.
+// Started by srun (launcher/starters/slurm_agent_starter.h): the host index is this node's position
+// in the list, the secret is in RINGRUN_AGENT_SECRET, and stdin (srun's /dev/null) is not watched.
 #include <poll.h>
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
-// How an agent started by srun (launcher/slurm_agent_starter.h) learns who it is: its host index
-// from its Slurm node name, its secret from the environment.
+// How an agent started by srun (launcher/starters/slurm_agent_starter.h) learns who it is: its host
+// index from its Slurm node name, its secret from the environment.
 #pragma once
 
 #include <string>

@@ -38,9 +38,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 void Die(const char* what) {
   std::fprintf(stderr, "grad_step_bench: rank %d: %s: %s\n", ringrun_rank(), what,

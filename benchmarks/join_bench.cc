@@ -21,9 +21,9 @@
 #include <mutex>
 #include <vector>
 
-#include "launcher/job_server.h"
-#include "launcher/job_service.h"
-#include "launcher/rendezvous.h"
+#include "launcher/service/job_server.h"
+#include "launcher/service/job_service.h"
+#include "launcher/service/rendezvous.h"
 #include "ringrun/common/auth.h"
 #include "ringrun/common/peer_table.h"
 #include "ringrun/job.grpc.pb.h"
@@ -107,10 +107,10 @@ double Bench(int n) {
     go[p] = fds[1];
     pids.push_back(pid);
   }
-  ringrun::launcher::Rendezvous rendezvous(n, "join-bench");
+  ringrun::launcher::service::Rendezvous rendezvous(n, "join-bench");
   // The launcher's own job service (Join only: no agents here).
-  ringrun::launcher::JobService service(kSecret, nullptr, &rendezvous, 1000, 10000);
-  auto started = ringrun::launcher::StartJobServer("127.0.0.1:0", service);
+  ringrun::launcher::service::JobService service(kSecret, nullptr, &rendezvous, 1000, 10000);
+  auto started = ringrun::launcher::service::StartJobServer("127.0.0.1:0", service);
   if (!started.ok()) return -1;
   const int port = started->port;
   std::unique_ptr<grpc::Server> server = std::move(started->server);

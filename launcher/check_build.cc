@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/common/version.h"
 #include "ringrun/gpu/config.h"
-#include "runtime/src/gpu/gpu_info.h"
 #if RINGRUN_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -37,8 +37,8 @@ int DlVersion(std::initializer_list<const char*> paths, const char* symbol) {
 
 // What this build has. The launcher does not link CUDA or NCCL (they would cost every job's
 // start-up tens of milliseconds); the versions of the libraries present come through dlopen.
-runtime::GpuBuildInfo BuildInfo() {
-  runtime::GpuBuildInfo info;
+GpuBuildInfo BuildInfo() {
+  GpuBuildInfo info;
 #if RINGRUN_HAVE_NCCL
   info.have_nccl = true;
   info.cuda_header_version = CUDART_VERSION;
@@ -63,9 +63,7 @@ std::string Row(const std::string& name, const std::string& value) {
 }  // namespace
 
 std::string CheckBuildText() {
-  using runtime::FormatCudaVersion;
-  using runtime::FormatNcclVersion;
-  const runtime::GpuBuildInfo gpu = BuildInfo();
+  const GpuBuildInfo gpu = BuildInfo();
 
   std::string nccl = "NCCL";
   if (gpu.have_nccl) {

@@ -55,8 +55,8 @@ bool ParseJsonObject(std::string_view line, pb::Struct* out) {
 // the mutex makes the hand-over to the caller's thread explicit.
 class OutputCapture {
  public:
-  JobHooks Hooks() {
-    JobHooks hooks;
+  job::JobHooks Hooks() {
+    job::JobHooks hooks;
     hooks.echo_to_console = false;
     hooks.on_line = [this](int rank, bool is_stderr, std::string_view line) {
       MutexLock lock(&mu_);
@@ -175,16 +175,16 @@ std::string FormatGpuTable(const std::vector<GpuHostReport>& hosts, const std::s
   return out;
 }
 
-int RunCheckGpu(const Options& options, const Starters& starters) {
+int RunCheckGpu(const Options& options, const job::Starters& starters) {
   const std::string bin = BinDir(options);
 
   // Job 1: one probe per host.
   Options probe = options;
   probe.command = {bin + "/ringrun-gpu-probe", "--report-only"};
-  for (HostSpec& h : probe.hosts) h.slots = 1;
+  for (hosts::HostSpec& h : probe.hosts) h.slots = 1;
   probe.np = static_cast<int>(probe.hosts.size());
   OutputCapture probe_out;
-  const int probe_rc = RunJob(probe, starters, probe_out.Hooks());
+  const int probe_rc = job::RunJob(probe, starters, probe_out.Hooks());
 
   std::vector<GpuHostReport> reports(probe.hosts.size());
   bool all_ok = true;
@@ -232,7 +232,7 @@ int RunCheckGpu(const Options& options, const Starters& starters) {
         bench.np += bench.hosts[r].slots;
       }
       OutputCapture bench_out;
-      const int bench_rc = RunJob(bench, starters, bench_out.Hooks());
+      const int bench_rc = job::RunJob(bench, starters, bench_out.Hooks());
       pb::Struct result;
       bool have = false;
       for (const std::string& line : bench_out.Stdout(0)) {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/job.h"
+#include "launcher/job/job.h"
 #include "launcher/options.h"
 
 namespace ringrun::launcher {
@@ -45,6 +45,6 @@ bool ParseGpuProbeLine(const std::string& line, GpuHostReport* report);
 std::string FormatGpuTable(const std::vector<GpuHostReport>& hosts, const std::string& allreduce);
 
 // The whole command; returns ringrun's exit code.
-int RunCheckGpu(const Options& options, const Starters& starters);
+int RunCheckGpu(const Options& options, const job::Starters& starters);
 
 }  // namespace ringrun::launcher

@@ -6,11 +6,11 @@
 
 #include "launcher/check_build.h"
 #include "launcher/check_gpu.h"
-#include "launcher/job.h"
+#include "launcher/hosts/placement.h"
+#include "launcher/job/job.h"
 #include "launcher/options.h"
-#include "launcher/placement.h"
-#include "launcher/slurm_agent_starter.h"
-#include "launcher/ssh_agent_starter.h"
+#include "launcher/starters/slurm_agent_starter.h"
+#include "launcher/starters/ssh_agent_starter.h"
 #include "ringrun/common/log.h"
 
 extern char** environ;
@@ -19,9 +19,9 @@ namespace ringrun::launcher {
 namespace {
 
 // The srun starter's view of the job: its hosts by index and those with ranks.
-SlurmStarterConfig SlurmConfigFor(const Options& options,
-                                  const std::vector<RankPlacement>& placed) {
-  SlurmStarterConfig c;
+starters::SlurmStarterConfig SlurmConfigFor(const Options& options,
+                                            const std::vector<hosts::RankPlacement>& placed) {
+  starters::SlurmStarterConfig c;
   for (const auto& h : options.hosts) c.host_names.push_back(h.name);
   std::set<int> active;
   for (const auto& p : placed) active.insert(p.host_index);
@@ -34,20 +34,20 @@ SlurmStarterConfig SlurmConfigFor(const Options& options,
 
 // --dry-run: where the hosts came from, the placement table, and nothing started.
 int PrintPlacement(const Options& options) {
-  auto placed = PlaceRanks(options.hosts, options.np);
+  auto placed = hosts::PlaceRanks(options.hosts, options.np);
   if (!placed.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
     return 2;
   }
   std::printf("hosts: %s\n", options.host_source.c_str());
   if (options.starter == Options::Starter::kSlurm) {
-    AgentLaunch launch;
+    starters::AgentLaunch launch;
     launch.service_port = 0;
     launch.agent_path = "ringrun-agent";
     launch.log_level = options.log_level;
     std::string cmd;
     for (const auto& a :
-         BuildSrunCommand(SlurmConfigFor(options, placed.value()), launch, "LAUNCHER")) {
+         starters::BuildSrunCommand(SlurmConfigFor(options, placed.value()), launch, "LAUNCHER")) {
       cmd += (cmd.empty() ? "" : " ") + a;
     }
     std::printf("agents: one srun step: %s\n", cmd.c_str());
@@ -84,24 +84,24 @@ int Main(int argc, char** argv) {
   InitLogging("ringrun", options.log_level);
   if (options.check_build) return RunCheckBuild();
   if (options.dry_run) return PrintPlacement(options);
-  auto local = MakeLocalAgentStarter();
-  auto remote = MakeSshAgentStarter(SshConfigFromOptions(options));
-  Starters starters;
+  auto local = starters::MakeLocalAgentStarter();
+  auto remote = starters::MakeSshAgentStarter(starters::SshConfigFromOptions(options));
+  job::Starters starters;
   starters.local = local.get();
   starters.remote = remote.get();
-  std::unique_ptr<AgentStarter> srun;
+  std::unique_ptr<starters::AgentStarter> srun;
   if (options.starter == Options::Starter::kSlurm) {
     // Every agent, this machine's included, starts in the job's srun step.
-    auto placed = PlaceRanks(options.hosts, options.np);
+    auto placed = hosts::PlaceRanks(options.hosts, options.np);
     if (!placed.ok()) {
       std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
       return 2;
     }
-    srun = MakeSlurmAgentStarter(SlurmConfigFor(options, placed.value()));
+    srun = starters::MakeSlurmAgentStarter(SlurmConfigFor(options, placed.value()));
     starters.local = starters.remote = srun.get();
   }
   if (options.check_gpu) return RunCheckGpu(options, starters);
-  return RunJob(options, starters);
+  return job::RunJob(options, starters);
 }
 
 }  // namespace

@@ -13,10 +13,10 @@
 #include <map>
 #include <optional>
 
-#include "launcher/environment.h"
-#include "launcher/placement.h"
-#include "launcher/scheduler_hosts.h"
-#include "launcher/slurm.h"
+#include "launcher/hosts/placement.h"
+#include "launcher/hosts/scheduler_hosts.h"
+#include "launcher/hosts/slurm.h"
+#include "launcher/job/environment.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
@@ -575,7 +575,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
 
   // -x, in order; a name given twice keeps its first position and its last value.
   for (const std::string& x : raw.exports) {
-    Result<std::pair<std::string, std::string>> kv = ParseExportFlag(x, environ_vars);
+    Result<std::pair<std::string, std::string>> kv = job::ParseExportFlag(x, environ_vars);
     if (!kv.ok()) return UsageError(kv.status().message());
     bool replaced = false;
     for (auto& e : o.exports) {
@@ -650,17 +650,17 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
 
   // Hosts and -np.
   if (given(FlagId::kHosts)) {
-    Result<std::vector<HostSpec>> hosts = ParseHostList(value(FlagId::kHosts));
+    Result<std::vector<hosts::HostSpec>> hosts = hosts::ParseHostList(value(FlagId::kHosts));
     if (!hosts.ok()) return UsageError(hosts.status().message());
     o.hosts = std::move(hosts.value());
   } else if (given(FlagId::kHostfile)) {
-    Result<std::vector<HostSpec>> hosts = ParseHostfile(value(FlagId::kHostfile));
+    Result<std::vector<hosts::HostSpec>> hosts = hosts::ParseHostfile(value(FlagId::kHostfile));
     if (!hosts.ok()) return UsageError(hosts.status().message());
     o.hosts = std::move(hosts.value());
   }
   if (o.hosts.empty()) {
     // Inside a scheduler's job, its allocation (scheduler_hosts.h).
-    Result<std::optional<SchedulerHosts>> sched = HostsFromScheduler(environ_vars);
+    Result<std::optional<hosts::SchedulerHosts>> sched = hosts::HostsFromScheduler(environ_vars);
     if (!sched.ok()) return UsageError(sched.status().message());
     if (sched->has_value()) {
       o.hosts = std::move((*sched)->hosts);
@@ -671,7 +671,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                         ? name_of(FlagId::kHosts) + " " + value(FlagId::kHosts)
                         : name_of(FlagId::kHostfile) + " " + value(FlagId::kHostfile);
   }
-  Result<StarterChoice> starter = ChooseStarter(value(FlagId::kStarter), environ_vars, o.hosts);
+  Result<hosts::StarterChoice> starter =
+      hosts::ChooseStarter(value(FlagId::kStarter), environ_vars, o.hosts);
   if (!starter.ok()) return UsageError(starter.status().message());
   o.starter = starter->srun ? Options::Starter::kSlurm : Options::Starter::kSsh;
   o.srun_overlap = starter->overlap;
@@ -681,14 +682,14 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
       return UsageError("-np is required when no hosts are given (-H or --hostfile)");
     }
     if (o.np == 0) o.np = 1;
-    HostSpec local;
+    hosts::HostSpec local;
     local.name = "localhost";
     local.slots = o.np;
     o.hosts.push_back(local);
   } else if (o.np == 0) {
-    o.np = TotalSlots(o.hosts);
+    o.np = hosts::TotalSlots(o.hosts);
   }
-  Status fits = CheckNumProc(o.hosts, o.np);
+  Status fits = hosts::CheckNumProc(o.hosts, o.np);
   if (!fits.ok()) return UsageError(fits.message());
   return outcome;
 }

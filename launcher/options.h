@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "launcher/hostfile.h"
+#include "launcher/hosts/hostfile.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/status.h"
 
@@ -14,9 +14,9 @@ namespace ringrun::launcher {
 
 struct Options {
   // Job shape.
-  int np = 0;                   // 0 until resolved: defaults to the total slots
-  std::vector<HostSpec> hosts;  // resolved from -H, --hostfile, a scheduler or localhost:np
-  std::string host_source;      // where hosts came from, for --dry-run
+  int np = 0;                          // 0 until resolved: defaults to the total slots
+  std::vector<hosts::HostSpec> hosts;  // resolved from -H, --hostfile, a scheduler or localhost:np
+  std::string host_source;             // where hosts came from, for --dry-run
   // How agents start (--starter): kSlurm is one srun step (slurm_agent_starter.h); "auto"
   // resolves to it inside a Slurm job when every host is a node of the job, else to kSsh.
   enum class Starter { kSsh, kSlurm } starter = Starter::kSsh;

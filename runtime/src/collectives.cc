@@ -16,14 +16,14 @@ bool Overlap(const void* a, size_t an, const void* b, size_t bn) {
 }
 
 // Appends ops, skipping empty ones (both sides skip the same ones: sizes agree).
-void AddSend(std::vector<Op>& ops, int peer, const void* p, size_t n) {
-  if (n > 0) ops.push_back(Op::Send(peer, p, n));
+void AddSend(std::vector<transport::Op>& ops, int peer, const void* p, size_t n) {
+  if (n > 0) ops.push_back(transport::Op::Send(peer, p, n));
 }
-void AddRecv(std::vector<Op>& ops, int peer, void* p, size_t n) {
-  if (n > 0) ops.push_back(Op::Recv(peer, p, n));
+void AddRecv(std::vector<transport::Op>& ops, int peer, void* p, size_t n) {
+  if (n > 0) ops.push_back(transport::Op::Recv(peer, p, n));
 }
 
-Status RunOps(const CollectiveContext& c, std::vector<Op>& ops) {
+Status RunOps(const CollectiveContext& c, std::vector<transport::Op>& ops) {
   if (ops.empty()) return Status::Ok();
   return c.transport->Run(ops, c.deadline);
 }
@@ -33,7 +33,7 @@ Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const voi
                            void* final_out, size_t count, size_t elem, ReduceFn fn,
                            const Finish* finish = nullptr) {
   const int n = g.size(), me = g.me;
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int k = 0; k + 1 < n; ++k) {
     const int s = ((me - k - 1) % n + n) % n;
     const int r = ((me - k - 2) % n + 2 * n) % n;
@@ -42,8 +42,8 @@ Status RingReduceScatterTo(const CollectiveContext& c, const Group& g, const voi
     AddSend(ops, g.peer(me + 1), At(k == 0 ? send : work, sb.begin * elem), sb.count * elem);
     if (rb.count > 0) {
       void* dst = (r == me && final_out) ? final_out : At(work, rb.begin * elem);
-      ops.push_back(Op::RecvReduce(g.peer(me - 1), dst, At(send, rb.begin * elem), rb.count * elem,
-                                   fn, elem));
+      ops.push_back(transport::Op::RecvReduce(g.peer(me - 1), dst, At(send, rb.begin * elem),
+                                              rb.count * elem, fn, elem));
       if (r == me && finish && finish->active()) ops.back().finish = finish;
     }
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
@@ -58,17 +58,17 @@ Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void*
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int rem = n - p;
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   const void* cur = send;
   int vr;
   if (me < 2 * rem) {
     if (me % 2 == 0) {  // folds into its odd neighbour, then receives the result
-      ops = {Op::Send(g.peer(me + 1), send, bytes)};
+      ops = {transport::Op::Send(g.peer(me + 1), send, bytes)};
       RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
-      ops = {Op::Recv(g.peer(me + 1), recv, bytes)};
+      ops = {transport::Op::Recv(g.peer(me + 1), recv, bytes)};
       return RunOps(c, ops);
     }
-    ops = {Op::RecvReduce(g.peer(me - 1), recv, send, bytes, fn, elem)};
+    ops = {transport::Op::RecvReduce(g.peer(me - 1), recv, send, bytes, fn, elem)};
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
     cur = recv;
     vr = me / 2;
@@ -81,14 +81,14 @@ Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void*
     const int partner = pv < rem ? 2 * pv + 1 : pv + rem;
     void* dst = cur == recv ? static_cast<void*>(tmp) : recv;
     // Both partners compute reduce(lower rank's value, higher rank's value): the same bits.
-    ops = {Op::Send(g.peer(partner), cur, bytes),
-           Op::RecvReduce(g.peer(partner), dst, cur, bytes, fn, elem, partner < me)};
+    ops = {transport::Op::Send(g.peer(partner), cur, bytes),
+           transport::Op::RecvReduce(g.peer(partner), dst, cur, bytes, fn, elem, partner < me)};
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
     cur = dst;
   }
   if (cur != recv) std::memcpy(recv, cur, bytes);
   if (me < 2 * rem) {
-    ops = {Op::Send(g.peer(me - 1), recv, bytes)};
+    ops = {transport::Op::Send(g.peer(me - 1), recv, bytes)};
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
   }
   return Status::Ok();
@@ -97,8 +97,8 @@ Status RecursiveDoubling(const CollectiveContext& c, const Group& g, const void*
 // Same number of ranks on every host, more than one host and more than one rank per host:
 // returns the local group (my host's members) and the cross group (my local index on each
 // host).
-bool HierarchicalGroups(const Transport& t, const Group& g, Group* local, Group* cross) {
-  const PeerTable& peers = t.peers();
+bool HierarchicalGroups(const transport::Transport& t, const Group& g, Group* local, Group* cross) {
+  const transport::PeerTable& peers = t.peers();
   std::vector<uint32_t> hosts;            // host (address index) of each host slot, in order
   std::vector<std::vector<int>> members;  // group indices per host slot
   for (int i = 0; i < g.size(); ++i) {
@@ -143,7 +143,7 @@ Status RingReduceScatter(const CollectiveContext& c, const Group& g, const void*
 Status RingAllgather(const CollectiveContext& c, const Group& g, void* buf, size_t count,
                      size_t elem) {
   const int n = g.size(), me = g.me;
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int k = 0; k + 1 < n; ++k) {
     const BlockRange sb = Block(count, n, ((me - k) % n + n) % n);
     const BlockRange rb = Block(count, n, ((me - k - 1) % n + n) % n);
@@ -222,7 +222,7 @@ Status AllreduceSegments(const CollectiveContext& c, const Group& g,
     return Status::Ok();
   }
   const bool finishing = finish && finish->active();
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   // Reduce-scatter (as RingReduceScatterTo, with recv as the work buffer).
   for (int k = 0; k + 1 < n; ++k) {
     const int sblock = ((me - k - 1) % n + n) % n;
@@ -234,8 +234,8 @@ Status AllreduceSegments(const CollectiveContext& c, const Group& g,
       AddSend(ops, g.peer(me + 1), At(from, at * elem), cnt * elem);
     });
     ForPieces(live, offsets, rb.begin, rb.count, [&](size_t i, size_t at, size_t cnt) {
-      ops.push_back(Op::RecvReduce(g.peer(me - 1), At(live[i].recv, at * elem),
-                                   At(live[i].send, at * elem), cnt * elem, fn, elem));
+      ops.push_back(transport::Op::RecvReduce(g.peer(me - 1), At(live[i].recv, at * elem),
+                                              At(live[i].send, at * elem), cnt * elem, fn, elem));
       if (rblock == me && finishing) ops.back().finish = finish;
     });
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
@@ -261,12 +261,12 @@ Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t b
   if (n == 1 || bytes == 0) return Status::Ok();
   const int vr = (g.me - root + n) % n;
   auto real = [&](int v) { return g.peer(v + root); };
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   if (bytes <= kSmallBroadcastBytes || n == 2) {  // binomial tree
     int mask = 1;
     while (mask < n) {
       if (vr & mask) {
-        ops = {Op::Recv(real(vr - mask), buf, bytes)};
+        ops = {transport::Op::Recv(real(vr - mask), buf, bytes)};
         RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
         break;
       }
@@ -274,7 +274,7 @@ Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t b
     }
     ops.clear();
     for (mask >>= 1; mask > 0; mask >>= 1) {
-      if (vr + mask < n) ops.push_back(Op::Send(real(vr + mask), buf, bytes));
+      if (vr + mask < n) ops.push_back(transport::Op::Send(real(vr + mask), buf, bytes));
     }
     return RunOps(c, ops);
   }
@@ -285,11 +285,12 @@ Status Broadcast(const CollectiveContext& c, const Group& g, void* buf, size_t b
   for (size_t i = 0; i <= chunks; ++i) {
     ops.clear();
     if (vr == 0) {
-      if (i < chunks) ops.push_back(Op::Send(real(1), At(buf, i * chunk), range(i)));
+      if (i < chunks) ops.push_back(transport::Op::Send(real(1), At(buf, i * chunk), range(i)));
     } else {
-      if (i < chunks) ops.push_back(Op::Recv(real(vr - 1), At(buf, i * chunk), range(i)));
+      if (i < chunks)
+        ops.push_back(transport::Op::Recv(real(vr - 1), At(buf, i * chunk), range(i)));
       if (i >= 1 && vr + 1 < n) {
-        ops.push_back(Op::Send(real(vr + 1), At(buf, (i - 1) * chunk), range(i - 1)));
+        ops.push_back(transport::Op::Send(real(vr + 1), At(buf, (i - 1) * chunk), range(i - 1)));
       }
     }
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
@@ -342,9 +343,10 @@ Status Barrier(const CollectiveContext& c, const Group& g) {
   const int n = g.size();
   char out = 1;
   char* in = c.scratch->Get(0, 1);
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int d = 1; d < n; d <<= 1) {  // dissemination
-    ops = {Op::Send(g.peer(g.me + d), &out, 1), Op::Recv(g.peer(g.me - d), in, 1)};
+    ops = {transport::Op::Send(g.peer(g.me + d), &out, 1),
+           transport::Op::Recv(g.peer(g.me - d), in, 1)};
     RINGRUN_RETURN_IF_ERROR(RunOps(c, ops));
   }
   return Status::Ok();
@@ -354,7 +356,8 @@ Status Barrier(const CollectiveContext& c, const Group& g) {
 
 namespace ringrun::runtime {
 
-const char* AllreduceAlgorithm(const Transport& t, const Group& g, size_t count, size_t elem) {
+const char* AllreduceAlgorithm(const transport::Transport& t, const Group& g, size_t count,
+                               size_t elem) {
   if (g.size() == 1 || count == 0) return "local";
   if (count * elem <= kSmallAllreduceBytes || count < static_cast<size_t>(g.size())) {
     return "recursive_doubling";
@@ -369,7 +372,7 @@ Status Allgatherv(const CollectiveContext& c, const Group& g, const void* send, 
   std::vector<size_t> off(n + 1, 0);
   for (int i = 0; i < n; ++i) off[i + 1] = off[i] + bytes[i];
   if (bytes[me] > 0 && At(recv, off[me]) != send) std::memmove(At(recv, off[me]), send, bytes[me]);
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int k = 0; k + 1 < n; ++k) {  // ring: pass on the block received in the step before
     const int s = ((me - k) % n + n) % n, r = ((me - k - 1) % n + n) % n;
     ops.clear();
@@ -391,7 +394,7 @@ Status Alltoallv(const CollectiveContext& c, const Group& g, const void* send,
   }
   if (send_bytes[me] > 0) std::memcpy(At(recv, roff[me]), At(send, soff[me]), send_bytes[me]);
   constexpr int kWindow = 8;
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int k0 = 1; k0 < n; k0 += kWindow) {
     ops.clear();
     for (int k = k0; k < std::min(n, k0 + kWindow); ++k) {

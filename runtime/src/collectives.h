@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
 
@@ -34,7 +34,7 @@ class Scratch {
 };
 
 struct CollectiveContext {
-  Transport* transport;
+  transport::Transport* transport;
   Deadline deadline;
   Scratch* scratch;
 };
@@ -85,7 +85,8 @@ Status Alltoallv(const CollectiveContext& c, const Group& g, const void* send,
                  const std::vector<size_t>& send_bytes, void* recv,
                  const std::vector<size_t>& recv_bytes);
 // The algorithm Allreduce picks for `count` elements of `elem` bytes (for the timeline).
-const char* AllreduceAlgorithm(const Transport& t, const Group& g, size_t count, size_t elem);
+const char* AllreduceAlgorithm(const transport::Transport& t, const Group& g, size_t count,
+                               size_t elem);
 
 // The ring phases, exposed for the hierarchical path and tests. `count` elements are split in
 // size() blocks as BlockRange says; after RingReduceScatter member `me` holds block me of the

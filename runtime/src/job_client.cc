@@ -37,7 +37,7 @@ class GrpcJobClient final : public JobClient {
         secret_(std::move(secret)),
         stub_(v1::JobService::NewStub(MakeChannel(target_, kKeepaliveMs, kKeepaliveTimeoutMs))) {}
 
-  Result<PeerTable> Join(const JoinInfo& info, int timeout_ms) override {
+  Result<transport::PeerTable> Join(const JoinInfo& info, int timeout_ms) override {
     grpc::ClientContext ctx;
     AttachSecret(&ctx, secret_);
     ctx.set_deadline(DeadlineAfterMs(timeout_ms));
@@ -54,7 +54,7 @@ class GrpcJobClient final : public JobClient {
     if (!s.ok()) return FromGrpc(s, target_);
     if (Status st = UnpackPeerColumns(&reply); !st.ok())
       return st.Annotate("job service " + target_);
-    PeerTable t;
+    transport::PeerTable t;
     t.addresses.assign(reply.addresses().begin(), reply.addresses().end());
     t.address_of_rank.assign(reply.address_of_rank().begin(), reply.address_of_rank().end());
     t.port_of_rank.assign(reply.port_of_rank().begin(), reply.port_of_rank().end());

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "ringrun/common/status.h"
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
 
@@ -25,7 +25,7 @@ class JobClient {
   // Blocks until every rank has joined, or fails (kTimeout at timeout_ms, kPermissionDenied for
   // a wrong secret, kAborted when the job is torn down, kUnavailable when the service is gone).
   // The table's size equals info.size.
-  virtual Result<PeerTable> Join(const JoinInfo& info, int timeout_ms) = 0;
+  virtual Result<transport::PeerTable> Join(const JoinInfo& info, int timeout_ms) = 0;
 };
 
 // The real client: a gRPC JobService.Join to `target` (host:port) carrying `secret`.

@@ -131,7 +131,7 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   return e;
 }
 
-Shape DeriveShape(const PeerTable& peers, int rank) {
+Shape DeriveShape(const transport::PeerTable& peers, int rank) {
   Shape s;
   s.rank = rank;
   s.size = peers.size();
@@ -195,7 +195,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (const char* level = std::getenv("RINGRUN_LOG_LEVEL"); level != nullptr && *level != '\0') {
     spdlog::set_level(spdlog::level::from_str(level));
   }
-  Result<Listener> listener = Listen(env.host_addr);
+  Result<transport::Listener> listener = transport::Listen(env.host_addr);
   if (!listener.ok()) {
     return listener.status().Annotate("rank " + std::to_string(env.rank) + ": data-plane listener");
   }
@@ -206,12 +206,12 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   info.port = listener->port;
   info.generation = env.generation;
   // No NCCL id here: the engine makes one at the first device collective.
-  Result<PeerTable> peers =
+  Result<transport::PeerTable> peers =
       client->Join(info, env.join_timeout_ms > 0 ? env.join_timeout_ms : kJoinTimeoutMs);
   if (!peers.ok()) return peers.status().Annotate("rank " + std::to_string(env.rank));
   if (joined) *joined = true;
   if (peers->job_id.empty()) peers->job_id = env.job_id;
-  TransportOptions topts;
+  transport::TransportOptions topts;
   topts.use_shm = env.use_shm;
   topts.secret = env.secret;
   topts.allow_nat = env.allow_nat;
@@ -227,14 +227,14 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (env.local_size >= 0) shape.local_size = env.local_size;
   if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
   if (env.cross_size >= 0) shape.cross_size = env.cross_size;
-  Result<std::unique_ptr<Transport>> t =
-      MakeSocketTransport(env.rank, std::move(peers.value()), std::move(listener.value()), topts);
+  Result<std::unique_ptr<transport::Transport>> t = transport::MakeSocketTransport(
+      env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();
   return Started(
       std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, Settings(env)));
 }
 
-Runtime::Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,
+Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, int timeout_ms,
                  EngineSettings settings)
     : shape_([&] {
         if (transport && (shape.local_rank < 0 || shape.cross_rank < 0)) {

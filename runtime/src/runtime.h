@@ -17,7 +17,7 @@
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
 
@@ -33,7 +33,7 @@ struct JobEnv {
   int timeout_ms = kDefaultCollectiveTimeoutMs;
   int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
   bool use_shm = true;
-  bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see TransportOptions::allow_nat
+  bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see transport::TransportOptions::allow_nat
   int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
   // The engine's knobs (ringrun.h lists the variables).
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
@@ -66,7 +66,7 @@ struct EngineSettings {
   // The GPU seam (engine::EngineOptions).
   std::function<bool(const void*)> is_device;
   std::function<std::string()> make_nccl_id;
-  std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string&)> make_device;
+  std::function<Result<std::unique_ptr<gpu::DeviceBackend>>(const std::string&)> make_device;
   std::function<Result<std::shared_ptr<void>>(const void*, void*)> record_event;
 };
 
@@ -78,7 +78,7 @@ class Runtime {
   static Result<std::unique_ptr<Runtime>> Join(const JobEnv& env, JobClient* client,
                                                bool* joined = nullptr);
   // Over an existing transport (tests). Shape fields < 0 are derived from the peer table.
-  Runtime(std::unique_ptr<Transport> transport, Shape shape, int timeout_ms,
+  Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, int timeout_ms,
           EngineSettings settings = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -119,6 +119,6 @@ class Runtime {
 };
 
 // The shape a peer table implies for `rank`: hosts are address indices in order of first use.
-Shape DeriveShape(const PeerTable& peers, int rank);
+Shape DeriveShape(const transport::PeerTable& peers, int rank);
 
 }  // namespace ringrun::runtime

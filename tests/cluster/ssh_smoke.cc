@@ -13,15 +13,15 @@
 #include <string>
 #include <thread>
 
-#include "launcher/ssh_agent_starter.h"
+#include "launcher/starters/ssh_agent_starter.h"
 #include "ringrun/common/secret.h"
 
 using namespace ringrun;
 using namespace ringrun::launcher;
 
 int main(int argc, char** argv) {
-  SshConfig cfg;
-  AgentLaunch launch;
+  starters::SshConfig cfg;
+  starters::AgentLaunch launch;
   launch.service_port = 1;
   Result<std::string> secret = GenerateSecret();
   if (!secret.ok()) {
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   }
   launch.secret = *secret;
   launch.log_level = "warn";
-  HostSpec host;
+  hosts::HostSpec host;
   double wait_s = 10;
   int kill_after_ms = -1;
   for (int i = 1; i < argc; ++i) {
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto starter = MakeSshAgentStarter(cfg);
+  auto starter = starters::MakeSshAgentStarter(cfg);
   auto t0 = std::chrono::steady_clock::now();
   auto handle = starter->Start(host, launch);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -101,8 +101,9 @@ int main(int argc, char** argv) {
   }
   std::printf("exit=%d\n", *code);
   if (*code != 0)
-    std::printf("describe=%s\n",
-                DescribeRemoteAgentExit(host.Display(), launch.agent_path, *code).c_str());
+    std::printf(
+        "describe=%s\n",
+        starters::DescribeRemoteAgentExit(host.Display(), launch.agent_path, *code).c_str());
   std::printf("tail:\n%s\n", (*handle)->StderrTail().c_str());
   return 0;
 }

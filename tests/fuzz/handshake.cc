@@ -1,4 +1,4 @@
-// Fuzz target: the data plane's handshake messages and checks (runtime/src/handshake.*).
+// Fuzz target: the data plane's handshake messages and checks (runtime/src/transport/handshake.*).
 //
 // Input: the whole input is offered to DecodeConnectHello and DecodeAcceptHello as a message
 // off the wire. Its first 120 bytes (zero-padded) also make up a handshake: a connector's hello
@@ -13,19 +13,20 @@
 // in [4096, kMaxShmRingBytes], no ring size on TCP), and says why otherwise; a proof is accepted
 // only if it is the HMAC made with the job's secret: a candidate proof, a proof made with any
 // other secret, a proof for the other role, or for a transcript with any field changed, is not.
-#include "runtime/src/handshake.h"
+#include "runtime/src/transport/handshake.h"
 
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
 
-#include "runtime/src/shm_pair.h"
+#include "runtime/src/transport/shm_pair.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using namespace ringrun::runtime;
+using namespace ringrun::runtime::transport;
 
 const std::string kSecret(64, 'a');  // 64 hex characters, as RINGRUN_SECRET
 

@@ -1,9 +1,9 @@
-// Fuzz target: the -H host list and the hostfile parser (launcher/hostfile.*).
+// Fuzz target: the -H host list and the hostfile parser (launcher/hosts/hostfile.*).
 // The input is both a -H value (up to its first NUL: an argv word holds none) and, when it has
 // no NUL (ParseHostfile refuses those), a hostfile's text. Properties checked on success: the
 // documented bounds (slots in [1, 65536], non-empty names without separators, no host twice),
 // and that writing the hosts back out parses to the same hosts.
-#include "launcher/hostfile.h"
+#include "launcher/hosts/hostfile.h"
 
 #include <cstdint>
 #include <set>
@@ -14,17 +14,17 @@
 
 namespace {
 
-using ringrun::launcher::HostSpec;
+using ringrun::launcher::hosts::HostSpec;
 
 std::string Lower(std::string s) {
   for (char& c : s) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
   return s;
 }
 
-void CheckHosts(const std::vector<HostSpec>& hosts) {
+void CheckHosts(const std::vector<ringrun::launcher::hosts::HostSpec>& hosts) {
   FUZZ_CHECK(!hosts.empty());
   std::set<std::string> names;
-  for (const HostSpec& h : hosts) {
+  for (const ringrun::launcher::hosts::HostSpec& h : hosts) {
     FUZZ_CHECK(h.slots >= 1 && h.slots <= 65536);
     FUZZ_CHECK(!h.name.empty());
     FUZZ_CHECK(h.name.find_first_of(" \t\r\n,#@=[]") == std::string::npos);
@@ -33,7 +33,8 @@ void CheckHosts(const std::vector<HostSpec>& hosts) {
   }
 }
 
-bool Same(const std::vector<HostSpec>& a, const std::vector<HostSpec>& b) {
+bool Same(const std::vector<ringrun::launcher::hosts::HostSpec>& a,
+          const std::vector<ringrun::launcher::hosts::HostSpec>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].user != b[i].user || a[i].name != b[i].name || a[i].slots != b[i].slots) return false;
@@ -41,9 +42,9 @@ bool Same(const std::vector<HostSpec>& a, const std::vector<HostSpec>& b) {
   return true;
 }
 
-std::string AsHostList(const std::vector<HostSpec>& hosts) {
+std::string AsHostList(const std::vector<ringrun::launcher::hosts::HostSpec>& hosts) {
   std::string out;
-  for (const HostSpec& h : hosts) {
+  for (const ringrun::launcher::hosts::HostSpec& h : hosts) {
     if (!out.empty()) out += ',';
     if (!h.user.empty()) out += h.user + "@";
     bool v6 = h.name.find(':') != std::string::npos;
@@ -52,9 +53,10 @@ std::string AsHostList(const std::vector<HostSpec>& hosts) {
   return out;
 }
 
-std::string AsHostfile(const std::vector<HostSpec>& hosts) {
+std::string AsHostfile(const std::vector<ringrun::launcher::hosts::HostSpec>& hosts) {
   std::string out;
-  for (const HostSpec& h : hosts) out += h.Display() + " slots=" + std::to_string(h.slots) + "\n";
+  for (const ringrun::launcher::hosts::HostSpec& h : hosts)
+    out += h.Display() + " slots=" + std::to_string(h.slots) + "\n";
   return out;
 }
 
@@ -64,20 +66,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
 
   const std::string word = text.substr(0, text.find('\0'));
-  auto list = ringrun::launcher::ParseHostList(word);
+  auto list = ringrun::launcher::hosts::ParseHostList(word);
   if (list.ok()) {
     CheckHosts(*list);
-    auto again = ringrun::launcher::ParseHostList(AsHostList(*list));
+    auto again = ringrun::launcher::hosts::ParseHostList(AsHostList(*list));
     FUZZ_CHECK(again.ok() && Same(*list, *again));
   } else {
     FUZZ_CHECK(!list.status().message().empty());
   }
 
   if (text.find('\0') == std::string::npos) {
-    auto file = ringrun::launcher::ParseHostfileText(text, "fuzz");
+    auto file = ringrun::launcher::hosts::ParseHostfileText(text, "fuzz");
     if (file.ok()) {
       CheckHosts(*file);
-      auto again = ringrun::launcher::ParseHostfileText(AsHostfile(*file), "again");
+      auto again = ringrun::launcher::hosts::ParseHostfileText(AsHostfile(*file), "again");
       FUZZ_CHECK(again.ok() && Same(*file, *again));
     } else {
       FUZZ_CHECK(!file.status().message().empty());

@@ -1,5 +1,5 @@
-// Fuzz target: the job service's request handling (launcher/job_service.*, rendezvous.*). The
-// real JobService, built as launcher/job.cc builds it, serves on loopback; each input is one
+// Fuzz target: the job service's request handling (launcher/service/job_service.*, rendezvous.*). The
+// real JobService, built as launcher/job/job.cc builds it, serves on loopback; each input is one
 // call whose body is raw fuzz bytes, so the bytes go through gRPC's framing, Protobuf's parser
 // and the handlers exactly as a client's would.
 //
@@ -14,7 +14,7 @@
 // rendezvous has one rank, so a valid Join completes at once); and nothing crashes or trips a
 // sanitizer. The server is configured as the launcher's (ConfigureJobServer: the 2 MiB request
 // cap, keepalive), so a larger body is RESOURCE_EXHAUSTED before any handler runs.
-#include "launcher/job_service.h"
+#include "launcher/service/job_service.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/rendezvous.h"
+#include "launcher/service/rendezvous.h"
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/job.pb.h"
@@ -37,15 +37,15 @@
 
 namespace {
 
-using ringrun::launcher::JobService;
-using ringrun::launcher::Rendezvous;
+using ringrun::launcher::service::JobService;
+using ringrun::launcher::service::Rendezvous;
 namespace v1 = ringrun::v1;
 
 constexpr int kDeadlineMs = 5000;
 constexpr size_t kCap = ringrun::kMaxJobServiceRequestBytes;  // ConfigureJobServer's request cap
 const std::string kSecret(64, 's');
 
-class CountingEvents final : public ringrun::launcher::JobEvents {
+class CountingEvents final : public ringrun::launcher::service::JobEvents {
  public:
   grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer,
                           v1::RegisterReply* reply) override {
@@ -65,14 +65,14 @@ struct Harness {
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&service);
-    ringrun::launcher::ConfigureJobServer(&b);  // as launcher/job_server.cc
+    ringrun::launcher::service::ConfigureJobServer(&b);  // as launcher/service/job_server.cc
     server = b.BuildAndStart();
     FUZZ_CHECK(server && port > 0);
     stub = std::make_unique<grpc::GenericStub>(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   }
   CountingEvents events;
-  Rendezvous rendezvous;
+  ringrun::launcher::service::Rendezvous rendezvous;
   JobService service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::GenericStub> stub;

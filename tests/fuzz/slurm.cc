@@ -1,4 +1,4 @@
-// Fuzz target: the Slurm allocation parsers (launcher/slurm.*): the hostlist grammar
+// Fuzz target: the Slurm allocation parsers (launcher/hosts/slurm.*): the hostlist grammar
 // (SLURM_JOB_NODELIST) and the count list (SLURM_TASKS_PER_NODE).
 //
 // Input: the text before the first NUL is a hostlist expression, the text after it (or the
@@ -10,7 +10,7 @@
 // ("'TOKEN': why") or says the list is too long. For count lists: every count is in
 // [0, 65536]; the counts written back in run-length form ("2(x3),1") expand to the same list;
 // an error quotes one ','-separated element of the input.
-#include "launcher/slurm.h"
+#include "launcher/hosts/slurm.h"
 
 #include <cstdint>
 #include <string>
@@ -21,8 +21,8 @@
 
 namespace {
 
-using ringrun::launcher::ExpandCountList;
-using ringrun::launcher::ExpandHostlist;
+using ringrun::launcher::hosts::ExpandCountList;
+using ringrun::launcher::hosts::ExpandHostlist;
 
 // Whether `message` begins with "'X'" for some X that satisfies `is_token`.
 template <typename Pred>
@@ -35,7 +35,7 @@ bool QuotesToken(const std::string& message, Pred is_token) {
 }
 
 void CheckHostlist(std::string_view expr) {
-  auto names = ExpandHostlist(expr);
+  auto names = ringrun::launcher::hosts::ExpandHostlist(expr);
   if (!names.ok()) {
     const std::string& m = names.status().message();
     FUZZ_CHECK(QuotesToken(m,
@@ -58,7 +58,7 @@ void CheckHostlist(std::string_view expr) {
 }
 
 void CheckCounts(std::string_view list) {
-  auto counts = ExpandCountList(list);
+  auto counts = ringrun::launcher::hosts::ExpandCountList(list);
   if (!counts.ok()) {
     FUZZ_CHECK(QuotesToken(counts.status().message(), [&](std::string_view t) {
       // One whole element: bounded by ',' or the ends of the list.

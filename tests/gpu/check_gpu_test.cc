@@ -5,8 +5,8 @@
 #include <chrono>
 
 #include "launcher/check_build.h"
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/gpu/config.h"
-#include "runtime/src/gpu/gpu_info.h"
 
 using namespace ringrun::launcher;
 
@@ -69,7 +69,7 @@ TEST_CASE("anything else is not a probe report", "[check_gpu]") {
 }
 
 TEST_CASE("the probe library describes every GPU, or names why there is none", "[check_gpu]") {
-  ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
+  ringrun::GpuHostInfo info = ringrun::ProbeGpus();
 #if RINGRUN_HAVE_NCCL
   CHECK(info.build.cuda_runtime_version > 0);
   CHECK(info.build.nccl_runtime_version > 0);
@@ -82,7 +82,7 @@ TEST_CASE("the probe library describes every GPU, or names why there is none", "
   CHECK(info.error.empty());
   CHECK(info.driver_version > 0);
   for (size_t i = 0; i < info.devices.size(); ++i) {
-    const ringrun::runtime::GpuDeviceInfo& d = info.devices[i];
+    const ringrun::GpuDeviceInfo& d = info.devices[i];
     INFO("device " << i << ": " << d.name << " at " << d.pci_bus_id);
     CHECK(d.index == static_cast<int>(i));
     CHECK_FALSE(d.name.empty());
@@ -95,15 +95,15 @@ TEST_CASE("the probe library describes every GPU, or names why there is none", "
 // A real --check-gpu job on this machine (local agent, real probe). Hidden from the unit run;
 // CTest runs it as gpu_check_gpu_local (label integration).
 TEST_CASE("check-gpu on this host: 0 with a GPU, 1 within 10 s without", "[.][check_gpu_job]") {
-  const bool has_gpu = !ringrun::runtime::ProbeGpus().devices.empty();
+  const bool has_gpu = !ringrun::ProbeGpus().devices.empty();
   Options options;
-  HostSpec local;
+  hosts::HostSpec local;
   local.name = "localhost";
   options.hosts = {local};
   options.np = 1;
   options.check_gpu = true;
-  auto starter = MakeLocalAgentStarter();
-  Starters starters;
+  auto starter = starters::MakeLocalAgentStarter();
+  job::Starters starters;
   starters.local = starter.get();
   const auto start = std::chrono::steady_clock::now();
   const int rc = RunCheckGpu(options, starters);

@@ -21,9 +21,13 @@
 namespace ringrun::runtime::testing {
 namespace {
 
+using namespace ringrun::runtime::transport;
+
 using engine::Entry;
 using engine::HandleState;
 using engine::Kind;
+using gpu::testing::FakeGpuWorld;
+using gpu::testing::FakeNcclApi;
 
 constexpr int kMaxRanks = 3;
 constexpr size_t kDeviceFloats = 4096;
@@ -71,16 +75,16 @@ struct DeviceJob {
         id_maker.GetUniqueId(&id);
         return std::string(id.internal, sizeof(id.internal));
       };
-      std::shared_ptr<NcclApi> api = apis[r];
+      std::shared_ptr<gpu::NcclApi> api = apis[r];
       s.make_device = [api, r, n = np, backend_timeout_ms](const std::string& id) {
-        NcclBackendOptions b;
+        gpu::NcclBackendOptions b;
         b.rank = r, b.size = n, b.local_rank = 0, b.nccl_id = id;
         b.timeout_ms = backend_timeout_ms;
         b.poll_interval_us = 50;
-        return MakeNcclBackend(api, b);
+        return gpu::MakeNcclBackend(api, b);
       };
       s.record_event = [api](const void* buffer, void* stream) {
-        return RecordNcclEvent(api, buffer, stream);
+        return gpu::RecordNcclEvent(api, buffer, stream);
       };
       Shape shape;
       shape.rank = r, shape.size = np, shape.local_rank = -1, shape.cross_rank = -1;

@@ -29,7 +29,7 @@
 #include "runtime/src/gpu/nccl_api.h"
 #include "runtime/src/gpu/nccl_mapping.h"
 
-namespace ringrun::runtime::testing {
+namespace ringrun::runtime::gpu::testing {
 
 class FakeNcclApi;
 
@@ -71,7 +71,7 @@ class FakeGpuWorld {
   std::map<uint64_t, Match> matches_;  // guarded by mu_: by sequence number
 };
 
-class FakeNcclApi : public NcclApi {
+class FakeNcclApi : public gpu::NcclApi {
  public:
   // Script (set before use).
   struct Script {
@@ -775,4 +775,4 @@ class FakeNcclApi : public NcclApi {
   int comm_storage_ = 0;
 };
 
-}  // namespace ringrun::runtime::testing
+}  // namespace ringrun::runtime::gpu::testing

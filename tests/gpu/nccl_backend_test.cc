@@ -11,12 +11,13 @@
 
 using namespace ringrun;
 using namespace ringrun::runtime;
-using ringrun::runtime::testing::FakeNcclApi;
+using namespace ringrun::runtime::gpu;
+using ringrun::runtime::gpu::testing::FakeNcclApi;
 
 namespace {
 
-NcclBackendOptions Opts(int rank, int size, int local_rank, int timeout_ms = 2000) {
-  NcclBackendOptions o;
+gpu::NcclBackendOptions Opts(int rank, int size, int local_rank, int timeout_ms = 2000) {
+  gpu::NcclBackendOptions o;
   o.rank = rank;
   o.size = size;
   o.local_rank = local_rank;
@@ -36,7 +37,7 @@ float g_buf[8];
 
 TEST_CASE("the communicator is non-blocking and init is polled to completion", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  auto backend = MakeNcclBackend(api, Opts(1, 4, 1));
+  auto backend = gpu::MakeNcclBackend(api, Opts(1, 4, 1));
   REQUIRE(backend.ok());
   FakeNcclApi::Record rec = api->record();
   CHECK(rec.init_blocking == 0);
@@ -50,7 +51,7 @@ TEST_CASE("the device is the local rank's unless the program chose one", "[backe
     FakeNcclApi::Script s;
     s.device_count = 2;
     auto api = std::make_shared<FakeNcclApi>(s);
-    auto backend = MakeNcclBackend(api, Opts(3, 4, 3));
+    auto backend = gpu::MakeNcclBackend(api, Opts(3, 4, 3));
     REQUIRE(backend.ok());
     REQUIRE_FALSE(api->record().set_devices.empty());
     CHECK(api->record().set_devices.front() == 1);
@@ -64,7 +65,7 @@ TEST_CASE("the device is the local rank's unless the program chose one", "[backe
     s.thread_has_context = true;
     s.current_device = 1;
     auto api = std::make_shared<FakeNcclApi>(s);
-    auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+    auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
     REQUIRE(backend.ok());
     for (int d : api->record().set_devices) CHECK(d == 1);
   }
@@ -74,7 +75,7 @@ TEST_CASE("no driver or no device fails with a message naming the cause", "[back
   FakeNcclApi::Script s;
   s.device_count_error = cudaErrorInsufficientDriver;
   s.driver_version = 0;
-  auto r = MakeNcclBackend(std::make_shared<FakeNcclApi>(s), Opts(0, 2, 0));
+  auto r = gpu::MakeNcclBackend(std::make_shared<FakeNcclApi>(s), Opts(0, 2, 0));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kUnavailable);
   CHECK_THAT(r.status().message(),
@@ -83,28 +84,28 @@ TEST_CASE("no driver or no device fails with a message naming the cause", "[back
 
   FakeNcclApi::Script none;
   none.device_count = 0;
-  auto r2 = MakeNcclBackend(std::make_shared<FakeNcclApi>(none), Opts(0, 2, 0));
+  auto r2 = gpu::MakeNcclBackend(std::make_shared<FakeNcclApi>(none), Opts(0, 2, 0));
   REQUIRE_FALSE(r2.ok());
   CHECK_THAT(r2.status().message(), Catch::Contains("no CUDA device"));
 }
 
 TEST_CASE("a missing or malformed unique id is refused before NCCL is asked", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  NcclBackendOptions o = Opts(1, 2, 1);
+  gpu::NcclBackendOptions o = Opts(1, 2, 1);
   o.nccl_id.clear();
-  auto r = MakeNcclBackend(api, o);
+  auto r = gpu::MakeNcclBackend(api, o);
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("no NCCL unique id from rank 0"));
   o.nccl_id = "short";
-  auto r2 = MakeNcclBackend(api, o);
+  auto r2 = gpu::MakeNcclBackend(api, o);
   REQUIRE_FALSE(r2.ok());
   CHECK(r2.status().code() == Code::kInvalidArgument);
   CHECK(api->record().init_rank == -1);
 
   // A job of size 1 may make its own id.
-  NcclBackendOptions single = Opts(0, 1, 0);
+  gpu::NcclBackendOptions single = Opts(0, 1, 0);
   single.nccl_id.clear();
-  CHECK(MakeNcclBackend(std::make_shared<FakeNcclApi>(), single).ok());
+  CHECK(gpu::MakeNcclBackend(std::make_shared<FakeNcclApi>(), single).ok());
 }
 
 TEST_CASE("an init that never completes times out and is aborted", "[backend]") {
@@ -112,7 +113,7 @@ TEST_CASE("an init that never completes times out and is aborted", "[backend]") 
   s.init_hangs = true;
   auto api = std::make_shared<FakeNcclApi>(s);
   const auto start = std::chrono::steady_clock::now();
-  auto r = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/100));
+  auto r = gpu::MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/100));
   const auto took = std::chrono::steady_clock::now() - start;
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == Code::kTimeout);
@@ -124,9 +125,9 @@ TEST_CASE("an init that never completes times out and is aborted", "[backend]") 
 
 TEST_CASE("collectives map their arguments; only Finish waits, for the result event", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   REQUIRE(b.Allreduce(g_buf, g_buf, 3, RINGRUN_BFLOAT16, RINGRUN_AVERAGE, 1.0).ok());
   REQUIRE(b.Broadcast(g_buf, 4, RINGRUN_INT64, 1).ok());
   REQUIRE(b.Allgatherv(g_buf, g_buf, {2, 2}, RINGRUN_FLOAT16).ok());
@@ -154,9 +155,9 @@ TEST_CASE("collectives map their arguments; only Finish waits, for the result ev
 
 TEST_CASE("ragged allgather and alltoall are grouped sends and receives", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  auto backend = MakeNcclBackend(api, Opts(1, 2, 1));
+  auto backend = gpu::MakeNcclBackend(api, Opts(1, 2, 1));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   REQUIRE(b.Allgatherv(g_buf, g_buf, {1, 3}, RINGRUN_FLOAT32).ok());
   REQUIRE(b.Alltoallv(g_buf, {2, 0}, g_buf, {1, 1}, RINGRUN_INT32).ok());
   const std::string f = std::to_string(ncclFloat32), i = std::to_string(ncclInt32);
@@ -178,9 +179,9 @@ TEST_CASE("ragged allgather and alltoall are grouped sends and receives", "[back
 TEST_CASE("scale factors are one PreMulSum, created and destroyed per call; other ops refuse them",
           "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   REQUIRE(b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 0.25).ok());
   const std::string f = std::to_string(ncclFloat32);
   CHECK(api->record().collectives ==
@@ -196,7 +197,7 @@ TEST_CASE("scale factors are one PreMulSum, created and destroyed per call; othe
   FakeNcclApi::Script old;
   old.nccl_version = 21003;
   auto api_old = std::make_shared<FakeNcclApi>(old);
-  auto b_old = MakeNcclBackend(api_old, Opts(0, 2, 0));
+  auto b_old = gpu::MakeNcclBackend(api_old, Opts(0, 2, 0));
   REQUIRE(b_old.ok());
   Status st = (*b_old)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 0.5);
   CHECK_THAT(st.message(), Catch::Contains("NCCL >= 2.11"));
@@ -206,11 +207,11 @@ TEST_CASE("with one rank, AVERAGE is a SUM and a PreMulSum is issued in pieces N
           "[backend]") {
   // NCCL's one-rank kernel (ncclAvg on floats, PreMulSum) leaves the last elements of some
   // counts unwritten (NcclOneRankPreMulSumSpan); a real H200 with NCCL 2.28.3 showed it.
-  auto world = std::make_shared<ringrun::runtime::testing::FakeGpuWorld>(1);  // moves data
+  auto world = std::make_shared<ringrun::runtime::gpu::testing::FakeGpuWorld>(1);  // moves data
   auto api = std::make_shared<FakeNcclApi>(FakeNcclApi::Script{}, world, 0);
-  auto backend = MakeNcclBackend(api, Opts(0, 1, 0));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 1, 0));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   constexpr size_t kCount = (size_t{1} << 20) + 3;
   std::vector<float> send(kCount, 2.0f), recv(kCount, 0.0f);
   REQUIRE(
@@ -231,7 +232,7 @@ TEST_CASE("with one rank, AVERAGE is a SUM and a PreMulSum is issued in pieces N
 
   // With two ranks, AVERAGE stays ncclAvg (a PreMulSum stays one call: the test above).
   auto api2 = std::make_shared<FakeNcclApi>();
-  auto two = MakeNcclBackend(api2, Opts(0, 2, 0));
+  auto two = gpu::MakeNcclBackend(api2, Opts(0, 2, 0));
   REQUIRE(two.ok());
   REQUIRE((*two)->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_AVERAGE, 1.0).ok());
   CHECK(api2->record().collectives ==
@@ -243,9 +244,9 @@ TEST_CASE("the fusion buffer is allocated once, grown when needed, freed with th
           "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   {
-    auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+    auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
     REQUIRE(backend.ok());
-    DeviceBackend& b = **backend;
+    gpu::DeviceBackend& b = **backend;
     Result<void*> a = b.FusionBuffer(100);
     Result<void*> a2 = b.FusionBuffer(1000);
     REQUIRE(a.ok());
@@ -257,7 +258,7 @@ TEST_CASE("the fusion buffer is allocated once, grown when needed, freed with th
     CHECK(api->record().mallocs == 2);
     CHECK(api->record().frees == 1);
     CHECK(api->IsAllocated(static_cast<char*>(*big) + (4 << 20) - 1));
-    Result<DeviceMemory> out = b.Allocate(64);
+    Result<gpu::DeviceMemory> out = b.Allocate(64);
     REQUIRE(out.ok());
     CHECK(api->live_allocations() == 2);
   }
@@ -268,9 +269,9 @@ TEST_CASE("the fusion buffer is allocated once, grown when needed, freed with th
 
 TEST_CASE("rejected arguments communicate nothing and leave the backend usable", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
-  auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   Status avg = b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_AVERAGE, 1.0);
   CHECK(avg.code() == Code::kInvalidArgument);
   CHECK_THAT(avg.message(), Catch::Contains("rank 0/2") && Catch::Contains("allreduce"));
@@ -285,9 +286,9 @@ TEST_CASE("an asynchronous NCCL error aborts the communicator; later calls fail 
   FakeNcclApi::Script s;
   s.async_error = ncclRemoteError;
   auto api = std::make_shared<FakeNcclApi>(s);
-  auto backend = MakeNcclBackend(api, Opts(1, 2, 1));
+  auto backend = gpu::MakeNcclBackend(api, Opts(1, 2, 1));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   Status st = b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0);
   CHECK(st.code() == Code::kUnavailable);
   CHECK_THAT(st.message(), Catch::Contains("rank 1/2") && Catch::Contains("remote process exited"));
@@ -304,9 +305,9 @@ TEST_CASE("work that never completes times out in Finish and aborts", "[backend]
   FakeNcclApi::Script s;
   s.collective_hangs = true;
   auto api = std::make_shared<FakeNcclApi>(s);
-  auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/100));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/100));
   REQUIRE(backend.ok());
-  DeviceBackend& b = **backend;
+  gpu::DeviceBackend& b = **backend;
   REQUIRE(b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0).ok());
   // Not waiting: returns at once, the work still pending.
   REQUIRE(b.Finish({}, /*wait=*/false).ok());
@@ -320,9 +321,9 @@ TEST_CASE("Abort() from another thread ends a Finish in flight", "[backend]") {
   FakeNcclApi::Script s;
   s.collective_hangs = true;
   auto api = std::make_shared<FakeNcclApi>(s);
-  auto backend = MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/60000));
+  auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0, /*timeout_ms=*/60000));
   REQUIRE(backend.ok());
-  DeviceBackend* b = backend->get();
+  gpu::DeviceBackend* b = backend->get();
   REQUIRE(b->Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0).ok());
   std::thread aborter([b] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -348,7 +349,7 @@ TEST_CASE("a ready event is recorded on the caller's stream, on the buffer's dev
   cudaStream_t caller;
   api->StreamCreateNonBlocking(&caller);
   const int gate = api->EnqueueGate(caller);
-  Result<DeviceEvent> ev = RecordNcclEvent(api, g_buf, caller);
+  Result<gpu::DeviceEvent> ev = gpu::RecordNcclEvent(api, g_buf, caller);
   REQUIRE(ev.ok());
   auto* e = static_cast<cudaEvent_t>(ev->get());
   CHECK(api->EventQuery(e) == cudaErrorNotReady);  // behind the caller's pending work
@@ -361,7 +362,7 @@ TEST_CASE("a ready event is recorded on the caller's stream, on the buffer's dev
 TEST_CASE("a healthy backend is finalized and destroyed, not aborted", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   {
-    auto backend = MakeNcclBackend(api, Opts(0, 2, 0));
+    auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
     REQUIRE(backend.ok());
   }
   auto rec = api->record();

@@ -7,20 +7,22 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/job_service.h"
-#include "launcher/rendezvous.h"
+#include "launcher/service/job_service.h"
+#include "launcher/service/rendezvous.h"
 #include "runtime/src/gpu/nccl_backend.h"
 #include "runtime/src/job_client.h"
 #include "tests/gpu/fake_nccl_api.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;
-using ringrun::runtime::testing::FakeNcclApi;
+using namespace ringrun::runtime::transport;
+using namespace ringrun::runtime::gpu;
+using ringrun::runtime::gpu::testing::FakeNcclApi;
 
 namespace {
 
 // Only Join is exercised: agents never register in this test.
-class NoAgents : public launcher::JobEvents {
+class NoAgents : public launcher::service::JobEvents {
  public:
   grpc::Status OnRegister(const v1::RegisterRequest&, const std::string&,
                           v1::RegisterReply*) override {
@@ -48,8 +50,8 @@ struct Service {
   static constexpr char kSecret[] =
       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
   NoAgents events;
-  launcher::Rendezvous rendezvous;
-  launcher::JobService service;
+  launcher::service::Rendezvous rendezvous;
+  launcher::service::JobService service;
   int port = 0;
   std::unique_ptr<grpc::Server> server;
 };
@@ -83,7 +85,7 @@ TEST_CASE("rank 0's NCCL id reaches every rank unchanged through Join", "[bootst
       info.size = kSize;
       info.address = "127.0.0.1";
       info.port = static_cast<uint16_t>(20000 + r);
-      if (r == 0) info.nccl_id = CreateNcclUniqueId(*out[r].api);
+      if (r == 0) info.nccl_id = gpu::CreateNcclUniqueId(*out[r].api);
       auto client = MakeGrpcJobClient(svc.target(), Service::kSecret);
       Result<PeerTable> peers = client->Join(info, 10000);
       if (!peers.ok()) {
@@ -91,14 +93,14 @@ TEST_CASE("rank 0's NCCL id reaches every rank unchanged through Join", "[bootst
         return;
       }
       out[r].joined_id = peers->nccl_id;
-      NcclBackendOptions o;
+      gpu::NcclBackendOptions o;
       o.rank = r;
       o.size = kSize;
       o.local_rank = r;
       o.nccl_id = peers->nccl_id;
       o.timeout_ms = 5000;
       o.poll_interval_us = 50;
-      auto backend = MakeNcclBackend(out[r].api, o);
+      auto backend = gpu::MakeNcclBackend(out[r].api, o);
       out[r].backend = backend.ok() ? Status::Ok() : backend.status();
     });
   }
@@ -145,18 +147,18 @@ TEST_CASE("rank 0 without a GPU sends no id, and the others are told why", "[boo
       info.size = kSize;
       info.address = "127.0.0.1";
       info.port = static_cast<uint16_t>(21000 + r);
-      if (r == 0) info.nccl_id = CreateNcclUniqueId(rank0_api);
+      if (r == 0) info.nccl_id = gpu::CreateNcclUniqueId(rank0_api);
       Result<PeerTable> peers =
           MakeGrpcJobClient(svc.target(), Service::kSecret)->Join(info, 10000);
       if (!peers.ok()) {
         status[r] = peers.status();
         return;
       }
-      NcclBackendOptions o;
+      gpu::NcclBackendOptions o;
       o.rank = r;
       o.size = kSize;
       o.nccl_id = peers->nccl_id;
-      auto backend = MakeNcclBackend(std::make_shared<FakeNcclApi>(), o);
+      auto backend = gpu::MakeNcclBackend(std::make_shared<FakeNcclApi>(), o);
       status[r] = backend.ok() ? Status::Ok() : backend.status();
     });
   }

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/names.h"
 
 using namespace ringrun;
 using namespace ringrun::runtime;
+using namespace ringrun::runtime::gpu;
 
 namespace {
 constexpr int kNccl = 22809;    // 2.28.9

@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "ringrun/job.grpc.pb.h"
-#include "runtime/src/handshake.h"
+#include "runtime/src/transport/handshake.h"
 
 namespace {
 
@@ -171,7 +171,7 @@ std::vector<uint8_t> OldHello(uint32_t rank, const std::string& job_id) {
   return h;
 }
 
-// The handshake's job tag (runtime/src/handshake.h: JobTag).
+// The handshake's job tag (runtime/src/transport/handshake.h: JobTag).
 uint64_t Sha256Tag(const std::string& job_id) {
   uint8_t md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size(), md);
@@ -180,7 +180,7 @@ uint64_t Sha256Tag(const std::string& job_id) {
   return v | 1;
 }
 
-// The handshake's ConnectHello (runtime/src/handshake.h), then a made-up proof.
+// The handshake's ConnectHello (runtime/src/transport/handshake.h), then a made-up proof.
 std::vector<uint8_t> NewHello(uint32_t rank, uint32_t to_rank, uint64_t tag, std::mt19937_64& rng) {
   std::vector<uint8_t> h(64);
   Put32(h.data(), 0x31435252);
@@ -313,7 +313,7 @@ int Flood(int seconds, int silent, const std::vector<int>& pids) {
 // target rank claiming rank `claimed`, and answers the challenge correctly. Prints "admitted"
 // when the target says so after the proof, "refused" when it closes the connection.
 int Impersonate(int secret_pid, int target_pid, uint32_t claimed) {
-  using namespace ringrun::runtime;
+  using namespace ringrun::runtime::transport;
   const std::string secret = EnvOf(secret_pid, "RINGRUN_SECRET");
   Target t = Discover(target_pid);
   if (secret.empty() || t.tcp.empty()) {

@@ -1,5 +1,5 @@
 // AgentRegistry: agents (threads here) register, wait for every host, and get their own ranks.
-#include "launcher/agent_registry.h"
+#include "launcher/service/agent_registry.h"
 
 #include <catch2/catch.hpp>
 #include <thread>
@@ -10,7 +10,8 @@ namespace {
 using std::chrono::milliseconds;
 
 // One rank per host, its argv naming the host and the address rank 0's host registered from.
-std::map<int, std::vector<v1::RankSpec>> Build(const std::map<int, Registration>& registered) {
+std::map<int, std::vector<v1::RankSpec>> Build(
+    const std::map<int, service::Registration>& registered) {
   std::map<int, std::vector<v1::RankSpec>> specs;
   for (const auto& [host, reg] : registered) {
     v1::RankSpec spec;
@@ -20,14 +21,14 @@ std::map<int, std::vector<v1::RankSpec>> Build(const std::map<int, Registration>
   return specs;
 }
 
-Registration From(const std::string& address) {
-  Registration r;
+service::Registration From(const std::string& address) {
+  service::Registration r;
   r.peer_address = address;
   return r;
 }
 
 TEST_CASE("registry: every agent waits for the last, then gets its own ranks", "[registry]") {
-  AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
+  service::AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
   std::vector<v1::RankSpec> ranks2;
   bool late_added = false, late_got_ranks = false;  // checked after join: Catch2's assertions
   std::thread late([&] {                            // are not thread-safe
@@ -49,14 +50,14 @@ TEST_CASE("registry: every agent waits for the last, then gets its own ranks", "
 }
 
 TEST_CASE("registry: unknown and repeated hosts are refused", "[registry]") {
-  AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
+  service::AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
   CHECK(registry.Add(1, {}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(registry.Add(0, {}).ok());
   CHECK(registry.Add(0, {}).error_code() == grpc::StatusCode::ALREADY_EXISTS);
 }
 
 TEST_CASE("registry: closing releases waiting agents and refuses later ones", "[registry]") {
-  AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
+  service::AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
   REQUIRE(registry.Add(0, {}).ok());
   grpc::Status waited;
   std::thread waiter([&] {
@@ -72,7 +73,7 @@ TEST_CASE("registry: closing releases waiting agents and refuses later ones", "[
 }
 
 TEST_CASE("registry: waiting ends at the deadline", "[registry]") {
-  AgentRegistry registry({0, 2}, SteadyClock().Now() + milliseconds(50), Build);
+  service::AgentRegistry registry({0, 2}, SteadyClock().Now() + milliseconds(50), Build);
   REQUIRE(registry.Add(0, {}).ok());
   std::vector<v1::RankSpec> ranks;
   CHECK(registry.WaitForRanks(0, &ranks).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);

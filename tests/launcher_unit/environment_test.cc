@@ -1,5 +1,5 @@
 // The rank environment: the three name families, the denylist, -x, no duplicates.
-#include "launcher/environment.h"
+#include "launcher/job/environment.h"
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -8,13 +8,13 @@
 #include "ringrun/common/env_contract.h"
 
 using Catch::Matchers::Contains;
-using ringrun::launcher::BuildRankEnvironment;
-using ringrun::launcher::ContractVariableNames;
-using ringrun::launcher::IsContractVariable;
-using ringrun::launcher::IsDeniedVariable;
-using ringrun::launcher::JobContext;
-using ringrun::launcher::ParseExportFlag;
-using ringrun::launcher::RankPlacement;
+using ringrun::launcher::hosts::RankPlacement;
+using ringrun::launcher::job::BuildRankEnvironment;
+using ringrun::launcher::job::ContractVariableNames;
+using ringrun::launcher::job::IsContractVariable;
+using ringrun::launcher::job::IsDeniedVariable;
+using ringrun::launcher::job::JobContext;
+using ringrun::launcher::job::ParseExportFlag;
 
 namespace {
 
@@ -37,7 +37,7 @@ void CheckNoDuplicates(const std::vector<std::string>& env) {
   }
 }
 
-RankPlacement Placement() {
+ringrun::launcher::hosts::RankPlacement Placement() {
   RankPlacement p;
   p.rank = 5;
   p.host_index = 2;
@@ -50,7 +50,7 @@ RankPlacement Placement() {
   return p;
 }
 
-JobContext Job() {
+ringrun::launcher::job::JobContext Job() {
   JobContext j;
   j.job_id = "job-42";
   j.job_service = "127.0.0.1:4567";
@@ -66,7 +66,8 @@ JobContext Job() {
 }  // namespace
 
 TEST_CASE("environment: all three name families", "[environment]") {
-  auto env = AsMap(BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), Job()));
+  auto env = AsMap(
+      ringrun::launcher::job::BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), Job()));
   CHECK(env["PATH"] == "/usr/bin");
   // ours
   CHECK(env[ringrun::env::kRank] == "5");
@@ -101,19 +102,19 @@ TEST_CASE("environment: all three name families", "[environment]") {
   CHECK(env["MASTER_ADDR"] == "198.18.0.2");
   CHECK(env["MASTER_PORT"] == "29500");
   // Every contract name is there.
-  for (const std::string& name : ContractVariableNames()) {
+  for (const std::string& name : ringrun::launcher::job::ContractVariableNames()) {
     INFO(name);
     CHECK(env.count(name) == 1);
-    CHECK(IsContractVariable(name));
-    CHECK(IsDeniedVariable(name));
+    CHECK(ringrun::launcher::job::IsContractVariable(name));
+    CHECK(ringrun::launcher::job::IsDeniedVariable(name));
   }
 }
 
 TEST_CASE("environment: GROUP_WORLD_SIZE is left out when the placement lacks it",
           "[environment]") {
-  RankPlacement p = Placement();
+  ringrun::launcher::hosts::RankPlacement p = Placement();
   p.node_count = 0;
-  auto env = AsMap(BuildRankEnvironment({}, {}, p, Job()));
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment({}, {}, p, Job()));
   CHECK(env.count("GROUP_WORLD_SIZE") == 0);
   CHECK(env["GROUP_RANK"] == "1");
 }
@@ -167,7 +168,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
       "SLURM_JOB_ID=77",
       "HOSTNAME=launcher-host",
   };
-  auto built = BuildRankEnvironment(launcher, {}, Placement(), Job());
+  auto built = ringrun::launcher::job::BuildRankEnvironment(launcher, {}, Placement(), Job());
   CheckNoDuplicates(built);
   auto env = AsMap(built);
   for (const char* kept :
@@ -175,7 +176,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
         "CUDA_VISIBLE_DEVICES", "TERM", "LANG", "SLURM_JOB_ID", "RINGRUN_TIMEOUT_MS"}) {
     INFO(kept);
     CHECK(env.count(kept) == 1);
-    CHECK_FALSE(IsDeniedVariable(kept));
+    CHECK_FALSE(ringrun::launcher::job::IsDeniedVariable(kept));
   }
   for (const char* gone : {"SHLVL",
                            "PWD",
@@ -204,7 +205,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
                            "HOSTNAME"}) {
     INFO(gone);
     CHECK(env.count(gone) == 0);
-    CHECK(IsDeniedVariable(gone));
+    CHECK(ringrun::launcher::job::IsDeniedVariable(gone));
   }
   // Inherited contract values are replaced by this job's.
   CHECK(env["RINGRUN_JOB_ID"] == "job-42");
@@ -215,8 +216,8 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
 }
 
 TEST_CASE("environment: -x overrides the launcher's value in place", "[environment]") {
-  auto built = BuildRankEnvironment({"A=1", "FOO=old", "B=2"}, {{"FOO", "new"}, {"NEW", "v"}},
-                                    Placement(), Job());
+  auto built = ringrun::launcher::job::BuildRankEnvironment(
+      {"A=1", "FOO=old", "B=2"}, {{"FOO", "new"}, {"NEW", "v"}}, Placement(), Job());
   CheckNoDuplicates(built);
   REQUIRE(built.size() >= 4);
   CHECK(built[0] == "A=1");
@@ -226,15 +227,16 @@ TEST_CASE("environment: -x overrides the launcher's value in place", "[environme
 }
 
 TEST_CASE("environment: -x passes a denied variable when asked", "[environment]") {
-  auto env = AsMap(
-      BuildRankEnvironment({"SHLVL=3"}, {{"SHLVL", "3"}, {"DISPLAY", ":1"}}, Placement(), Job()));
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment(
+      {"SHLVL=3"}, {{"SHLVL", "3"}, {"DISPLAY", ":1"}}, Placement(), Job()));
   CHECK(env["SHLVL"] == "3");
   CHECK(env["DISPLAY"] == ":1");
 }
 
 TEST_CASE("environment: contract wins over exports, and nothing is duplicated", "[environment]") {
-  auto built = BuildRankEnvironment({"X=1", "X=2", "noequals", "=empty", "Y="},
-                                    {{"RANK", "99"}, {"X", "3"}, {"X", "4"}}, Placement(), Job());
+  auto built = ringrun::launcher::job::BuildRankEnvironment(
+      {"X=1", "X=2", "noequals", "=empty", "Y="}, {{"RANK", "99"}, {"X", "3"}, {"X", "4"}},
+      Placement(), Job());
   CheckNoDuplicates(built);
   auto env = AsMap(built);
   CHECK(env["RANK"] == "5");
@@ -245,20 +247,22 @@ TEST_CASE("environment: contract wins over exports, and nothing is duplicated", 
 }
 
 TEST_CASE("environment: the first of duplicate launcher entries wins, as getenv", "[environment]") {
-  auto env = AsMap(BuildRankEnvironment({"X=first", "X=second"}, {}, Placement(), Job()));
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment({"X=first", "X=second"}, {},
+                                                                Placement(), Job()));
   CHECK(env["X"] == "first");
 }
 
 TEST_CASE("environment: values are byte for byte", "[environment]") {
   const std::string odd = "a b 'q' \"d\" $(id) `id` ; \n caf\xC3\xA9 =x";
-  auto env = AsMap(BuildRankEnvironment({"ODD=" + odd}, {{"ODD2", odd}}, Placement(), Job()));
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment({"ODD=" + odd}, {{"ODD2", odd}},
+                                                                Placement(), Job()));
   CHECK(env["ODD"] == odd);
   CHECK(env["ODD2"] == odd);
 }
 
 TEST_CASE("export: -x NAME=VALUE and -x NAME", "[environment]") {
   const std::vector<std::string> launcher = {"FOO=from-env", "EMPTY="};
-  auto r = ParseExportFlag("FOO", launcher);
+  auto r = ringrun::launcher::job::ParseExportFlag("FOO", launcher);
   REQUIRE(r.ok());
   CHECK(r->first == "FOO");
   CHECK(r->second == "from-env");
@@ -277,22 +281,27 @@ TEST_CASE("export: -x NAME=VALUE and -x NAME", "[environment]") {
 }
 
 TEST_CASE("export: -x errors name the flag", "[environment]") {
-  CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("-x NOPE"));
-  CHECK_THAT(ParseExportFlag("NOPE", {}).status().message(), Contains("not set"));
-  CHECK_THAT(ParseExportFlag("1A=2", {}).status().message(), Contains("-x 1A=2"));
-  CHECK_THAT(ParseExportFlag("A-B=2", {}).status().message(),
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("NOPE", {}).status().message(),
+             Contains("-x NOPE"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("NOPE", {}).status().message(),
+             Contains("not set"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("1A=2", {}).status().message(),
+             Contains("-x 1A=2"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("A-B=2", {}).status().message(),
              Contains("not a valid variable name"));
-  CHECK_THAT(ParseExportFlag("=2", {}).status().message(), Contains("missing variable name"));
-  CHECK_THAT(ParseExportFlag("", {}).status().message(), Contains("-x"));
-  CHECK_THAT(ParseExportFlag("RANK=3", {}).status().message(), Contains("set by ringrun"));
-  CHECK_THAT(ParseExportFlag("RINGRUN_SECRET=x", {}).status().message(),
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("=2", {}).status().message(),
+             Contains("missing variable name"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("", {}).status().message(), Contains("-x"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("RANK=3", {}).status().message(),
+             Contains("set by ringrun"));
+  CHECK_THAT(ringrun::launcher::job::ParseExportFlag("RINGRUN_SECRET=x", {}).status().message(),
              Contains("-x RINGRUN_SECRET"));
 }
 
 TEST_CASE("threads per rank: several ranks on a host share its cores", "[environment]") {
-  using ringrun::launcher::DefaultThreadsPerRank;
-  CHECK(DefaultThreadsPerRank({"PATH=/usr/bin"}, {}, 2, 2) == 1);
-  CHECK(DefaultThreadsPerRank({}, {}, 4, 64) == 16);
+  using ringrun::launcher::job::DefaultThreadsPerRank;
+  CHECK(ringrun::launcher::job::DefaultThreadsPerRank({"PATH=/usr/bin"}, {}, 2, 2) == 1);
+  CHECK(ringrun::launcher::job::DefaultThreadsPerRank({}, {}, 4, 64) == 16);
   CHECK(DefaultThreadsPerRank({}, {}, 8, 4) == 1);   // never below one
   CHECK(DefaultThreadsPerRank({}, {}, 1, 64) == 0);  // one rank per host keeps every core
   // A count the user chose, in the environment or with -x, wins.
@@ -304,13 +313,15 @@ TEST_CASE("threads per rank: several ranks on a host share its cores", "[environ
 }
 
 TEST_CASE("threads per rank: the counts are set after the exports", "[environment]") {
-  JobContext job = Job();
+  ringrun::launcher::job::JobContext job = Job();
   job.threads_per_rank = 3;
-  auto env = AsMap(BuildRankEnvironment({"PATH=/usr/bin"}, {{"OTHER", "x"}}, Placement(), job));
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment({"PATH=/usr/bin"}, {{"OTHER", "x"}},
+                                                                Placement(), job));
   CHECK(env["OMP_NUM_THREADS"] == "3");
   CHECK(env["OPENBLAS_NUM_THREADS"] == "3");
   CHECK(env["MKL_NUM_THREADS"] == "3");
   job.threads_per_rank = 0;
-  auto plain = AsMap(BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), job));
+  auto plain =
+      AsMap(ringrun::launcher::job::BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), job));
   CHECK(plain.count("OMP_NUM_THREADS") == 0);
 }

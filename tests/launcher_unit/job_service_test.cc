@@ -1,6 +1,6 @@
 // The job service in-process, on a loopback port 0: the secret gates every call, events reach
 // the job, and output routing keeps lines whole.
-#include "launcher/job_service.h"
+#include "launcher/service/job_service.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -11,14 +11,14 @@
 #include <future>
 #include <thread>
 
-#include "launcher/job_server.h"
-#include "launcher/output.h"
-#include "launcher/rendezvous.h"
+#include "launcher/job/output.h"
+#include "launcher/service/job_server.h"
+#include "launcher/service/rendezvous.h"
 #include "ringrun/common/auth.h"
 #include "ringrun/common/peer_table.h"
 #include "ringrun/job.grpc.pb.h"
 
-namespace ringrun::launcher {
+namespace ringrun::launcher::service {
 namespace {
 
 class FakeEvents final : public JobEvents {
@@ -221,13 +221,13 @@ TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]
   char* buf = nullptr;
   size_t len = 0;
   FILE* out = open_memstream(&buf, &len);
-  OutputRouter::Config c;
+  job::OutputRouter::Config c;
   c.out = out;
   c.err = out;
   c.tail_lines = 2;
   std::vector<std::string> seen;
   c.on_line = [&](int, bool, std::string_view l) { seen.emplace_back(l); };
-  OutputRouter router(c);
+  job::OutputRouter router(c);
   router.Write(3, false, "a\n\nb\n");
   router.Write(3, true, "e1\ne2\ne3\n");
   router.Write(3, true, "partial");
@@ -243,7 +243,7 @@ TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]
 }
 
 }  // namespace
-}  // namespace ringrun::launcher
+}  // namespace ringrun::launcher::service
 
 namespace ringrun {
 namespace {

@@ -1,6 +1,6 @@
 // The job's rules, fed event by event into JobStateMachine with a manual clock: no processes,
 // no sockets, no sleeps.
-#include "launcher/job_state_machine.h"
+#include "launcher/job/job_state_machine.h"
 
 #include <signal.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace ringrun::launcher {
+namespace ringrun::launcher::job {
 namespace {
 
 using std::chrono::milliseconds;
@@ -17,7 +17,8 @@ using Kind = JobCommand::Kind;
 // Ranks 0 and 1 on host 0 ("a"), rank 2 on host 2 ("c"); host 1 ("b") has no ranks.
 JobPlan Plan() {
   JobPlan plan;
-  plan.hosts = {HostSpec{"", "a", 2}, HostSpec{"", "b", 1}, HostSpec{"me", "c", 1}};
+  plan.hosts = {hosts::HostSpec{"", "a", 2}, hosts::HostSpec{"", "b", 1},
+                hosts::HostSpec{"me", "c", 1}};
   plan.rank_hosts = {0, 0, 2};
   plan.grace_ms = 1000;
   plan.start_timeout_s = 5;
@@ -263,7 +264,7 @@ TEST_CASE("job: agents that do not finish after the grace period are abandoned",
   f.job.RankExited(0, 3, 0, "");
   f.Take();
   f.job.SessionEnded(0, "");
-  f.clock.Advance(milliseconds(1000 + kAbandonAfterGraceMs - 1));
+  f.clock.Advance(milliseconds(1000 + job::kAbandonAfterGraceMs - 1));
   f.job.Tick();
   CHECK(f.Take().empty());
   CHECK_FALSE(f.job.done());
@@ -289,4 +290,4 @@ TEST_CASE("job: events about unknown hosts and ranks are ignored", "[job_state]"
 }
 
 }  // namespace
-}  // namespace ringrun::launcher
+}  // namespace ringrun::launcher::job

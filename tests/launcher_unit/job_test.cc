@@ -1,7 +1,7 @@
 // A whole Job in-process: the real job service on a loopback port 0, and agents as threads that
 // register and hold their Session over the real gRPC link, running AgentLoop with a scripted
 // Spawner in place of processes.
-#include "launcher/job.h"
+#include "launcher/job/job.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,7 +18,7 @@
 #include "agent/agent_loop.h"
 #include "agent/launcher_link.h"
 
-namespace ringrun::launcher {
+namespace ringrun::launcher::job {
 namespace {
 
 using std::chrono::milliseconds;
@@ -70,9 +70,9 @@ class ScriptedSpawner final : public agent::Spawner {
 };
 
 // One agent thread. Kill() is the launcher closing the agent's stdin.
-class ThreadAgent final : public AgentHandle {
+class ThreadAgent final : public starters::AgentHandle {
  public:
-  ThreadAgent(const AgentLaunch& launch, bool registers)
+  ThreadAgent(const starters::AgentLaunch& launch, bool registers)
       : thread_([this, launch, registers] { exit_ = Run(launch, registers); }) {}
   ~ThreadAgent() override {
     Kill();
@@ -86,7 +86,7 @@ class ThreadAgent final : public AgentHandle {
   std::string StderrTail() override { return ""; }
 
  private:
-  int Run(const AgentLaunch& launch, bool registers) {
+  int Run(const starters::AgentLaunch& launch, bool registers) {
     if (!registers) {
       while (!killed_) std::this_thread::sleep_for(milliseconds(2));
       return 137;
@@ -117,13 +117,14 @@ class ThreadAgent final : public AgentHandle {
   std::thread thread_;
 };
 
-class ThreadAgentStarter final : public AgentStarter {
+class ThreadAgentStarter final : public starters::AgentStarter {
  public:
-  Result<std::unique_ptr<AgentHandle>> Start(const HostSpec& host,
-                                             const AgentLaunch& launch) override {
+  Result<std::unique_ptr<starters::AgentHandle>> Start(
+      const hosts::HostSpec& host, const starters::AgentLaunch& launch) override {
     std::lock_guard<std::mutex> lock(mu_);
     started.push_back(host.name);
-    return std::unique_ptr<AgentHandle>(new ThreadAgent(launch, host.name != silent_host));
+    return std::unique_ptr<starters::AgentHandle>(
+        new ThreadAgent(launch, host.name != silent_host));
   }
   std::string silent_host;  // its agent never registers
   std::vector<std::string> started;
@@ -166,7 +167,7 @@ class StderrCapture {
 
 Options JobOptions(const std::string& script) {
   Options o;
-  o.hosts = {HostSpec{"", "localhost", 2}, HostSpec{"", "127.0.0.2", 1}};
+  o.hosts = {hosts::HostSpec{"", "localhost", 2}, hosts::HostSpec{"", "127.0.0.2", 1}};
   o.np = 3;
   o.command = {script};
   o.grace_ms = 500;
@@ -253,4 +254,4 @@ TEST_CASE("job in-process: an agent that never registers fails the start timeout
 }
 
 }  // namespace
-}  // namespace ringrun::launcher
+}  // namespace ringrun::launcher::job

@@ -1,19 +1,20 @@
 // Placement: host by host, local ranks, Horovod's cross ranks, heterogeneous slots.
-#include "launcher/placement.h"
+#include "launcher/hosts/placement.h"
 
 #include <catch2/catch.hpp>
 #include <random>
 
 using Catch::Matchers::Contains;
-using ringrun::launcher::CheckNumProc;
-using ringrun::launcher::HostSpec;
-using ringrun::launcher::PlaceRanks;
-using ringrun::launcher::RankPlacement;
+using ringrun::launcher::hosts::CheckNumProc;
+using ringrun::launcher::hosts::HostSpec;
+using ringrun::launcher::hosts::PlaceRanks;
+using ringrun::launcher::hosts::RankPlacement;
 
 namespace {
 
-std::vector<HostSpec> Hosts(std::vector<std::pair<std::string, int>> shape) {
-  std::vector<HostSpec> hosts;
+std::vector<ringrun::launcher::hosts::HostSpec> Hosts(
+    std::vector<std::pair<std::string, int>> shape) {
+  std::vector<ringrun::launcher::hosts::HostSpec> hosts;
   for (auto& [name, slots] : shape) {
     HostSpec h;
     h.name = name;
@@ -24,8 +25,8 @@ std::vector<HostSpec> Hosts(std::vector<std::pair<std::string, int>> shape) {
 }
 
 // The definitions, computed the slow way from (host_index, local_rank) of every rank.
-void CheckAgainstDefinition(const std::vector<RankPlacement>& p) {
-  for (const RankPlacement& r : p) {
+void CheckAgainstDefinition(const std::vector<ringrun::launcher::hosts::RankPlacement>& p) {
+  for (const ringrun::launcher::hosts::RankPlacement& r : p) {
     int local_size = 0, cross_rank = 0, cross_size = 0;
     std::vector<int> hosts_with_ranks;
     for (const RankPlacement& q : p) {
@@ -51,11 +52,11 @@ void CheckAgainstDefinition(const std::vector<RankPlacement>& p) {
 }  // namespace
 
 TEST_CASE("placement fills hosts in order", "[placement]") {
-  auto r = PlaceRanks(Hosts({{"a", 4}, {"b", 4}}), 8);
+  auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 4}, {"b", 4}}), 8);
   REQUIRE(r.ok());
   REQUIRE(r->size() == 8);
   for (int i = 0; i < 8; ++i) {
-    const RankPlacement& p = (*r)[static_cast<size_t>(i)];
+    const ringrun::launcher::hosts::RankPlacement& p = (*r)[static_cast<size_t>(i)];
     CHECK(p.rank == i);
     CHECK(p.host_index == i / 4);
     CHECK(p.local_rank == i % 4);
@@ -68,7 +69,7 @@ TEST_CASE("placement fills hosts in order", "[placement]") {
 }
 
 TEST_CASE("placement with heterogeneous slots: a:1,b:2", "[placement]") {
-  auto r = PlaceRanks(Hosts({{"a", 1}, {"b", 2}}), 3);
+  auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 1}, {"b", 2}}), 3);
   REQUIRE(r.ok());
   REQUIRE(r->size() == 3);
   const auto& p = *r;
@@ -81,7 +82,7 @@ TEST_CASE("placement with heterogeneous slots: a:1,b:2", "[placement]") {
 }
 
 TEST_CASE("placement leaves later hosts empty when np is below the slots", "[placement]") {
-  auto r = PlaceRanks(Hosts({{"a", 2}, {"b", 2}, {"c", 2}}), 3);
+  auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 2}, {"b", 2}, {"c", 2}}), 3);
   REQUIRE(r.ok());
   REQUIRE(r->size() == 3);
   CHECK((*r)[2].host_index == 1);
@@ -104,7 +105,7 @@ TEST_CASE("placement matches the definitions on many shapes", "[placement]") {
       shape.push_back({"h" + std::to_string(h), slots});
     }
     int np = 1 + static_cast<int>(gen() % static_cast<unsigned>(total));
-    auto r = PlaceRanks(Hosts(shape), np);
+    auto r = ringrun::launcher::hosts::PlaceRanks(Hosts(shape), np);
     REQUIRE(r.ok());
     REQUIRE(static_cast<int>(r->size()) == np);
     CheckAgainstDefinition(*r);
@@ -112,25 +113,26 @@ TEST_CASE("placement matches the definitions on many shapes", "[placement]") {
 }
 
 TEST_CASE("placement: -np larger than the slots names the slots per host", "[placement]") {
-  auto r = PlaceRanks(Hosts({{"a", 4}, {"b", 4}}), 9);
+  auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 4}, {"b", 4}}), 9);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "-np 9 exceeds the 8 slots available (a:4, b:4)");
-  CHECK(CheckNumProc(Hosts({{"a", 1}}), 2).message() == "-np 2 exceeds the 1 slot available (a:1)");
+  CHECK(ringrun::launcher::hosts::CheckNumProc(Hosts({{"a", 1}}), 2).message() ==
+        "-np 2 exceeds the 1 slot available (a:1)");
 }
 
 TEST_CASE("placement: a long host list is summarised in the error", "[placement]") {
   std::vector<std::pair<std::string, int>> shape;
   for (int i = 0; i < 40; ++i) shape.push_back({"n" + std::to_string(i), 1});
-  auto st = CheckNumProc(Hosts(shape), 41);
+  auto st = ringrun::launcher::hosts::CheckNumProc(Hosts(shape), 41);
   CHECK_THAT(st.message(), Contains("-np 41 exceeds the 40 slots available (n0:1, n1:1"));
   CHECK_THAT(st.message(), Contains("and 24 more hosts"));
 }
 
 TEST_CASE("placement: np must be positive, hosts non-empty", "[placement]") {
-  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), 0).status().message(),
+  CHECK_THAT(ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 1}}), 0).status().message(),
              Contains("-np 0: must be at least 1"));
-  CHECK_THAT(PlaceRanks(Hosts({{"a", 1}}), -1).status().message(),
+  CHECK_THAT(ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 1}}), -1).status().message(),
              Contains("-np -1: must be at least 1"));
-  CHECK_FALSE(PlaceRanks({}, 1).ok());
+  CHECK_FALSE(ringrun::launcher::hosts::PlaceRanks({}, 1).ok());
   CHECK_FALSE(PlaceRanks(Hosts({{"a", 0}}), 1).ok());
 }

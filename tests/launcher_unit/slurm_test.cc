@@ -1,7 +1,7 @@
 // Scheduler allocations: Slurm's hostlist grammar (checked against `scontrol show hostnames`),
 // task counts, reading an allocation from the environment, the rank environment inside one, the
 // srun command and environment, the --starter choice, and the PBS/LSF/SGE host lists.
-#include "launcher/slurm.h"
+#include "launcher/hosts/slurm.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -16,10 +16,10 @@
 #include <sstream>
 #include <string>
 
-#include "launcher/environment.h"
+#include "launcher/hosts/scheduler_hosts.h"
+#include "launcher/job/environment.h"
 #include "launcher/options.h"
-#include "launcher/scheduler_hosts.h"
-#include "launcher/slurm_agent_starter.h"
+#include "launcher/starters/slurm_agent_starter.h"
 
 using Catch::Matchers::Contains;
 using namespace ringrun::launcher;
@@ -32,9 +32,9 @@ std::string Join(const std::vector<std::string>& v) {
   return s;
 }
 
-std::string Shape(const std::vector<HostSpec>& hosts) {
+std::string Shape(const std::vector<hosts::HostSpec>& hosts) {
   std::string s;
-  for (const HostSpec& h : hosts)
+  for (const hosts::HostSpec& h : hosts)
     s += (s.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
   return s;
 }
@@ -149,12 +149,12 @@ bool Scontrol(const std::string& expr, std::string* out) {
 TEST_CASE("Slurm hostlists expand as scontrol show hostnames does", "[slurm]") {
   for (const Case& c : kTable) {
     INFO(c.expr);
-    auto r = ExpandHostlist(c.expr);
+    auto r = hosts::ExpandHostlist(c.expr);
     REQUIRE(r.ok());
     CHECK(Join(*r) == c.expected);
   }
-  CHECK(ExpandHostlist("").value().empty());
-  CHECK(ExpandHostlist("n[1-65536]").value().size() == 65536);
+  CHECK(hosts::ExpandHostlist("").value().empty());
+  CHECK(hosts::ExpandHostlist("n[1-65536]").value().size() == 65536);
 }
 
 TEST_CASE("A bracket of many ranges stops at the cap before expanding them", "[slurm]") {
@@ -162,11 +162,11 @@ TEST_CASE("A bracket of many ranges stops at the cap before expanding them", "[s
   // (seconds and about a gigabyte) before the 2^20-name cap was checked.
   std::string inside;
   for (int i = 0; i < 480; ++i) inside += (i ? "," : "") + std::string("0-65535");
-  auto r = ExpandHostlist("n[" + inside + "]");
+  auto r = hosts::ExpandHostlist("n[" + inside + "]");
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Contains("names more than 1048576 hosts"));
-  CHECK(ExpandHostlist("n[0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,"
-                       "0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535]")
+  CHECK(hosts::ExpandHostlist("n[0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,"
+                              "0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535,0-65535]")
             .value()
             .size() == 1u << 20);
 }
@@ -174,14 +174,14 @@ TEST_CASE("A bracket of many ranges stops at the cap before expanding them", "[s
 TEST_CASE("Malformed Slurm hostlists are errors quoting the bad token", "[slurm]") {
   for (const BadCase& c : kBad) {
     INFO(c.expr);
-    auto r = ExpandHostlist(c.expr);
+    auto r = hosts::ExpandHostlist(c.expr);
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.status().message(), Contains(c.quoted));
   }
   // Corners where Slurm is laxer than this parser (documented in slurm.h).
   for (const char* e : {"n[ 1-2]", "n[+1-2]", "n[1-]", "n[999999999999999999999]"}) {
     INFO(e);
-    CHECK_FALSE(ExpandHostlist(e).ok());
+    CHECK_FALSE(hosts::ExpandHostlist(e).ok());
   }
 }
 
@@ -206,23 +206,23 @@ TEST_CASE("The hostlist table agrees with the installed scontrol", "[slurm]") {
 }
 
 TEST_CASE("Slurm count lists", "[slurm]") {
-  auto r = ExpandCountList("2(x3),1");
+  auto r = hosts::ExpandCountList("2(x3),1");
   REQUIRE(r.ok());
   CHECK(*r == std::vector<int>{2, 2, 2, 1});
-  CHECK(ExpandCountList("4").value() == std::vector<int>{4});
-  CHECK(ExpandCountList("72(x2),36").value() == std::vector<int>{72, 72, 36});
+  CHECK(hosts::ExpandCountList("4").value() == std::vector<int>{4});
+  CHECK(hosts::ExpandCountList("72(x2),36").value() == std::vector<int>{72, 72, 36});
   for (const char* bad : {"", "2(x3", "2x3", "a", "2(x0)", "2(x)", "-1", "2,,1", "(x2)", "2(y3)"}) {
     INFO(bad);
-    CHECK_FALSE(ExpandCountList(bad).ok());
+    CHECK_FALSE(hosts::ExpandCountList(bad).ok());
   }
-  CHECK_THAT(ExpandCountList("2,x").status().message(), Contains("'x'"));
+  CHECK_THAT(hosts::ExpandCountList("2,x").status().message(), Contains("'x'"));
 }
 
 TEST_CASE("A Slurm allocation from the environment", "[slurm]") {
   std::vector<std::string> env = {"SLURM_JOB_ID=12", "SLURM_JOB_NODELIST=n[1-3],gpu7",
                                   "SLURM_TASKS_PER_NODE=2(x3),1", "SLURM_NODELIST=ignored"};
-  REQUIRE(InSlurmJob(env));
-  auto a = ReadSlurmAllocation(env);
+  REQUIRE(hosts::InSlurmJob(env));
+  auto a = hosts::ReadSlurmAllocation(env);
   REQUIRE(a.ok());
   CHECK(Shape(a->hosts) == "n1:2,n2:2,n3:2,gpu7:1");
   CHECK_FALSE(a->inside_step);
@@ -230,19 +230,22 @@ TEST_CASE("A Slurm allocation from the environment", "[slurm]") {
   CHECK_THAT(a->source, Contains("SLURM_TASKS_PER_NODE=2(x3),1"));
 
   // The older names, and more counts than nodes (tolerated).
-  a = ReadSlurmAllocation({"SLURM_JOBID=3", "SLURM_NODELIST=x1", "SLURM_TASKS_PER_NODE=4(x30)"});
+  a = hosts::ReadSlurmAllocation(
+      {"SLURM_JOBID=3", "SLURM_NODELIST=x1", "SLURM_TASKS_PER_NODE=4(x30)"});
   REQUIRE(a.ok());
   CHECK(Shape(a->hosts) == "x1:4");
 
   // Inside a step: the step's own pair.
-  a = ReadSlurmAllocation({"SLURM_JOB_ID=3", "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=n[1-3]",
-                           "SLURM_TASKS_PER_NODE=1", "SLURM_STEP_NODELIST=n2",
-                           "SLURM_STEP_TASKS_PER_NODE=1"});
+  a = hosts::ReadSlurmAllocation({"SLURM_JOB_ID=3", "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=n[1-3]",
+                                  "SLURM_TASKS_PER_NODE=1", "SLURM_STEP_NODELIST=n2",
+                                  "SLURM_STEP_TASKS_PER_NODE=1"});
   REQUIRE(a.ok());
   CHECK(a->inside_step);
   CHECK(Shape(a->hosts) == "n2:1");
 
-  auto err = [](std::vector<std::string> e) { return ReadSlurmAllocation(e).status().message(); };
+  auto err = [](std::vector<std::string> e) {
+    return hosts::ReadSlurmAllocation(e).status().message();
+  };
   CHECK_THAT(err({"SLURM_JOB_ID=1", "SLURM_JOB_NODELIST=n[1-x]", "SLURM_TASKS_PER_NODE=1"}),
              Contains("SLURM_JOB_NODELIST=n[1-x]") && Contains("'1-x'"));
   CHECK_THAT(err({"SLURM_JOB_ID=1", "SLURM_JOB_NODELIST=n[1-2]", "SLURM_TASKS_PER_NODE=1(x2"}),
@@ -261,33 +264,33 @@ TEST_CASE("Ranks do not inherit the launcher's Slurm task variables", "[slurm]")
         "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_GTIDS", "SLURM_TASK_PID",
         "SLURMD_NODENAME", "SLURM_SRUN_COMM_PORT", "SLURM_CPU_BIND_TYPE", "PMI_RANK"}) {
     INFO(v);
-    CHECK(IsDeniedVariable(v));
+    CHECK(job::IsDeniedVariable(v));
   }
   for (const char* v : {"SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CONF", "SLURM_CLUSTER_NAME"}) {
     INFO(v);
-    CHECK_FALSE(IsDeniedVariable(v));
+    CHECK_FALSE(job::IsDeniedVariable(v));
   }
-  RankPlacement p;
+  hosts::RankPlacement p;
   p.rank = 3;
-  JobContext ctx;
+  job::JobContext ctx;
   ctx.size = 4;
   auto env =
-      BuildRankEnvironment({"SLURM_PROCID=0", "SLURM_NTASKS=7", "SLURM_JOB_ID=9"}, {}, p, ctx);
+      job::BuildRankEnvironment({"SLURM_PROCID=0", "SLURM_NTASKS=7", "SLURM_JOB_ID=9"}, {}, p, ctx);
   std::string all = Join(env);
   CHECK_THAT(all,
              !Contains("SLURM_PROCID") && !Contains("SLURM_NTASKS") && Contains("SLURM_JOB_ID=9"));
 }
 
 TEST_CASE("The srun command and environment", "[slurm]") {
-  SlurmStarterConfig c;
+  starters::SlurmStarterConfig c;
   c.host_names = {"n1", "n2", "n3", "n4"};
   c.active_hosts = {0, 1, 3};
-  AgentLaunch launch;
+  starters::AgentLaunch launch;
   launch.service_port = 4321;
   launch.secret = "s3cr3t";
   launch.agent_path = "/opt/rr/ringrun-agent";
   launch.log_level = "info";
-  std::string cmd = Join(BuildSrunCommand(c, launch, "10.0.0.1"));
+  std::string cmd = Join(starters::BuildSrunCommand(c, launch, "10.0.0.1"));
   CHECK(cmd ==
         "srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --nodelist=n1,n2,n4 --kill-on-bad-exit=1 "
         "--cpu-bind=none --mpi=none --job-name=ringrun-agents /opt/rr/ringrun-agent --launcher "
@@ -297,14 +300,14 @@ TEST_CASE("The srun command and environment", "[slurm]") {
   CHECK_THAT(Join(BuildSrunCommand(c, launch, "fe80::1")),
              Contains("--overlap") && Contains("--launcher [fe80::1]:4321"));
 
-  auto env = BuildSrunEnvironment(
+  auto env = starters::BuildSrunEnvironment(
       {"PATH=/bin", "SLURM_JOB_ID=5", "SLURM_NTASKS=7", "SLURM_PROCID=0",
        "SLURM_CPU_BIND=map_cpu:1", "SLURM_EXACT=1", "RINGRUN_AGENT_SECRET=old"},
       "s3cr3t");
   CHECK(Join(env) == "PATH=/bin SLURM_JOB_ID=5 RINGRUN_AGENT_SECRET=s3cr3t");
 
   c.launcher_address = "192.0.2.7";
-  CHECK(SlurmLauncherAddress(c).value() == "192.0.2.7");
+  CHECK(starters::SlurmLauncherAddress(c).value() == "192.0.2.7");
   c.launcher_address.clear();
   c.host_names = {"localhost"};
   c.active_hosts = {0};
@@ -369,45 +372,49 @@ TEST_CASE("Inside a Slurm job, the hosts and the starter come from the job", "[s
 }
 
 TEST_CASE("PBS, LSF and Grid Engine host lists", "[slurm][scheduler]") {
-  auto pbs = ParsePbsNodefile(ReadAll(Fixture("pbs-good.txt")), "nodes");
+  auto pbs = hosts::ParsePbsNodefile(ReadAll(Fixture("pbs-good.txt")), "nodes");
   REQUIRE(pbs.ok());
   CHECK(Shape(*pbs) == "n1.cluster:3,n2.cluster:1,n3.cluster:1");
+  CHECK_THAT(hosts::ParsePbsNodefile(ReadAll(Fixture("pbs-bad-two-words.txt")), "nodes")
+                 .status()
+                 .message(),
+             Contains("nodes:2") && Contains("n1 n2"));
   CHECK_THAT(
-      ParsePbsNodefile(ReadAll(Fixture("pbs-bad-two-words.txt")), "nodes").status().message(),
-      Contains("nodes:2") && Contains("n1 n2"));
-  CHECK_THAT(ParsePbsNodefile(ReadAll(Fixture("pbs-bad-empty.txt")), "nodes").status().message(),
-             Contains("no hosts"));
+      hosts::ParsePbsNodefile(ReadAll(Fixture("pbs-bad-empty.txt")), "nodes").status().message(),
+      Contains("no hosts"));
 
-  auto lsf = ParseLsfMcpuHosts("hA 2 hB 1 hA 1");
+  auto lsf = hosts::ParseLsfMcpuHosts("hA 2 hB 1 hA 1");
   REQUIRE(lsf.ok());
   CHECK(Shape(*lsf) == "hA:3,hB:1");
-  CHECK_THAT(ParseLsfMcpuHosts("hA 2 hB").status().message(), Contains("'hB' has no count"));
-  CHECK_THAT(ParseLsfMcpuHosts("hA x").status().message(), Contains("'hA x'"));
-  CHECK_FALSE(ParseLsfMcpuHosts("hA 0").ok());
+  CHECK_THAT(hosts::ParseLsfMcpuHosts("hA 2 hB").status().message(), Contains("'hB' has no count"));
+  CHECK_THAT(hosts::ParseLsfMcpuHosts("hA x").status().message(), Contains("'hA x'"));
+  CHECK_FALSE(hosts::ParseLsfMcpuHosts("hA 0").ok());
 
-  auto sge = ParseSgeHostfile(ReadAll(Fixture("sge-good.txt")), "pe");
+  auto sge = hosts::ParseSgeHostfile(ReadAll(Fixture("sge-good.txt")), "pe");
   REQUIRE(sge.ok());
   CHECK(Shape(*sge) == "n1.cluster:5,n2.cluster:2");
-  CHECK_THAT(ParseSgeHostfile(ReadAll(Fixture("sge-bad-slots.txt")), "pe").status().message(),
-             Contains("pe:2") && Contains("n2 x"));
   CHECK_THAT(
-      ParseSgeHostfile(ReadAll(Fixture("sge-bad-missing-slots.txt")), "pe").status().message(),
-      Contains("pe:2"));
-  CHECK_FALSE(ParseSgeHostfile(ReadAll(Fixture("sge-bad-zero.txt")), "pe").ok());
+      hosts::ParseSgeHostfile(ReadAll(Fixture("sge-bad-slots.txt")), "pe").status().message(),
+      Contains("pe:2") && Contains("n2 x"));
+  CHECK_THAT(hosts::ParseSgeHostfile(ReadAll(Fixture("sge-bad-missing-slots.txt")), "pe")
+                 .status()
+                 .message(),
+             Contains("pe:2"));
+  CHECK_FALSE(hosts::ParseSgeHostfile(ReadAll(Fixture("sge-bad-zero.txt")), "pe").ok());
 
   // Through the environment: the first scheduler present, started over SSH.
-  auto h = HostsFromScheduler({"PBS_NODEFILE=" + Fixture("pbs-good.txt")});
+  auto h = hosts::HostsFromScheduler({"PBS_NODEFILE=" + Fixture("pbs-good.txt")});
   REQUIRE(h.ok());
   REQUIRE(h->has_value());
-  CHECK((*h)->kind == SchedulerHosts::kPbs);
+  CHECK((*h)->kind == hosts::SchedulerHosts::kPbs);
   CHECK_THAT((*h)->source, Contains("PBS_NODEFILE="));
-  h = HostsFromScheduler({"LSB_MCPU_HOSTS=a 1 b 2"});
+  h = hosts::HostsFromScheduler({"LSB_MCPU_HOSTS=a 1 b 2"});
   CHECK(Shape((*h)->hosts) == "a:1,b:2");
-  h = HostsFromScheduler({"PE_HOSTFILE=" + Fixture("sge-good.txt")});
-  CHECK((*h)->kind == SchedulerHosts::kSge);
-  CHECK_THAT(HostsFromScheduler({"PBS_NODEFILE=/nonexistent/x"}).status().message(),
+  h = hosts::HostsFromScheduler({"PE_HOSTFILE=" + Fixture("sge-good.txt")});
+  CHECK((*h)->kind == hosts::SchedulerHosts::kSge);
+  CHECK_THAT(hosts::HostsFromScheduler({"PBS_NODEFILE=/nonexistent/x"}).status().message(),
              Contains("PBS_NODEFILE=/nonexistent/x"));
-  CHECK_FALSE(HostsFromScheduler({"PATH=/bin"}).value().has_value());
+  CHECK_FALSE(hosts::HostsFromScheduler({"PATH=/bin"}).value().has_value());
 
   std::vector<const char*> argv = {"ringrun", "./x"};
   ParseOutcome o = ParseCommandLine(2, argv.data(), {"LSB_MCPU_HOSTS=a 1 b 2"});
@@ -444,19 +451,19 @@ std::string WriteStandIn(const std::string& dir, const std::string& tail) {
 TEST_CASE("The srun starter: one step for every host, own process group, no stdin", "[slurm]") {
   char dir[] = "/tmp/ringrun-srun-XXXXXX";
   REQUIRE(::mkdtemp(dir));
-  SlurmStarterConfig c;
+  starters::SlurmStarterConfig c;
   c.host_names = {"n1", "n2"};
   c.active_hosts = {0, 1};
   c.launcher_address = "192.0.2.1";
   c.srun = WriteStandIn(dir, "exit 3");
-  AgentLaunch launch;
+  starters::AgentLaunch launch;
   launch.service_port = 7;
   launch.secret = "topsecret";
   launch.agent_path = "/x/ringrun-agent";
   ::setenv("SLURM_NTASKS", "9", 1);
-  auto starter = MakeSlurmAgentStarter(c);
-  auto h1 = starter->Start(HostSpec{"", "n1", 1}, launch);
-  auto h2 = starter->Start(HostSpec{"", "n2", 1}, launch);
+  auto starter = starters::MakeSlurmAgentStarter(c);
+  auto h1 = starter->Start(hosts::HostSpec{"", "n1", 1}, launch);
+  auto h2 = starter->Start(hosts::HostSpec{"", "n2", 1}, launch);
   ::unsetenv("SLURM_NTASKS");
   REQUIRE(h1.ok());
   REQUIRE(h2.ok());
@@ -480,7 +487,7 @@ TEST_CASE("The srun starter: one step for every host, own process group, no stdi
   // Kill() ends the step: SIGTERM to srun.
   c.srun = WriteStandIn(dir, "exec sleep 30");
   auto starter2 = MakeSlurmAgentStarter(c);
-  auto h = starter2->Start(HostSpec{"", "n1", 1}, launch);
+  auto h = starter2->Start(hosts::HostSpec{"", "n1", 1}, launch);
   REQUIRE(h.ok());
   (*h)->Kill();
   code.reset();
@@ -491,7 +498,7 @@ TEST_CASE("The srun starter: one step for every host, own process group, no stdi
   // No srun: an error naming it, for every host.
   c.srun = std::string(dir) + "/missing-srun";
   auto starter3 = MakeSlurmAgentStarter(c);
-  auto bad = starter3->Start(HostSpec{"", "n2", 1}, launch);
+  auto bad = starter3->Start(hosts::HostSpec{"", "n2", 1}, launch);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Contains("n2") && Contains("missing-srun"));
   std::filesystem::remove_all(dir);

@@ -11,12 +11,14 @@
 #include <cstring>
 #include <thread>
 
-#include "runtime/src/acceptor.h"
-#include "runtime/src/handshake.h"
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/acceptor.h"
+#include "runtime/src/transport/handshake.h"
+#include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
 namespace {
+
+using namespace ringrun::runtime::transport;
 
 constexpr char kSecret[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -128,7 +130,7 @@ struct AcceptorRig {
   // Serves until `done` or 5 s pass.
   void Drive(const std::function<bool()>& done) {
     const Deadline end = DeadlineAfter(5000);
-    while (!done() && Clock::now() < end) {
+    while (!done() && std::chrono::steady_clock::now() < end) {
       std::vector<pollfd> fds;
       acceptor->AddPollFds(&fds);
       ::poll(fds.data(), fds.size(), 10);
@@ -352,12 +354,13 @@ TEST_CASE("transport: a forger first in line and hundreds of silent connections 
         ts.push_back(MakeSocketTransport(r, table, std::move(listeners[r]), topts).value());
       }
       std::vector<Status> st(2);
-      const auto t0 = Clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       std::thread r0([&] { st[0] = Exchange(*ts[0], 1, 0); });
       std::thread r1([&] { st[1] = Exchange(*ts[1], 0, 1); });
       r0.join();
       r1.join();
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       CHECK(st[0].ok());
       CHECK(st[1].ok());
       INFO(st[0].ToString() << " / " << st[1].ToString());
@@ -376,6 +379,8 @@ TEST_CASE("transport: a forger first in line and hundreds of silent connections 
 
 namespace ringrun::runtime {
 namespace {
+
+using namespace ringrun::runtime::transport;
 
 TEST_CASE("transport: a rank in the middle of a Run answers a peer connecting for a later one",
           "[handshake][transport]") {
@@ -409,7 +414,7 @@ TEST_CASE("transport: a rank in the middle of a Run answers a peer connecting fo
       warm.join();
       REQUIRE(st[1].ok());
       REQUIRE(st[2].ok());
-      const auto t0 = Clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       std::thread r2([&] {
         st[2] = run(*ts[2], {Op::Recv(1, &z_in, 1)});
         if (st[2].ok()) st[2] = run(*ts[2], {Op::Recv(0, &x_in, 1)});
@@ -426,7 +431,7 @@ TEST_CASE("transport: a rank in the middle of a Run answers a peer connecting fo
       CHECK(x_in == 7);
       CHECK(y_in == 8);
       CHECK(z_in == 9);
-      CHECK(Clock::now() - t0 < std::chrono::seconds(2));
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
     }
   }
 }

@@ -32,6 +32,8 @@
 namespace ringrun::runtime::testing {
 namespace {
 
+using namespace ringrun::runtime::transport;
+
 using engine::Entry;
 using engine::HandleState;
 using engine::Kind;
@@ -1034,10 +1036,10 @@ TEST_CASE("engine: an idle engine uses no CPU", "[engine][idle]") {
 
 // A device backend that records what reaches it (the engine's GPU seam). Events are
 // numbered host objects; nothing is computed.
-class FakeDevice : public DeviceBackend {
+class FakeDevice : public gpu::DeviceBackend {
  public:
   explicit FakeDevice(std::vector<std::string>* log) : log_(log) {}
-  Status WaitFor(const DeviceEvent& ready) override {
+  Status WaitFor(const gpu::DeviceEvent& ready) override {
     log_->push_back("wait " + (ready ? *static_cast<std::string*>(ready.get()) : "none"));
     return Status::Ok();
   }
@@ -1045,8 +1047,8 @@ class FakeDevice : public DeviceBackend {
     if (fusion_.size() < bytes) fusion_.resize(bytes);
     return static_cast<void*>(fusion_.data());
   }
-  Result<DeviceMemory> Allocate(size_t bytes) override {
-    return DeviceMemory(::operator new(bytes + 1), [](void* p) { ::operator delete(p); });
+  Result<gpu::DeviceMemory> Allocate(size_t bytes) override {
+    return gpu::DeviceMemory(::operator new(bytes + 1), [](void* p) { ::operator delete(p); });
   }
   Status Copy(void*, const void*, size_t bytes) override {
     log_->push_back("copy " + std::to_string(bytes));
@@ -1120,11 +1122,11 @@ TEST_CASE(
       ++id_calls;
       return std::string("fake-nccl-id\0with-zero", 22);
     };
-    s.make_device = [&, r](const std::string& id) -> Result<std::unique_ptr<DeviceBackend>> {
+    s.make_device = [&, r](const std::string& id) -> Result<std::unique_ptr<gpu::DeviceBackend>> {
       std::lock_guard<std::mutex> lock(mu);
       ids[r] = id;
       ++backends;
-      return std::unique_ptr<DeviceBackend>(new FakeDevice(&logs[r]));
+      return std::unique_ptr<gpu::DeviceBackend>(new FakeDevice(&logs[r]));
     };
     s.record_event = FakeReadyEvent;
     Shape shape;
@@ -1202,8 +1204,8 @@ struct FakeDeviceJob {
         return c >= base && c < base + sizeof(dev_mem);
       };
       s.make_nccl_id = [] { return std::string("id"); };
-      s.make_device = [this, r](const std::string&) -> Result<std::unique_ptr<DeviceBackend>> {
-        return std::unique_ptr<DeviceBackend>(new FakeDevice(&logs[r]));
+      s.make_device = [this, r](const std::string&) -> Result<std::unique_ptr<gpu::DeviceBackend>> {
+        return std::unique_ptr<gpu::DeviceBackend>(new FakeDevice(&logs[r]));
       };
       s.record_event = FakeReadyEvent;
       Shape shape;

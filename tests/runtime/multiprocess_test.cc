@@ -21,8 +21,6 @@ extern char** environ;
 namespace ringrun::runtime::testing {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct Worker {
   pid_t pid = -1;
   std::string out_path;
@@ -83,7 +81,7 @@ class Job {
   }
   // Waits for every worker (except already-exited ones) until the deadline; false on timeout.
   bool WaitAll(int timeout_ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       bool all = true;
       for (Worker& w : workers_) {
@@ -95,19 +93,19 @@ class Job {
         }
       }
       if (all) return true;
-      if (Clock::now() > end) return false;
+      if (std::chrono::steady_clock::now() > end) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   // Waits for `ranks` only, until the deadline; false on timeout.
   bool WaitRanks(const std::vector<int>& ranks, int timeout_ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (int r : ranks) {
       Worker& w = workers_[r];
       while (!w.exited && w.pid > 0) {
         if (::waitpid(w.pid, &w.status, WNOHANG) == w.pid) {
           w.exited = true;
-        } else if (Clock::now() > end) {
+        } else if (std::chrono::steady_clock::now() > end) {
           return false;
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -124,10 +122,10 @@ class Job {
   }
   // Waits until every rank's stdout holds `text` (a readiness line), until the deadline.
   bool WaitAllPrinted(const std::string& text, int timeout_ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (const Worker& w : workers_) {
       while (ReadFile(w.out_path).find(text) == std::string::npos) {
-        if (Clock::now() > end) return false;
+        if (std::chrono::steady_clock::now() > end) return false;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
@@ -207,11 +205,12 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
               "loop");
       REQUIRE(job.server_ok());
       REQUIRE(job.WaitAllPrinted("looping", 30000));  // each rank inside its allreduce loop
-      const auto t0 = Clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       job.Signal(1, SIGSTOP);
       const bool done = job.WaitRanks({0, 2}, kTimeoutMs + 10000);
-      const auto ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
       job.Kill(1);
       REQUIRE(done);
       CHECK(ms < 3 * kTimeoutMs);  // one timeout, plus the neighbour's failure reaching it
@@ -279,11 +278,12 @@ TEST_CASE("processes: a peer killed mid-allreduce fails the others, without hang
       REQUIRE(job.WaitAllPrinted("looping", 30000));  // each rank inside its allreduce loop
       // Same-host pairs are shared memory unless disabled: rank 0 maps one per peer.
       CHECK(MappedPairSegments(job.worker(0).pid) == (std::string(shm) == "0" ? kNp - 1 : 0));
-      const auto t0 = Clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       job.Kill(1);
       const bool done = job.WaitAll(kTimeoutMs + 5000);
-      const auto ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
       REQUIRE(done);
       CHECK(ms < kTimeoutMs + 2000);
       for (int r : {0, 2}) {
@@ -317,11 +317,12 @@ TEST_CASE("processes: a peer killed mid fused collective fails every pending han
       REQUIRE(job.WaitAllPrinted("looping rank=", 30000));
       // Not a synchronization: let the fused steps run a while, so the kill lands mid-step.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      const auto t0 = Clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       job.Kill(1);
       const bool done = job.WaitAll(kTimeoutMs + 5000);
-      const auto ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
       REQUIRE(done);
       CHECK(ms < kTimeoutMs);
       // A rank that loses rank 1 closes its own connections, so the other may see that rank

@@ -10,6 +10,8 @@
 namespace ringrun::runtime::testing {
 namespace {
 
+using namespace ringrun::runtime::transport;
+
 // Polls `done` until it holds, for at most `timeout_ms`; whether it held.
 template <typename Pred>
 bool WaitUntil(Pred done, int timeout_ms = 5000) {

@@ -13,6 +13,8 @@
 namespace ringrun::runtime {
 namespace {
 
+using namespace ringrun::runtime::transport;
+
 // Collects every rank's JoinInfo and answers all once the last has joined (like the service).
 class FakeJobService {
  public:

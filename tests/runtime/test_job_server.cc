@@ -1,6 +1,6 @@
 #include "tests/runtime/test_job_server.h"
 
-#include "launcher/job_server.h"
+#include "launcher/service/job_server.h"
 #include "ringrun/common/env_contract.h"
 
 namespace ringrun::runtime::testing {
@@ -11,10 +11,10 @@ std::unique_ptr<TestJobServer> TestJobServer::Start(int size, const std::string&
   s->size_ = size;
   s->secret_ = secret;
   s->job_id_ = job_id;
-  s->rendezvous_ = std::make_unique<launcher::Rendezvous>(size, job_id);
-  s->service_ =
-      std::make_unique<launcher::JobService>(secret, nullptr, s->rendezvous_.get(), 1000, 10000);
-  auto server = launcher::StartJobServer("127.0.0.1:0", *s->service_);
+  s->rendezvous_ = std::make_unique<launcher::service::Rendezvous>(size, job_id);
+  s->service_ = std::make_unique<launcher::service::JobService>(secret, nullptr,
+                                                                s->rendezvous_.get(), 1000, 10000);
+  auto server = launcher::service::StartJobServer("127.0.0.1:0", *s->service_);
   if (!server.ok()) return nullptr;
   s->server_ = std::move(server->server);
   s->port_ = server->port;

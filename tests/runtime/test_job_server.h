@@ -1,6 +1,6 @@
 // A minimal job service for the runtime's tests: the launcher's JobService with Join only,
-// checked against the secret and forwarded to a real launcher::Rendezvous, on a server built by
-// the launcher's own StartJobServer. Port 0.
+// checked against the secret and forwarded to a real launcher::service::Rendezvous, on a server
+// built by the launcher's own StartJobServer. Port 0.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/job_service.h"
-#include "launcher/rendezvous.h"
+#include "launcher/service/job_service.h"
+#include "launcher/service/rendezvous.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace ringrun::runtime::testing {
@@ -23,7 +23,7 @@ class TestJobServer {
   ~TestJobServer();
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  launcher::Rendezvous& rendezvous() { return *rendezvous_; }
+  launcher::service::Rendezvous& rendezvous() { return *rendezvous_; }
   // The contract variables ("NAME=VALUE") rank `rank` needs to join this server, as ringrun
   // would set them for a job of `size` ranks on one host.
   std::vector<std::string> RankEnvironment(int rank) const;
@@ -32,8 +32,8 @@ class TestJobServer {
   TestJobServer() = default;
   int size_ = 0;
   std::string secret_, job_id_;
-  std::unique_ptr<launcher::Rendezvous> rendezvous_;
-  std::unique_ptr<launcher::JobService> service_;
+  std::unique_ptr<launcher::service::Rendezvous> rendezvous_;
+  std::unique_ptr<launcher::service::JobService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

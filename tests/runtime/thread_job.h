@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/src/runtime.h"
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime::testing {
 
@@ -22,7 +22,7 @@ struct ThreadJobOptions {
   // Address of each rank's host; ranks sharing an address share a "host". 127.0.0.0/8 all
   // works on loopback, so {"127.0.0.1","127.0.0.1","127.0.0.2","127.0.0.2"} is two hosts.
   std::vector<std::string> hosts;
-  TransportOptions transport;
+  transport::TransportOptions transport;
   int timeout_ms = 20000;
   // Ranks whose local (Unix) listener is closed before the job starts: same-host peers must
   // reach them over TCP instead of shared memory.
@@ -53,13 +53,13 @@ class Failures {
 
 // Builds np transports over one peer table. Returns an error string on setup failure.
 inline std::string MakeThreadTransports(const ThreadJobOptions& o,
-                                        std::vector<std::unique_ptr<Transport>>* out) {
-  PeerTable table;
+                                        std::vector<std::unique_ptr<transport::Transport>>* out) {
+  transport::PeerTable table;
   table.job_id = "thread-job";
-  std::vector<Listener> listeners;
+  std::vector<transport::Listener> listeners;
   for (int r = 0; r < o.np; ++r) {
     const std::string host = o.hosts.empty() ? "127.0.0.1" : o.hosts[r];
-    Result<Listener> l = Listen(host);
+    Result<transport::Listener> l = transport::Listen(host);
     if (!l.ok()) return l.status().ToString();
     if (o.transport.use_shm && !l->local.valid()) {
       return "rank " + std::to_string(r) + ": no local listener (shared memory needs one)";
@@ -74,11 +74,11 @@ inline std::string MakeThreadTransports(const ThreadJobOptions& o,
     table.port_of_rank.push_back(l->port);
     listeners.push_back(std::move(l.value()));
   }
-  TransportOptions topts = o.transport;
+  transport::TransportOptions topts = o.transport;
   if (topts.secret.empty()) topts.secret = kThreadJobSecret;
   for (int r = 0; r < o.np; ++r) {
-    Result<std::unique_ptr<Transport>> t =
-        MakeSocketTransport(r, table, std::move(listeners[r]), topts);
+    Result<std::unique_ptr<transport::Transport>> t =
+        transport::MakeSocketTransport(r, table, std::move(listeners[r]), topts);
     if (!t.ok()) return t.status().ToString();
     out->push_back(std::move(t.value()));
   }
@@ -89,7 +89,7 @@ inline std::string MakeThreadTransports(const ThreadJobOptions& o,
 inline std::string MakeThreadJob(const ThreadJobOptions& o,
                                  std::vector<std::unique_ptr<Runtime>>* out,
                                  const EngineSettings& settings = {}) {
-  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
   std::string err = MakeThreadTransports(o, &transports);
   if (!err.empty()) return err;
   for (int r = 0; r < o.np; ++r) {

@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "launcher/ssh_session.h"
+#include "launcher/starters/ssh_session.h"
 
-namespace ringrun::launcher::testing {
+namespace ringrun::launcher::starters::testing {
 
 // The remote end of one fake session. All members guarded by mu.
 struct FakeRemote {
@@ -129,7 +129,7 @@ class FakeConnector final : public SshConnector {
     delay_ = d;
   }
 
-  SshConnectOutcome Connect(const HostSpec& host, const SshConfig&) override {
+  SshConnectOutcome Connect(const hosts::HostSpec& host, const SshConfig&) override {
     std::chrono::milliseconds delay;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -163,4 +163,4 @@ class FakeConnector final : public SshConnector {
   std::chrono::milliseconds delay_{0};     // guarded by mu_
 };
 
-}  // namespace ringrun::launcher::testing
+}  // namespace ringrun::launcher::starters::testing

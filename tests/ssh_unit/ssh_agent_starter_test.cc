@@ -1,6 +1,6 @@
 // The SSH agent starter against a fake connector, the quoting through a real /bin/sh, and the
 // libssh connector's failure classification against loopback sockets.
-#include "launcher/ssh_agent_starter.h"
+#include "launcher/starters/ssh_agent_starter.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -21,7 +21,7 @@
 
 extern char** environ;
 
-namespace ringrun::launcher {
+namespace ringrun::launcher::starters {
 namespace {
 
 using testing::FakeConnector;
@@ -152,7 +152,7 @@ TEST_CASE("Start sends the secret on stdin, relays output, reports the exit", "[
   SshConfig cfg;
   auto starter = MakeSshAgentStarter(cfg, fake);
   AgentLaunch l = MakeLaunch();
-  auto handle = starter->Start(HostSpec{"", "h1", 1}, l);
+  auto handle = starter->Start(hosts::HostSpec{"", "h1", 1}, l);
   REQUIRE(handle.ok());
 
   CHECK(remote->Get(&FakeRemote::stdin_data) == l.secret + "\n");
@@ -175,7 +175,7 @@ TEST_CASE("StderrTail keeps only the last lines", "[ssh][unit]") {
   auto fake = std::make_shared<FakeConnector>();
   auto remote = fake->For("h1").remote;
   auto starter = MakeSshAgentStarter(SshConfig{}, fake);
-  auto handle = starter->Start(HostSpec{"", "h1", 1}, MakeLaunch());
+  auto handle = starter->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
   REQUIRE(handle.ok());
   std::string err;
   for (int i = 0; i < 50; ++i) err += "line " + std::to_string(i) + "\n";
@@ -193,7 +193,7 @@ TEST_CASE("The launcher address: override, interface, else the SSH socket's", "[
   SshConfig cfg;
 
   SECTION("socket address by default") {
-    auto h = MakeSshAgentStarter(cfg, fake)->Start(HostSpec{"", "h1", 1}, MakeLaunch());
+    auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
     REQUIRE(h.ok());
     CHECK(fake->For("h1").remote->Get(&FakeRemote::command).find("'198.18.0.77:4242'") !=
           std::string::npos);
@@ -201,21 +201,21 @@ TEST_CASE("The launcher address: override, interface, else the SSH socket's", "[
   SECTION("launch.service_address wins") {
     AgentLaunch l = MakeLaunch();
     l.service_address = "198.18.0.9";
-    auto h = MakeSshAgentStarter(cfg, fake)->Start(HostSpec{"", "h1", 1}, l);
+    auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, l);
     REQUIRE(h.ok());
     CHECK(fake->For("h1").remote->Get(&FakeRemote::command).find("'198.18.0.9:4242'") !=
           std::string::npos);
   }
   SECTION("--network-interface lo") {
     cfg.network_interface = "lo";
-    auto h = MakeSshAgentStarter(cfg, fake)->Start(HostSpec{"", "h1", 1}, MakeLaunch());
+    auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
     REQUIRE(h.ok());
     CHECK(fake->For("h1").remote->Get(&FakeRemote::command).find("'127.0.0.1:4242'") !=
           std::string::npos);
   }
   SECTION("an unknown interface is an error naming it and the host") {
     cfg.network_interface = "nosuchif0";
-    auto h = MakeSshAgentStarter(cfg, fake)->Start(HostSpec{"", "h1", 1}, MakeLaunch());
+    auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
     REQUIRE_FALSE(h.ok());
     CHECK(h.status().message().find("h1") != std::string::npos);
     CHECK(h.status().message().find("nosuchif0") != std::string::npos);
@@ -231,14 +231,14 @@ TEST_CASE("Transient failures are retried; the others are not", "[ssh][unit]") {
 
   fake->For("flaky").failures = {{SshFailure::kTransient, "reset"},
                                  {SshFailure::kTransient, "reset"}};
-  auto ok = starter->Start(HostSpec{"", "flaky", 1}, MakeLaunch());
+  auto ok = starter->Start(hosts::HostSpec{"", "flaky", 1}, MakeLaunch());
   CHECK(ok.ok());
   CHECK(fake->connects("flaky") == 3);
 
   fake->For("down").failures = {{SshFailure::kTransient, "reset"},
                                 {SshFailure::kTransient, "reset"},
                                 {SshFailure::kTransient, "reset"}};
-  auto down = starter->Start(HostSpec{"", "down", 1}, MakeLaunch());
+  auto down = starter->Start(hosts::HostSpec{"", "down", 1}, MakeLaunch());
   REQUIRE_FALSE(down.ok());
   CHECK(fake->connects("down") == 3);
   CHECK(down.status().message().find("after 3 attempts") != std::string::npos);
@@ -247,7 +247,7 @@ TEST_CASE("Transient failures are retried; the others are not", "[ssh][unit]") {
                           SshFailure::kHostKeyChanged, SshFailure::kResolution}) {
     std::string host = std::string("bad-") + SshFailureName(kind);
     fake->For(host).failures = {{kind, SshFailureName(kind)}};
-    auto r = starter->Start(HostSpec{"", host, 1}, MakeLaunch());
+    auto r = starter->Start(hosts::HostSpec{"", host, 1}, MakeLaunch());
     REQUIRE_FALSE(r.ok());
     CHECK(fake->connects(host) == 1);
     CHECK(r.status().code() == SshFailureCode(kind));
@@ -265,7 +265,7 @@ TEST_CASE("Start from many threads keeps within the fan-out", "[ssh][unit]") {
   std::vector<std::unique_ptr<AgentHandle>> handles(12);
   for (int i = 0; i < 12; ++i) {
     threads.emplace_back([&, i] {
-      auto r = starter->Start(HostSpec{"", "h" + std::to_string(i), 1}, MakeLaunch());
+      auto r = starter->Start(hosts::HostSpec{"", "h" + std::to_string(i), 1}, MakeLaunch());
       if (r.ok()) handles[i] = std::move(*r);
     });
   }
@@ -279,7 +279,7 @@ TEST_CASE("Kill terminates the remote command; a lost connection reads 255", "[s
   auto fake = std::make_shared<FakeConnector>();
   auto starter = MakeSshAgentStarter(SshConfig{}, fake);
 
-  auto a = starter->Start(HostSpec{"", "a", 1}, MakeLaunch());
+  auto a = starter->Start(hosts::HostSpec{"", "a", 1}, MakeLaunch());
   REQUIRE(a.ok());
   auto start = std::chrono::steady_clock::now();
   (*a)->Kill();
@@ -289,7 +289,7 @@ TEST_CASE("Kill terminates the remote command; a lost connection reads 255", "[s
   CHECK(*(*a)->Poll() == 137);
   CHECK(fake->For("a").remote->Get(&FakeRemote::terminated));
 
-  auto b = starter->Start(HostSpec{"", "b", 1}, MakeLaunch());
+  auto b = starter->Start(hosts::HostSpec{"", "b", 1}, MakeLaunch());
   REQUIRE(b.ok());
   fake->For("b").remote->LoseConnection();
   REQUIRE(WaitFor([&] { return (*b)->Poll().has_value(); }));
@@ -297,7 +297,7 @@ TEST_CASE("Kill terminates the remote command; a lost connection reads 255", "[s
   CHECK((*b)->StderrTail().find("connection lost") != std::string::npos);
 
   // Destroying a running handle does not wait for the remote side.
-  auto c = starter->Start(HostSpec{"", "c", 1}, MakeLaunch());
+  auto c = starter->Start(hosts::HostSpec{"", "c", 1}, MakeLaunch());
   REQUIRE(c.ok());
   start = std::chrono::steady_clock::now();
   c->reset();
@@ -336,7 +336,7 @@ TEST_CASE("libssh connector: refused and timeout are classified with the host", 
     int port;
     UniqueFd fd(ListenLoopback(&port, /*listen_too=*/false));  // bound, not listening
     cfg.port = port;
-    auto out = connector->Connect(HostSpec{"", "127.0.0.1", 1}, cfg);
+    auto out = connector->Connect(hosts::HostSpec{"", "127.0.0.1", 1}, cfg);
     REQUIRE(out.session == nullptr);
     CHECK(out.failure == SshFailure::kRefused);
     CHECK(out.status.message().find("127.0.0.1") != std::string::npos);
@@ -347,7 +347,7 @@ TEST_CASE("libssh connector: refused and timeout are classified with the host", 
     UniqueFd fd(ListenLoopback(&port, /*listen_too=*/true));  // accepts in the kernel, silent
     cfg.port = port;
     auto start = std::chrono::steady_clock::now();
-    auto out = connector->Connect(HostSpec{"", "127.0.0.1", 1}, cfg);
+    auto out = connector->Connect(hosts::HostSpec{"", "127.0.0.1", 1}, cfg);
     auto took = std::chrono::steady_clock::now() - start;
     REQUIRE(out.session == nullptr);
     CHECK(out.failure == SshFailure::kTimeout);
@@ -356,4 +356,4 @@ TEST_CASE("libssh connector: refused and timeout are classified with the host", 
 }
 
 }  // namespace
-}  // namespace ringrun::launcher
+}  // namespace ringrun::launcher::starters

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/src/gpu/gpu_info.h"
+#include "ringrun/common/gpu_info.h"
 
 namespace {
 
@@ -74,15 +74,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  using ringrun::runtime::FormatCudaVersion;
-  using ringrun::runtime::FormatNcclVersion;
-  const ringrun::runtime::GpuHostInfo info = ringrun::runtime::ProbeGpus();
+  const ringrun::GpuHostInfo info = ringrun::ProbeGpus();
   const bool ok = !info.devices.empty();
   std::string line =
       "{\"hostname\":" + JsonString(Hostname()) + ",\"ok\":" + (ok ? "true" : "false") +
-      ",\"driver_version\":" + JsonString(FormatCudaVersion(info.driver_version)) +
-      ",\"runtime_version\":" + JsonString(FormatCudaVersion(info.build.cuda_runtime_version)) +
-      ",\"nccl_version\":" + JsonString(FormatNcclVersion(info.build.nccl_runtime_version)) +
+      ",\"driver_version\":" + JsonString(ringrun::FormatCudaVersion(info.driver_version)) +
+      ",\"runtime_version\":" +
+      JsonString(ringrun::FormatCudaVersion(info.build.cuda_runtime_version)) +
+      ",\"nccl_version\":" +
+      JsonString(ringrun::FormatNcclVersion(info.build.nccl_runtime_version)) +
       ",\"error\":" + JsonString(info.error) + ",\"devices\":[";
   for (size_t i = 0; i < info.devices.size(); ++i) {
     const auto& d = info.devices[i];

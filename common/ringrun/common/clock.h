@@ -1,11 +1,22 @@
-// The time seam: code whose rules depend on time (grace periods, heartbeats, start timeouts)
-// reads it through a Clock, so that tests can move time by hand instead of sleeping.
+// Time, in one place.
+//   - Clock is the seam: code whose rules depend on time (grace periods, heartbeats, start
+//     timeouts, the stall inspector, the timeline) reads it through a Clock, so that tests move
+//     time by hand instead of sleeping.
+//   - Deadline is what every blocking wait takes (a point on std::chrono::steady_clock); code
+//     that only bounds a syscall by it reads steady_clock directly.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 
 namespace ringrun {
+
+// The end of a bounded wait.
+using Deadline = std::chrono::steady_clock::time_point;
+
+inline Deadline DeadlineAfter(int timeout_ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+}
 
 class Clock {
  public:

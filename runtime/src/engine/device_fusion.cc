@@ -18,8 +18,8 @@ bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 // `send` itself, or a copy of its `bytes` in the fusion buffer when it overlaps `out` in a way
 // NCCL does not allow (anything but `in_place`, the position NCCL reads in place).
-Result<const void*> Unaliased(DeviceBackend& dev, const void* send, size_t bytes, const void* out,
-                              size_t out_bytes, const void* in_place) {
+Result<const void*> Unaliased(gpu::DeviceBackend& dev, const void* send, size_t bytes,
+                              const void* out, size_t out_bytes, const void* in_place) {
   if (send == in_place || !Overlap(send, bytes, out, out_bytes)) return send;
   Result<void*> copy = dev.FusionBuffer(bytes);
   if (!copy.ok()) return copy.status();
@@ -44,7 +44,7 @@ const char* Phase(Kind k) {
   }
 }
 
-Status RunFusedAllreduce(DeviceBackend& dev, int size, const std::vector<DeviceItem>& batch,
+Status RunFusedAllreduce(gpu::DeviceBackend& dev, int size, const std::vector<DeviceItem>& batch,
                          size_t* moved) {
   const Request& key = batch[0].response->req;
   const size_t elem = key.ElemBytes();
@@ -75,17 +75,17 @@ Status RunFusedAllreduce(DeviceBackend& dev, int size, const std::vector<DeviceI
 }
 
 // A result that the handle owns (ragged allgather, alltoall through a handle).
-Result<void*> HandleOutput(DeviceBackend& dev, HandleState& h, size_t bytes) {
+Result<void*> HandleOutput(gpu::DeviceBackend& dev, HandleState& h, size_t bytes) {
   h.device_output.reset();
   h.device_output_bytes = bytes;
   if (bytes == 0) return static_cast<void*>(nullptr);
-  Result<DeviceMemory> mem = dev.Allocate(bytes);
+  Result<gpu::DeviceMemory> mem = dev.Allocate(bytes);
   if (!mem.ok()) return mem.status();
   h.device_output = std::move(mem.value());
   return h.device_output.get();
 }
 
-Status RunOne(DeviceBackend& dev, int rank, int size, const DeviceItem& item, size_t* moved) {
+Status RunOne(gpu::DeviceBackend& dev, int rank, int size, const DeviceItem& item, size_t* moved) {
   const Response& r = *item.response;
   const Request& q = r.req;
   Entry& e = *item.entry;
@@ -193,7 +193,7 @@ void DeviceScaleAndOp(const Request& r, int size, double* scale, ringrun_op* op)
 }
 
 Status RunDeviceBatch(const DeviceBatchContext& ctx, const std::vector<DeviceItem>& batch) {
-  DeviceBackend& dev = *ctx.backend;
+  gpu::DeviceBackend& dev = *ctx.backend;
   const int64_t t0 = ctx.clock->NowMicros();
   std::vector<void*> streams;
   bool wait = false;

@@ -32,7 +32,7 @@ struct DeviceItem {
 };
 
 struct DeviceBatchContext {
-  DeviceBackend* backend;
+  gpu::DeviceBackend* backend;
   int rank = 0, size = 1;
   Timeline* timeline = nullptr;  // null: no timeline
   const EngineClock* clock = nullptr;

@@ -59,7 +59,7 @@ bool BuildIsDevice(const void* p) {
   // rest of a small submission.
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), start = HeapStart();
   if (start != 0 && a >= start && a < reinterpret_cast<uintptr_t>(::sbrk(0))) return false;
-  return IsDevicePointer(p);
+  return gpu::IsDevicePointer(p);
 }
 
 // memcpy for the fusion buffer's tensors, many of which are a few bytes (biases, norms): up to
@@ -353,7 +353,7 @@ Status Engine::failure() {
   return Status(static_cast<Code>(failed_code_), failed_message_);
 }
 
-Engine::Engine(std::unique_ptr<Transport> transport, EngineOptions options)
+Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions options)
     : options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
       world_([&] {
@@ -766,12 +766,12 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
   const int64_t quiet = burst_quiet_ns_;
   if (quiet <= 0 || fresh.empty()) return;
   uint64_t seen = pushed_.load(std::memory_order_relaxed);
-  const auto start = Clock::now();
+  const auto start = std::chrono::steady_clock::now();
   auto last = start;
   bool growing = false;
   while (g_waiters.load(std::memory_order_relaxed) == 0) {
     for (int i = 0; i < 8; ++i) CpuRelax();
-    const auto now = Clock::now();
+    const auto now = std::chrono::steady_clock::now();
     const uint64_t p = pushed_.load(std::memory_order_relaxed);
     if (p != seen) {
       seen = p, last = now, growing = true;
@@ -789,7 +789,8 @@ void Engine::SleepOnDoorbell(Deadline deadline) {
   pollfd p{doorbell(), POLLIN, 0};
   int ms = -1;
   if (deadline != Deadline::max()) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     ms = std::max<int>(0, static_cast<int>(left.count()) + 1);
   }
   (void)::poll(&p, 1, ms);
@@ -868,7 +869,8 @@ void Engine::Loop() {
       if (check >= 0 && check <= Now()) check = stall_.NextCheckUs(controller_.Pending());
       Deadline deadline = Deadline::max();
       if (check >= 0) {
-        deadline = Clock::now() + std::chrono::microseconds(std::max<int64_t>(0, check - Now()));
+        deadline = std::chrono::steady_clock::now() +
+                   std::chrono::microseconds(std::max<int64_t>(0, check - Now()));
       }
       Status wst;
       if (transport_) {
@@ -957,11 +959,11 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
   std::memcpy(head.data(), &len, 4);
   std::memcpy(head.data() + 4, mine.data(), std::min(mine.size(), kFrameHeadBytes - 4));
   std::vector<std::string> heads(n, std::string(kFrameHeadBytes, '\0'));
-  std::vector<Op> ops;
+  std::vector<transport::Op> ops;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    ops.push_back(Op::Send(p, head.data(), kFrameHeadBytes));
-    ops.push_back(Op::Recv(p, heads[p].data(), kFrameHeadBytes));
+    ops.push_back(transport::Op::Send(p, head.data(), kFrameHeadBytes));
+    ops.push_back(transport::Op::Recv(p, heads[p].data(), kFrameHeadBytes));
   }
   RINGRUN_RETURN_IF_ERROR(
       transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
@@ -974,10 +976,10 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
     all[p].assign(heads[p].data() + 4, std::min<size_t>(plen, inline_bytes));
     if (plen > inline_bytes) {
       all[p].resize(plen);
-      ops.push_back(Op::Recv(p, all[p].data() + inline_bytes, plen - inline_bytes));
+      ops.push_back(transport::Op::Recv(p, all[p].data() + inline_bytes, plen - inline_bytes));
     }
     if (mine.size() > inline_bytes) {
-      ops.push_back(Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
+      ops.push_back(transport::Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
     }
   }
   if (!ops.empty()) {
@@ -1423,7 +1425,7 @@ Status Engine::RunOther(const Response& r, Entry* e) {
   return st;
 }
 
-Result<DeviceBackend*> Engine::Device() {
+Result<gpu::DeviceBackend*> Engine::Device() {
   if (device_) return device_.get();
   if (!device_error_.ok()) return device_error_;
   // The NCCL id is made now, at the first device collective, and travels over the CPU
@@ -1433,7 +1435,7 @@ Result<DeviceBackend*> Engine::Device() {
     if (options_.make_nccl_id) {
       id = options_.make_nccl_id();
     } else {
-      id = MaybeCreateNcclUniqueId();
+      id = gpu::MaybeCreateNcclUniqueId();
     }
   }
   if (transport_) {
@@ -1445,10 +1447,10 @@ Result<DeviceBackend*> Engine::Device() {
     std::memcpy(&len, buf.data(), 4);
     id.assign(buf.data() + 4, std::min<uint32_t>(len, 512));
   }
-  Result<std::unique_ptr<DeviceBackend>> made =
+  Result<std::unique_ptr<gpu::DeviceBackend>> made =
       options_.make_device ? options_.make_device(id)
-                           : MakeDeviceBackend(options_.rank, options_.size, options_.local_rank,
-                                               id, options_.timeout_ms);
+                           : gpu::MakeDeviceBackend(options_.rank, options_.size,
+                                                    options_.local_rank, id, options_.timeout_ms);
   if (!made.ok()) {
     device_error_ = made.status().Annotate("GPU backend");
     return device_error_;
@@ -1472,14 +1474,14 @@ Status Engine::RecordReady(Entry& e) {
   const void* buffer = e.send != nullptr ? e.send : e.recv;
   Result<std::shared_ptr<void>> ready = options_.record_event
                                             ? options_.record_event(buffer, e.stream)
-                                            : RecordDeviceEvent(buffer, e.stream);
+                                            : gpu::RecordDeviceEvent(buffer, e.stream);
   if (!ready.ok()) return ready.status();
   e.ready = std::move(ready.value());
   return Status::Ok();
 }
 
 Status Engine::RunDevice(Batch& b) {
-  Result<DeviceBackend*> dev = Device();
+  Result<gpu::DeviceBackend*> dev = Device();
   if (!dev.ok()) return dev.status();
   std::vector<DeviceItem> items;
   for (size_t i = 0; i < b.responses.size(); ++i) items.push_back({b.responses[i], b.locals[i]});

@@ -40,9 +40,9 @@
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/engine/timeline.h"
-#include "runtime/src/transport.h"
+#include "runtime/src/transport/transport.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 class DeviceBackend;
 }
 
@@ -75,7 +75,8 @@ struct EngineOptions {
   // build's own (gpu/device_backend.h), or none.
   std::function<bool(const void*)> is_device;
   std::function<std::string()> make_nccl_id;
-  std::function<Result<std::unique_ptr<DeviceBackend>>(const std::string& nccl_id)> make_device;
+  std::function<Result<std::unique_ptr<gpu::DeviceBackend>>(const std::string& nccl_id)>
+      make_device;
   // Records a device entry's ready event at submission, on the submitting thread: a CUDA event
   // on the device of `buffer`, recorded on `stream` (nullptr: the legacy default stream).
   // Unset: the build's RecordDeviceEvent.
@@ -144,7 +145,7 @@ class Engine {
  public:
   // transport may be null (a job of one). Starts the engine thread, which first meets every
   // peer once (connecting all pairs and checking that their settings agree).
-  Engine(std::unique_ptr<Transport> transport, EngineOptions options);
+  Engine(std::unique_ptr<transport::Transport> transport, EngineOptions options);
   ~Engine();  // Shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -251,7 +252,7 @@ class Engine {
                        const char* span);
   // Whether an allreduce goes through the fusion buffer (small) rather than in place.
   static bool Packed(const Request& req, size_t threshold);
-  Result<DeviceBackend*> Device();
+  Result<gpu::DeviceBackend*> Device();
   // Finishes this rank's entry e (nullptr: none, the rank had joined); its handle is marked
   // done, and its name freed, by the NotifyCompleted that follows.
   void Complete(Entry* e, ringrun_status st, const std::string& message);
@@ -290,7 +291,7 @@ class Engine {
 
   // The engine thread's own.
   int64_t burst_quiet_ns_ = 0;  // options_.burst_quiet_ns, or 0 when confined to one CPU
-  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<transport::Transport> transport_;
   bool spans_hosts_ = false;  // some rank is on another host (its ring runs over TCP)
   Controller controller_;
   StallInspector stall_;
@@ -300,14 +301,14 @@ class Engine {
   // Announced and not complete: by the cache id they were announced under, or by name.
   std::vector<Slot*> by_cache_id_;
   NameTable<Slot> announced_full_;
-  std::unique_ptr<DeviceBackend> device_;
+  std::unique_ptr<gpu::DeviceBackend> device_;
   Status device_error_;
   // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so
   // that its wait ends at once instead of at the collective timeout.
   std::mutex device_mu_;
-  DeviceBackend* device_live_ = nullptr;  // device_mu_: device_.get() once made
-  bool device_busy_ = false;              // device_mu_: a device batch is running
-  std::string device_abort_;              // device_mu_: why later device batches fail
+  gpu::DeviceBackend* device_live_ = nullptr;  // device_mu_: device_.get() once made
+  bool device_busy_ = false;                   // device_mu_: a device batch is running
+  std::string device_abort_;                   // device_mu_: why later device batches fail
   std::vector<char> zeros_;
   std::vector<HandleState*> completed_;   // done, waiters not yet woken
   std::vector<Slot*> spare_;              // an empty vector whose capacity the queue reuses

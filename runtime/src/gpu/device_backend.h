@@ -19,7 +19,7 @@
 #include "ringrun/common/status.h"
 #include "ringrun/ringrun.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 
 // True when `p` is CUDA device (or managed) memory. False in builds without CUDA and on
 // machines without a driver. Never fails loudly.
@@ -98,4 +98,4 @@ Result<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(int rank, int size, int
                                                          const std::string& nccl_id,
                                                          int timeout_ms);
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstring>
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 namespace {
 
 // The driver's cuCtxGetCurrent, without linking libcuda: CUresult (*)(CUcontext*).
@@ -159,4 +159,4 @@ bool CudaDriverLoaded() {
   return walk.now.loaded;
 }
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

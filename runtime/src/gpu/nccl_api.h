@@ -12,7 +12,7 @@
 
 #include <memory>
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 
 class NcclApi {
  public:
@@ -88,4 +88,4 @@ std::shared_ptr<NcclApi> MakeRealNcclApi();
 // program cannot have any CUDA memory, and asking CUDA would load and initialize the driver.
 bool CudaDriverLoaded();
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

@@ -9,15 +9,15 @@
 #include <mutex>
 #include <thread>
 
+#include "ringrun/common/clock.h"
 #include "ringrun/common/defaults.h"
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/common/thread_annotations.h"
 #include "ringrun/names.h"
 #include "runtime/src/gpu/nccl_mapping.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Finalizing a communicator waits for peers; at teardown we wait at most this long, then abort.
 
@@ -82,9 +82,9 @@ class NcclBackend final : public DeviceBackend {
       bool clean = false;
       const ncclResult_t r = api_->CommFinalize(comm);
       if (r == ncclSuccess || r == ncclInProgress) {
-        const auto deadline =
-            Clock::now() + std::min<std::chrono::milliseconds>(
-                               std::chrono::milliseconds(kNcclFinalizeTimeoutMs), timeout_);
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::min<std::chrono::milliseconds>(
+                                  std::chrono::milliseconds(kNcclFinalizeTimeoutMs), timeout_);
         for (;;) {
           ncclResult_t async = ncclSuccess;
           if (api_->CommGetAsyncError(comm, &async) != ncclSuccess) break;
@@ -92,7 +92,7 @@ class NcclBackend final : public DeviceBackend {
             clean = true;
             break;
           }
-          if (async != ncclInProgress || Clock::now() >= deadline) break;
+          if (async != ncclInProgress || std::chrono::steady_clock::now() >= deadline) break;
           std::this_thread::sleep_for(poll_interval_);
         }
       }
@@ -125,7 +125,7 @@ class NcclBackend final : public DeviceBackend {
       MutexLock lock(&mu_);
       comm_ = comm;
     }
-    return Wait("NCCL init", Clock::now() + timeout_, /*event=*/nullptr);
+    return Wait("NCCL init", std::chrono::steady_clock::now() + timeout_, /*event=*/nullptr);
   }
 
   Status WaitFor(const DeviceEvent& ready) override {
@@ -147,8 +147,8 @@ class NcclBackend final : public DeviceBackend {
           Cuda("cudaEventRecord", [&] { return api_->EventRecord(done_, own_stream_); }));
       {
         ScopedDevice on_device(*api_, device_);
-        RINGRUN_RETURN_IF_ERROR(
-            Wait("the device fusion buffer's last use", Clock::now() + timeout_, done_));
+        RINGRUN_RETURN_IF_ERROR(Wait("the device fusion buffer's last use",
+                                     std::chrono::steady_clock::now() + timeout_, done_));
       }
       RINGRUN_RETURN_IF_ERROR(Cuda("cudaFree (device fusion buffer)", [&] {
         cudaError_t e = api_->Free(fusion_);
@@ -329,7 +329,7 @@ class NcclBackend final : public DeviceBackend {
     }));
     if (!wait) return Status::Ok();
     ScopedDevice on_device(*api_, device_);
-    return Wait("device collectives", Clock::now() + timeout_, done_);
+    return Wait("device collectives", std::chrono::steady_clock::now() + timeout_, done_);
   }
 
   void Abort(const std::string& reason) override {
@@ -392,7 +392,7 @@ class NcclBackend final : public DeviceBackend {
     if (on_device.status() != cudaSuccess) {
       return CudaStatus(std::string(what) + ": cudaSetDevice", on_device.status());
     }
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     {
       MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
@@ -408,7 +408,7 @@ class NcclBackend final : public DeviceBackend {
 
   // Polls until the communicator has nothing in progress and, with an `event`, the event has
   // completed. A timeout or an asynchronous error aborts the communicator.
-  Status Wait(const char* what, Clock::time_point deadline, cudaEvent_t event) {
+  Status Wait(const char* what, Deadline deadline, cudaEvent_t event) {
     for (;;) {
       {
         MutexLock lock(&mu_);
@@ -426,7 +426,7 @@ class NcclBackend final : public DeviceBackend {
           if (e != cudaErrorNotReady) return BreakLocked(CudaStatus(what, e));
         }
       }
-      if (Clock::now() >= deadline) {
+      if (std::chrono::steady_clock::now() >= deadline) {
         MutexLock lock(&mu_);
         if (comm_ == nullptr) return broken_;
         return BreakLocked(Timeout(where_ + ": " + what + " did not complete within " +
@@ -625,4 +625,4 @@ Result<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(int rank, int size, int
   return MakeNcclBackend(MakeRealNcclApi(), options);
 }
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

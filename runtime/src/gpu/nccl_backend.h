@@ -16,7 +16,7 @@
 #include "runtime/src/gpu/device_backend.h"
 #include "runtime/src/gpu/nccl_api.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 
 struct NcclBackendOptions {
   int rank = 0;
@@ -47,4 +47,4 @@ Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> 
 // `buffer`, recorded on `stream`, destroyed through `api` with its last reference.
 Result<DeviceEvent> RecordNcclEvent(std::shared_ptr<NcclApi> api, const void* buffer, void* stream);
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

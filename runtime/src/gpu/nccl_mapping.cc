@@ -6,10 +6,10 @@
 #include <cstring>
 #include <string>
 
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/names.h"
-#include "runtime/src/gpu/gpu_info.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 namespace {
 
 bool IsFloating(ringrun_dtype dtype) {
@@ -102,19 +102,6 @@ Status EncodeScalar(ringrun_dtype dtype, double value, unsigned char (&out)[8]) 
   }
 }
 
-std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int driver_version,
-                                    int runtime_version) {
-  std::string text = error_text != nullptr ? error_text : "unknown CUDA error";
-  text += " (cudaError " + std::to_string(cuda_error) + ")";
-  if (driver_version == 0) return "no CUDA driver: " + text;
-  if (cuda_error == cudaErrorNoDevice) return "no CUDA device: " + text;
-  if (cuda_error == cudaErrorInsufficientDriver) {
-    return "CUDA driver " + FormatCudaVersion(driver_version) + " is older than the runtime " +
-           FormatCudaVersion(runtime_version) + ": " + text;
-  }
-  return "CUDA unusable: " + text;
-}
-
 Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version) {
   switch (dtype) {
     case RINGRUN_INT8:
@@ -174,4 +161,4 @@ Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_ver
   return InvalidArgument("op " + std::to_string(static_cast<int>(op)) + " is not a ringrun_op");
 }
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

@@ -12,7 +12,7 @@
 #include "ringrun/common/status.h"
 #include "ringrun/ringrun.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 
 // The first NCCL that has ncclAvg and ncclBfloat16 (2.10.0, as ncclGetVersion codes it).
 inline constexpr int kNcclVersionWithAvgAndBf16 = 21000;
@@ -44,10 +44,4 @@ size_t NcclOneRankPreMulSumSpan(size_t count, size_t elem_size);
 // ncclRedOpCreatePreMulSum reads); InvalidArgument for integer dtypes.
 Status EncodeScalar(ringrun_dtype dtype, double value, unsigned char (&out)[8]);
 
-// Why CUDA is unusable, from cudaGetDeviceCount's error (`cuda_error`, `error_text`) and
-// cudaDriverGetVersion (0: no driver): "no CUDA driver: <CUDA's text>", "no CUDA device: ...",
-// "CUDA driver 12.2 is older than the runtime 13.0: ...". The prefix is what --check-gpu shows.
-std::string DescribeCudaUnavailable(int cuda_error, const char* error_text, int driver_version,
-                                    int runtime_version);
-
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

@@ -2,7 +2,7 @@
 // nothing is device memory, and asking for a backend says why there is none.
 #include "runtime/src/gpu/device_backend.h"
 
-namespace ringrun::runtime {
+namespace ringrun::runtime::gpu {
 
 bool IsDevicePointer(const void* /*p*/) { return false; }
 
@@ -22,4 +22,4 @@ Result<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(int rank, int size, int
                      "CUDA/NCCL were not found); device memory cannot be used");
 }
 
-}  // namespace ringrun::runtime
+}  // namespace ringrun::runtime::gpu

@@ -1,0 +1,498 @@
+#include "launcher/job/job.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "launcher/job/environment.h"
+#include "launcher/job/signal_forwarder.h"
+#include "launcher/service/job_server.h"
+#include "ringrun/common/defaults.h"
+#include "ringrun/common/log.h"
+#include "ringrun/common/secret.h"
+
+extern char** environ;
+
+namespace ringrun::launcher::job {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr int kTickMs = 50;             // how often the job polls agents and checks deadlines
+constexpr int kShutdownGraceMs = 1000;  // for the server's calls, then for the agents to exit
+
+bool IsLoopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "::1" || addr == "localhost";
+}
+
+std::string DefaultAgentPath() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "ringrun-agent";
+  std::string self(buf, static_cast<size_t>(n));
+  return self.substr(0, self.rfind('/') + 1) + "ringrun-agent";
+}
+
+std::string CurrentDir() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof(buf)) ? std::string(buf) : std::string(".");
+}
+
+}  // namespace
+
+Job::Job(const Options& options, const Starters& starters, const JobHooks& hooks)
+    : options_(options), starters_(starters), hooks_(hooks), clock_(SteadyClock()) {}
+
+Job::~Job() = default;
+
+void Job::Push(Event e) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  queue_.push_back(std::move(e));
+  queue_cv_.notify_one();
+}
+
+void Job::OnAgentEvent(int host, const v1::AgentEvent& event) {
+  Event e;
+  e.kind = Event::kAgent;
+  e.host = host;
+  e.agent = event;
+  Push(std::move(e));
+}
+
+void Job::OnSessionEnded(int host, bool /*clean*/, const std::string& why) {
+  Event e;
+  e.kind = Event::kSessionEnded;
+  e.host = host;
+  e.why = why;
+  Push(std::move(e));
+}
+
+grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
+                             v1::RegisterReply* reply) {
+  const int h = req.host_index();
+  service::Registration reg;
+  reg.hostname = req.hostname();
+  reg.peer_address = peer_address;
+  reg.service_target = req.service_target();
+  reg.free_port = req.free_port();
+  if (grpc::Status st = registry_->Add(h, std::move(reg)); !st.ok()) return st;
+  spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name, req.hostname(),
+                peer_address);
+  Event e;
+  e.kind = Event::kRegistered;
+  e.host = h;
+  Push(std::move(e));
+  std::vector<v1::RankSpec> ranks;
+  if (grpc::Status st = registry_->WaitForRanks(h, &ranks); !st.ok()) return st;
+  reply->set_job_id(job_id_);
+  for (auto& spec : ranks) *reply->add_ranks() = std::move(spec);
+  reply->set_grace_ms(options_.grace_ms);
+  reply->set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+  reply->set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+  reply->set_cpu_binding(options_.bind_to == Options::BindTo::kCore
+                             ? v1::RegisterReply::CPU_BINDING_CORE
+                             : v1::RegisterReply::CPU_BINDING_NONE);
+  return grpc::Status::OK;
+}
+
+// The address peers should use for `host`: what the launcher saw it connect from, except that
+// a loopback address is useless to other machines, so in a job that spans machines the local
+// host is named by the address the remote agents reached us on.
+std::string Job::AddressOf(int host, const std::map<int, service::Registration>& registered) const {
+  const std::string& seen = registered.at(host).peer_address;
+  if (!IsLoopback(seen)) return seen;
+  for (const auto& [h, reg] : registered) {
+    const std::string addr = reg.service_target.substr(0, reg.service_target.rfind(':'));
+    if (!IsLoopback(reg.peer_address) && !addr.empty()) return addr;
+  }
+  return seen;
+}
+
+std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
+    const std::map<int, service::Registration>& registered) const {
+  std::map<int, std::vector<v1::RankSpec>> specs;
+  std::vector<std::string> launcher_env;
+  for (char** e = environ; *e; ++e) launcher_env.emplace_back(*e);
+  const int host0 = placement_[0].host_index;
+  // The hosts of a job are taken to be alike: this machine's core count stands for each.
+  const int host_cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads_note = 0, threads_note_ranks = 0;
+  for (const auto& p : placement_) {
+    JobContext ctx;
+    ctx.job_id = job_id_;
+    ctx.job_service = registered.at(p.host_index).service_target;
+    ctx.secret = secret_;
+    ctx.hostname = options_.hosts[p.host_index].name;
+    ctx.host_addr = AddressOf(p.host_index, registered);
+    ctx.master_addr = AddressOf(host0, registered);
+    ctx.master_port = registered.at(host0).free_port;
+    ctx.size = static_cast<int>(placement_.size());
+    ctx.threads_per_rank =
+        DefaultThreadsPerRank(launcher_env, options_.exports, p.local_size, host_cores);
+    if (ctx.threads_per_rank > 0 && threads_note == 0) {
+      threads_note = ctx.threads_per_rank;
+      threads_note_ranks = p.local_size;
+    }
+    v1::RankSpec spec;
+    spec.set_rank(p.rank);
+    spec.set_local_rank(p.local_rank);
+    for (const auto& a : options_.command) spec.add_argv(a);
+    for (auto& kv : BuildRankEnvironment(launcher_env, options_.exports, p, ctx)) {
+      spec.add_env(std::move(kv));
+    }
+    spec.set_cwd(cwd_);
+    specs[p.host_index].push_back(std::move(spec));
+  }
+  if (threads_note > 0) {
+    std::fprintf(stderr,
+                 "ringrun: %d ranks share a host's %d cores: OMP_NUM_THREADS, "
+                 "OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set to %d per rank (set one, or "
+                 "-x OMP_NUM_THREADS=N, to choose)\n",
+                 threads_note_ranks, host_cores, threads_note);
+  }
+  return specs;
+}
+
+Job::Event Job::StartAgent(starters::AgentStarter* starter, int host,
+                           starters::AgentLaunch launch) const {
+  Event e;
+  e.kind = Event::kStarted;
+  e.host = host;
+  launch.host_index = host;
+  auto r = starter->Start(options_.hosts[host], launch);
+  if (r.ok()) {
+    e.handle = std::move(r.value());
+  } else {
+    e.why = r.status().message();
+  }
+  return e;
+}
+
+// Where a host's agent is started from: local hosts by starters_.local on this (the main)
+// thread, since PR_SET_PDEATHSIG follows the thread that forked and this one lives as long as
+// the job; remote hosts by starters_.remote, from a bounded pool of threads.
+void Job::StartAgents() {
+  starters::AgentLaunch base;
+  base.service_port = port_;
+  base.service_address = options_.launcher_address;
+  base.secret = secret_;
+  base.agent_path = agent_path_;
+  base.log_level = options_.log_level;
+  std::vector<int> remote;
+  for (int h : active_hosts_) {
+    if (!hosts::IsLocalHost(options_.hosts[h].name)) {
+      remote.push_back(h);
+      continue;
+    }
+    starters::AgentLaunch launch = base;
+    if (IsLoopback(launch.service_address)) launch.service_address.clear();
+    if (starters_.local == nullptr) {
+      Event e;
+      e.kind = Event::kStarted;
+      e.host = h;
+      e.why = "no local agent starter";
+      Push(std::move(e));
+    } else {
+      Push(StartAgent(starters_.local, h, launch));
+    }
+  }
+  if (remote.empty()) return;
+  auto next = std::make_shared<std::atomic<size_t>>(0);
+  int threads = std::max(1, std::min<int>(options_.ssh_fanout, static_cast<int>(remote.size())));
+  for (int t = 0; t < threads; ++t) {
+    start_threads_.emplace_back([this, remote, next, base] {
+      for (size_t i; (i = next->fetch_add(1)) < remote.size();) {
+        const int h = remote[i];
+        if (starters_.remote == nullptr) {
+          Event e;
+          e.kind = Event::kStarted;
+          e.host = h;
+          e.why = options_.hosts[h].name + ": remote hosts are not supported by this build";
+          Push(std::move(e));
+        } else {
+          Push(StartAgent(starters_.remote, h, base));
+        }
+      }
+    });
+  }
+}
+
+void Job::Execute() {
+  for (auto commands = state_->TakeCommands(); !commands.empty();
+       commands = state_->TakeCommands()) {
+    for (const JobCommand& c : commands) {
+      switch (c.kind) {
+        case JobCommand::Kind::kReport:
+          output_->Flush();
+          std::fprintf(stderr, "ringrun: %s\n", c.text.c_str());
+          std::fflush(stderr);
+          break;
+        case JobCommand::Kind::kSignalRanks: {
+          v1::AgentCommand cmd;
+          cmd.mutable_signal()->set_signo(c.signo);
+          for (int h : c.hosts) service_->Send(h, cmd);
+          break;
+        }
+        case JobCommand::Kind::kTerminateRanks: {
+          v1::AgentCommand cmd;
+          cmd.mutable_terminate()->set_grace_ms(c.grace_ms);
+          cmd.mutable_terminate()->set_reason(c.text);
+          for (int h : c.hosts) service_->Send(h, cmd);
+          break;
+        }
+        case JobCommand::Kind::kKillAgent: {
+          if (!c.text.empty()) spdlog::warn("{}", c.text);
+          auto it = agents_.find(c.host);
+          if (it != agents_.end()) it->second->Kill();
+          break;
+        }
+        case JobCommand::Kind::kCloseRegistration:
+          state_->RegistrationClosed(registry_->Close());
+          break;
+        case JobCommand::Kind::kAbortRendezvous:
+          rendezvous_->Abort("the job is being torn down");
+          break;
+      }
+    }
+  }
+}
+
+void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
+  switch (ev.event_case()) {
+    case v1::AgentEvent::kStarted:
+      state_->RankStarted(ev.started().rank());
+      break;
+    case v1::AgentEvent::kOutput: {
+      const auto& o = ev.output();
+      output_->Write(o.rank(), o.stream() == v1::AgentEvent::STDERR, o.data());
+      break;
+    }
+    case v1::AgentEvent::kExited: {
+      const auto& x = ev.exited();
+      const bool failed = x.exit_code() != 0 || x.signal() != 0;
+      state_->RankExited(x.rank(), x.exit_code(), x.signal(),
+                         failed ? output_->StderrTail(x.rank()) : "");
+      break;
+    }
+    case v1::AgentEvent::kSpawnFailed:
+      state_->RankSpawnFailed(ev.spawn_failed().rank(), ev.spawn_failed().exit_code(),
+                              ev.spawn_failed().message());
+      break;
+    default:
+      spdlog::trace("host {}: event {} ignored", host, static_cast<int>(ev.event_case()));
+      break;
+  }
+}
+
+void Job::Handle(Event& e) {
+  switch (e.kind) {
+    case Event::kAgent:
+      HandleAgentEvent(e.host, e.agent);
+      break;
+    case Event::kStarted: {
+      const bool ok = e.handle != nullptr;
+      if (ok) agents_[e.host] = std::move(e.handle);
+      state_->AgentStarted(e.host, ok, e.why);
+      break;
+    }
+    case Event::kRegistered:
+      state_->AgentRegistered(e.host);
+      break;
+    case Event::kSessionEnded:
+      state_->SessionEnded(e.host, e.why);
+      break;
+    case Event::kSignal:
+      state_->SignalReceived(e.signo);
+      break;
+  }
+  Execute();
+}
+
+void Job::HandleQueued() {
+  std::deque<Event> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(queue_);
+  }
+  for (auto& e : batch) Handle(e);
+}
+
+// Agents that ended (after their session, or on their own: crashed, never found on the host).
+void Job::PollAgents() {
+  std::vector<std::pair<int, int>> exited;  // host, exit code
+  for (auto& [h, agent] : agents_) {
+    if (state_->finished(h)) continue;
+    if (auto code = agent->Poll()) exited.emplace_back(h, *code);
+  }
+  if (exited.empty()) return;
+  // What an agent reported before it ended (its registration, its session's end) is queued by
+  // now: it counts first.
+  HandleQueued();
+  for (const auto& [h, code] : exited) state_->AgentExited(h, code, agents_.at(h)->StderrTail());
+  Execute();
+}
+
+int Job::Prepare() {
+  auto placed = hosts::PlaceRanks(options_.hosts, options_.np);
+  if (!placed.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
+    return 2;
+  }
+  placement_ = std::move(placed.value());
+  JobPlan plan;
+  plan.hosts = options_.hosts;
+  for (const auto& p : placement_) {
+    if (std::find(active_hosts_.begin(), active_hosts_.end(), p.host_index) ==
+        active_hosts_.end()) {
+      active_hosts_.push_back(p.host_index);
+    }
+    plan.rank_hosts.push_back(p.host_index);
+  }
+  auto secret = GenerateSecret();
+  auto job_id = GenerateSecret();
+  if (!secret.ok() || !job_id.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", secret.status().ToString().c_str());
+    return 1;
+  }
+  secret_ = secret.value();
+  job_id_ = job_id.value().substr(0, 12);
+  agent_path_ = options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
+  cwd_ = options_.wdir.empty() ? CurrentDir() : options_.wdir;
+
+  OutputRouter::Config oc;
+  oc.echo_to_console = hooks_.echo_to_console;
+  oc.prefix_timestamp = options_.prefix_timestamp;
+  oc.output_dir = options_.output_dir;
+  oc.tail_lines = kStderrTailLines;
+  oc.on_line = hooks_.on_line;
+  output_ = std::make_unique<OutputRouter>(oc);
+  if (Status st = output_->Open(static_cast<int>(placement_.size())); !st.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", st.message().c_str());
+    return 1;
+  }
+
+  plan.grace_ms = options_.grace_ms;
+  plan.start_timeout_s = options_.start_timeout_s;
+  plan.agent_path = agent_path_;
+  state_ = std::make_unique<JobStateMachine>(std::move(plan), clock_);
+  registry_ = std::make_unique<service::AgentRegistry>(
+      active_hosts_, clock_.Now() + std::chrono::seconds(options_.start_timeout_s),
+      [this](const std::map<int, service::Registration>& registered) {
+        return BuildSpecs(registered);
+      });
+  rendezvous_ = std::make_unique<service::Rendezvous>(static_cast<int>(placement_.size()), job_id_);
+  service_ = std::make_unique<service::JobService>(secret_, this, rendezvous_.get(),
+                                                   kHeartbeatIntervalMs, kHeartbeatTimeoutMs);
+  return 0;
+}
+
+int Job::Loop() {
+  auto next_tick = clock_.Now();
+  while (!state_->done()) {
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait_until(lock, next_tick, [&] { return !queue_.empty(); });
+    }
+    HandleQueued();
+    output_->Flush();
+    if (clock_.Now() >= next_tick) {
+      // Deadlines first: an agent refused at the start deadline exits at once, and the start
+      // timeout, not that exit, is the failure to report.
+      state_->Tick();
+      Execute();
+      PollAgents();
+      next_tick = clock_.Now() + milliseconds(kTickMs);
+    }
+  }
+  // Drain what arrived last (output racing the end of sessions).
+  std::deque<Event> rest;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    rest.swap(queue_);
+  }
+  for (auto& e : rest) {
+    if (e.kind == Event::kAgent) {
+      HandleAgentEvent(e.host, e.agent);
+      Execute();
+    } else if (e.handle) {
+      e.handle->Kill();  // an agent whose Start() returned after the loop ended
+    }
+  }
+  output_->Flush();
+  spdlog::debug("every host finished");
+  return state_->exit_code();
+}
+
+// The job is over: no more registrations, joins or sessions.
+void Job::CloseService() {
+  registry_->Close();
+  rendezvous_->Abort("the job is over");
+  service_->Close();
+}
+
+// Gives the agents a moment to exit on their own (their sessions are closed), then ends them.
+void Job::StopAgents() {
+  auto give_up = clock_.Now() + milliseconds(kShutdownGraceMs);
+  for (auto& [h, agent] : agents_) {
+    while (!agent->Poll() && clock_.Now() < give_up) std::this_thread::sleep_for(milliseconds(1));
+    agent->Kill();
+  }
+  for (auto& t : start_threads_) t.join();
+  {
+    // Agents whose Start() returned after the loop ended.
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (auto& e : queue_) {
+      if (e.handle) e.handle->Kill();
+    }
+    queue_.clear();
+  }
+  agents_.clear();
+}
+
+int Job::Run() {
+  spdlog::debug("job starting");
+  if (int rc = Prepare(); rc != 0) return rc;
+
+  // Signals go to one thread that turns them into events; every other thread blocks them.
+  SignalForwarder signals({SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}, [this](int signo) {
+    Event e;
+    e.kind = Event::kSignal;
+    e.signo = signo;
+    Push(std::move(e));
+  });
+
+  bool all_local = true;
+  for (int h : active_hosts_) all_local = all_local && hosts::IsLocalHost(options_.hosts[h].name);
+  Result<service::JobServer> server =
+      service::StartJobServer(all_local ? "127.0.0.1:0" : "0.0.0.0:0", *service_);
+  int rc = 1;
+  if (!server.ok()) {
+    std::fprintf(stderr, "ringrun: could not start the job service: %s\n",
+                 server.status().message().c_str());
+  } else {
+    port_ = server->port;
+    spdlog::debug("job {}: job service on port {}, {} ranks on {} hosts", job_id_, port_,
+                  placement_.size(), active_hosts_.size());
+    StartAgents();
+    rc = Loop();
+  }
+  CloseService();
+  if (server.ok()) {
+    server->server->Shutdown(std::chrono::system_clock::now() + milliseconds(kShutdownGraceMs));
+  }
+  StopAgents();
+  spdlog::debug("job over");
+  return rc;
+}
+
+int RunJob(const Options& options, const Starters& starters, const JobHooks& hooks) {
+  Job job(options, starters, hooks);
+  return job.Run();
+}
+
+}  // namespace ringrun::launcher::job

@@ -1,0 +1,54 @@
+// Rank output on the launcher: tagging ("[3]<stdout>:line", horovodrun's format), optional
+// timestamps, per-rank files (DIR/rank.N/stdout|stderr), and the stderr tail kept for
+// failure messages. Used from the job's main thread only: not thread-safe.
+#pragma once
+
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ringrun/common/status.h"
+
+namespace ringrun::launcher::job {
+
+class OutputRouter {
+ public:
+  struct Config {
+    bool echo_to_console = true;
+    bool prefix_timestamp = false;
+    std::string output_dir;  // empty: no files
+    size_t tail_lines = 10;
+    FILE* out = stdout;  // where rank stdout goes
+    FILE* err = stderr;  // where rank stderr goes
+    std::function<void(int, bool, std::string_view)> on_line;
+  };
+  explicit OutputRouter(Config config);
+  ~OutputRouter();
+  OutputRouter(const OutputRouter&) = delete;
+  OutputRouter& operator=(const OutputRouter&) = delete;
+
+  // Creates DIR/rank.N/ for every rank; errors name the path.
+  Status Open(int num_ranks);
+  // `data`: whole lines each ending in '\n', or (final) a partial last line without one.
+  void Write(int rank, bool is_stderr, std::string_view data);
+  // The rank's last stderr lines, oldest first, each ending in '\n'.
+  std::string StderrTail(int rank) const;
+  void Flush();
+
+ private:
+  void EmitLine(int rank, bool is_stderr, std::string_view line);
+
+  Config config_;
+  std::map<int, std::deque<std::string>> tails_;
+  struct Files {
+    FILE* out = nullptr;
+    FILE* err = nullptr;
+  };
+  std::map<int, Files> files_;
+};
+
+}  // namespace ringrun::launcher::job

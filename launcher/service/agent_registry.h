@@ -1,0 +1,62 @@
+// The agents' registrations with the job service, and the one place that owns them. Add() and
+// WaitForRanks() run on gRPC threads (one per registering agent); Close() on the job's thread.
+// Once every host of the job has registered, the spec builder turns the registrations into each
+// host's ranks, and every waiting agent gets its own. Thread-safe.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ringrun/common/clock.h"
+#include "ringrun/job.pb.h"
+
+namespace ringrun::launcher::service {
+
+struct Registration {
+  std::string hostname;        // the agent's gethostname()
+  std::string peer_address;    // the address the service saw it connect from
+  std::string service_target;  // the host:port it dialled to reach the service
+  int free_port = 0;           // a port that was free on its host (MASTER_PORT)
+};
+
+class AgentRegistry {
+ public:
+  // Every host's ranks, from every host's registration. Called once, under the registry's lock.
+  using SpecBuilder =
+      std::function<std::map<int, std::vector<v1::RankSpec>>(const std::map<int, Registration>&)>;
+
+  // `hosts`: the host indexes that have ranks; `deadline` (steady_clock): when waiting agents
+  // give up.
+  AgentRegistry(std::vector<int> hosts, Clock::TimePoint deadline, SpecBuilder build);
+
+  // Records `host`'s registration. INVALID_ARGUMENT for a host without ranks, ALREADY_EXISTS
+  // for a second registration, ABORTED once the registry is closed.
+  grpc::Status Add(int host, Registration registration);
+  // Waits until every host has registered and returns `host`'s ranks; DEADLINE_EXCEEDED at the
+  // deadline, ABORTED when the registry is closed first.
+  grpc::Status WaitForRanks(int host, std::vector<v1::RankSpec>* ranks);
+  // Refuses registrations from now on and releases the waiting agents (with their ranks if
+  // every host had registered). Returns the hosts that registered. Idempotent.
+  std::vector<int> Close();
+
+ private:
+  // Constant after construction.
+  const std::vector<int> hosts_;
+  const Clock::TimePoint deadline_;
+  const SpecBuilder build_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, Registration> registered_;          // guarded by mu_
+  std::map<int, std::vector<v1::RankSpec>> specs_;  // guarded by mu_
+  bool specs_ready_ = false;                        // guarded by mu_
+  bool closed_ = false;                             // guarded by mu_
+};
+
+}  // namespace ringrun::launcher::service

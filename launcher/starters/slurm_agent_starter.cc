@@ -1,0 +1,336 @@
+#include "launcher/starters/slurm_agent_starter.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "launcher/hosts/slurm.h"
+#include "launcher/starters/ssh_session.h"
+#include "ringrun/common/defaults.h"
+#include "ringrun/common/env_contract.h"
+#include "ringrun/common/fd.h"
+#include "ringrun/common/log.h"
+
+extern char** environ;
+
+namespace ringrun::launcher::starters {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kKillEscalation = std::chrono::seconds(5);  // SIGTERM to srun, then SIGKILL
+constexpr int kPollMs = 100;
+
+// Variables srun reads as options: the launcher's own task or step must not shape the agents'.
+bool IsSrunInputVariable(std::string_view name) {
+  static const std::set<std::string_view> kNames = {
+      "SLURM_EXACT",      "SLURM_OVERLAP",       "SLURM_NO_KILL",       "SLURM_KILL_BAD_EXIT",
+      "SLURM_EXPORT_ENV", "SRUN_CPUS_PER_TASK",  "SLURM_CPUS_PER_TASK", "SLURM_WAIT",
+      "SLURM_NNODES",     "SLURM_JOB_NUM_NODES", "SLURM_NODELIST",      "SLURM_TASKS_PER_NODE",
+      "SLURM_CPU_BIND",   "SLURM_DISTRIBUTION",  "SLURM_MPI_TYPE",      "SLURM_UNBUFFEREDIO",
+      "SLURM_LABELIO",    "SLURM_STDINMODE",     "SLURM_STDOUTMODE",    "SLURM_STDERRMODE",
+      "SLURM_OPEN_MODE",  "SLURM_JOB_NAME",      "SLURM_GRES",          "SLURM_GPUS_PER_TASK",
+  };
+  return kNames.count(name) != 0 || hosts::IsSlurmTaskVariable(name);
+}
+
+std::string FindOnPath(const std::string& prog) {
+  if (prog.find('/') != std::string::npos) return ::access(prog.c_str(), X_OK) == 0 ? prog : "";
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t colon = p.find(':', start);
+    std::string dir = p.substr(start, colon - start);
+    if (dir.empty()) dir = ".";
+    std::string full = dir + "/" + prog;
+    if (::access(full.c_str(), X_OK) == 0) return full;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return "";
+}
+
+// The running srun step, shared by every host's handle. One monitor thread relays srun's output,
+// escalates Kill() and reaps srun.
+class SrunStep {
+ public:
+  SrunStep(pid_t pid, UniqueFd out) : pid_(pid), out_(std::move(out)) {
+    thread_ = std::thread([this] { Monitor(); });
+  }
+  ~SrunStep() {
+    Kill();
+    if (thread_.joinable()) thread_.join();
+  }
+  SrunStep(const SrunStep&) = delete;
+  SrunStep& operator=(const SrunStep&) = delete;
+
+  std::optional<int> Poll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return exit_;
+  }
+  void Kill() { kill_requested_ = true; }
+  std::string Tail() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string s;
+    for (const auto& l : tail_) s += (s.empty() ? "" : "\n") + l;
+    return s;
+  }
+
+ private:
+  void Monitor() {
+    std::string partial;
+    std::optional<Clock::time_point> term_sent;
+    bool reaped = false, eof = false;
+    int status_code = 0;
+    while (!(reaped && eof)) {
+      if (kill_requested_ && !reaped) {
+        if (!term_sent) {
+          ::kill(pid_, SIGTERM);
+          term_sent = Clock::now();
+        } else if (Clock::now() - *term_sent > kKillEscalation) {
+          spdlog::warn("srun did not end {} s after SIGTERM: killing it",
+                       std::chrono::duration_cast<std::chrono::seconds>(kKillEscalation).count());
+          ::kill(pid_, SIGKILL);
+          term_sent = Clock::now() + std::chrono::hours(1);  // once
+        }
+      }
+      if (!eof) {
+        pollfd p{out_.get(), POLLIN, 0};
+        if (::poll(&p, 1, kPollMs) > 0) {
+          char buf[4096];
+          ssize_t n = ::read(out_.get(), buf, sizeof(buf));
+          if (n > 0) {
+            partial.append(buf, static_cast<size_t>(n));
+            size_t nl;
+            while ((nl = partial.find('\n')) != std::string::npos) {
+              Emit(partial.substr(0, nl));
+              partial.erase(0, nl + 1);
+            }
+          } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+            eof = true;
+          }
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (!reaped) {
+        int status = 0;
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+          reaped = true;
+          status_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          // Output still in flight may follow; stop waiting for it after a moment.
+          reaped_at_ = Clock::now();
+        }
+      } else if (!eof && Clock::now() - reaped_at_ > std::chrono::seconds(2)) {
+        eof = true;  // a task's descendant still holds srun's output: stop reading
+      }
+      if (reaped && (eof || kill_requested_)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        exit_ = status_code;
+      }
+    }
+    if (!partial.empty()) Emit(partial);
+    std::lock_guard<std::mutex> lock(mu_);
+    exit_ = status_code;
+  }
+
+  void Emit(std::string line) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::string text = "[srun] " + line + "\n";
+    (void)WriteAll(STDERR_FILENO, text.data(), text.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    tail_.push_back(std::move(line));
+    while (tail_.size() > static_cast<size_t>(kStderrTailLines)) tail_.pop_front();
+  }
+
+  // Constant after construction.
+  const pid_t pid_;
+  // Used by thread_ only.
+  UniqueFd out_;
+  Clock::time_point reaped_at_;
+
+  std::atomic<bool> kill_requested_{false};
+  std::mutex mu_;
+  std::optional<int> exit_;       // guarded by mu_
+  std::deque<std::string> tail_;  // guarded by mu_
+  std::thread thread_;            // last: started once every field above exists
+};
+
+class SlurmAgentHandle final : public AgentHandle {
+ public:
+  explicit SlurmAgentHandle(std::shared_ptr<SrunStep> step) : step_(std::move(step)) {}
+  std::optional<int> Poll() override { return step_->Poll(); }
+  void Kill() override { step_->Kill(); }
+  std::string StderrTail() override { return step_->Tail(); }
+
+ private:
+  const std::shared_ptr<SrunStep> step_;
+};
+
+class SlurmAgentStarter final : public AgentStarter {
+ public:
+  explicit SlurmAgentStarter(SlurmStarterConfig config) : config_(std::move(config)) {}
+
+  Result<std::unique_ptr<AgentHandle>> Start(const hosts::HostSpec& host,
+                                             const AgentLaunch& launch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!step_ && launch_error_.ok()) {
+      Result<std::shared_ptr<SrunStep>> step = Launch(launch);
+      if (step.ok()) {
+        step_ = std::move(step.value());
+      } else {
+        launch_error_ = step.status();
+      }
+    }
+    if (!step_) return launch_error_.Annotate(host.name);
+    return std::unique_ptr<AgentHandle>(std::make_unique<SlurmAgentHandle>(step_));
+  }
+
+ private:
+  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) {
+    const std::string srun = FindOnPath(config_.srun);
+    if (srun.empty()) return NotFound("srun: '" + config_.srun + "' not found on PATH");
+    SlurmStarterConfig config = config_;
+    if (!launch.service_address.empty()) config.launcher_address = launch.service_address;
+    Result<std::string> address = SlurmLauncherAddress(config);
+    if (!address.ok()) return address.status();
+    std::vector<std::string> args = BuildSrunCommand(config, launch, *address);
+    args[0] = srun;
+    std::vector<std::string> env_list;
+    for (char** e = environ; *e; ++e) env_list.emplace_back(*e);
+    std::vector<std::string> env = BuildSrunEnvironment(env_list, launch.secret);
+    std::string shown;
+    for (const auto& a : args) shown += (shown.empty() ? "" : " ") + a;
+    spdlog::debug("starting the agents: {}", shown);
+
+    // Everything the child needs is prepared before fork (only async-signal-safe calls after).
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!devnull.valid()) return ErrnoStatus("srun: open /dev/null", errno);
+    Result<Pipe> out = MakePipe();
+    if (!out.ok()) return out.status().Annotate("srun");
+    pid_t pid = ::fork();
+    if (pid < 0) return ErrnoStatus("srun: fork", errno);
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+      ::dup2(devnull.get(), 0);
+      ::dup2(out->write.get(), 1);
+      ::dup2(out->write.get(), 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    out->write.Reset();
+    return std::make_shared<SrunStep>(pid, std::move(out->read));
+  }
+
+  const SlurmStarterConfig config_;
+  std::mutex mu_;
+  std::shared_ptr<SrunStep> step_;  // guarded by mu_
+  Status launch_error_;             // guarded by mu_
+};
+
+}  // namespace
+
+std::vector<std::string> BuildSrunCommand(const SlurmStarterConfig& config,
+                                          const AgentLaunch& launch, const std::string& address) {
+  std::string nodes, all;
+  for (int h : config.active_hosts) {
+    nodes += (nodes.empty() ? "" : ",") + config.host_names.at(static_cast<size_t>(h));
+  }
+  for (const auto& n : config.host_names) all += (all.empty() ? "" : ",") + n;
+  const std::string n = std::to_string(config.active_hosts.size());
+  const bool v6 = address.find(':') != std::string::npos && address.front() != '[';
+  const std::string endpoint =
+      (v6 ? "[" + address + "]" : address) + ":" + std::to_string(launch.service_port);
+  std::vector<std::string> args = {
+      config.srun,           "--nodes=" + n,        "--ntasks=" + n,
+      "--ntasks-per-node=1", "--nodelist=" + nodes, "--kill-on-bad-exit=1",
+      "--cpu-bind=none",     "--mpi=none",          "--job-name=ringrun-agents"};
+  if (config.overlap) args.push_back("--overlap");
+  args.insert(args.end(), {launch.agent_path, "--launcher", endpoint, "--slurm-hosts", all,
+                           "--log-level", launch.log_level.empty() ? "warn" : launch.log_level});
+  return args;
+}
+
+std::vector<std::string> BuildSrunEnvironment(const std::vector<std::string>& env,
+                                              const std::string& secret) {
+  std::vector<std::string> out;
+  const std::string secret_prefix = std::string(env::kAgentSecret) + "=";
+  for (const std::string& e : env) {
+    size_t eq = e.find('=');
+    if (eq == std::string::npos) continue;
+    std::string_view name(e.data(), eq);
+    if (IsSrunInputVariable(name) || name == env::kAgentSecret) continue;
+    out.push_back(e);
+  }
+  out.push_back(secret_prefix + secret);
+  return out;
+}
+
+Result<std::string> SlurmLauncherAddress(const SlurmStarterConfig& config) {
+  if (!config.launcher_address.empty()) return config.launcher_address;
+  if (!config.network_interface.empty()) return InterfaceAddress(config.network_interface);
+  for (int h : config.active_hosts) {
+    const std::string& name = config.host_names.at(static_cast<size_t>(h));
+    if (hosts::IsLocalHost(name)) continue;
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (int rc = ::getaddrinfo(name.c_str(), "9", &hints, &res); rc != 0) {
+      return NotFound(name + ": cannot resolve the node's name (" + gai_strerror(rc) +
+                      "); pass --launcher-address or --network-interface");
+    }
+    // The source address of the route to the node: where its agent can reach us.
+    std::string found;
+    for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
+      UniqueFd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      if (!fd.valid() || ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+      char buf[INET6_ADDRSTRLEN] = "";
+      const void* a =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, a, buf, sizeof(buf))) found = buf;
+    }
+    ::freeaddrinfo(res);
+    if (found.empty()) {
+      return NotFound(name +
+                      ": no route to the node; pass --launcher-address or "
+                      "--network-interface");
+    }
+    return found;
+  }
+  return std::string("127.0.0.1");
+}
+
+std::unique_ptr<AgentStarter> MakeSlurmAgentStarter(SlurmStarterConfig config) {
+  return std::make_unique<SlurmAgentStarter>(std::move(config));
+}
+
+}  // namespace ringrun::launcher::starters

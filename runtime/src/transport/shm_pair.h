@@ -1,0 +1,149 @@
+// A shared-memory pair: two ranks on one host exchange bytes through rings in one segment that
+// the connector creates (an anonymous memfd) and passes to the acceptor over the local Unix
+// socket (handshake.h). The socket stays open as the peer's lifeline: its EOF means the peer
+// died. Nothing has a name in any file system, so nothing is left behind however the job ends:
+// the kernel frees the segment with its last mapping.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/src/transport/pair.h"
+
+namespace ringrun::runtime::transport {
+
+inline constexpr size_t kMaxShmRingBytes = size_t{1} << 30;
+
+struct alignas(64) PaddedU32 {
+  std::atomic<uint32_t> v{0};
+};
+struct alignas(64) PaddedU64 {
+  std::atomic<uint64_t> v{0};
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shm needs lock-free atomics");
+
+// A segment holds four rings ("lanes"). Lane d (0, 1) carries large messages from side d to
+// side 1-d; lane 2 + d carries that direction's messages of at most kSmallMessageBytes in a
+// small ring that stays hot in both cores' caches (a small message walking a large ring touches
+// cold lines every time). Both sides pick the lane from the message's length, so each lane stays
+// in message order. Side 0 is the connector.
+constexpr size_t kSmallMessageBytes = 8 << 10;
+constexpr size_t kSmallRingBytes = 32 << 10;
+struct ShmHeader {
+  uint64_t magic;
+  uint64_t ring_bytes;   // of the large lanes
+  PaddedU32 bell[2];     // bumped whenever something side s may wait for changes
+  PaddedU32 waiting[2];  // side s is about to sleep on bell[s]
+  PaddedU64 head[4];     // lane l: bytes produced (written by side l % 2)
+  PaddedU64 tail[4];     // lane l: bytes consumed (written by side 1 - l % 2)
+};
+constexpr size_t kShmDataOffset = (sizeof(ShmHeader) + 4095) & ~size_t{4095};
+// Each lane has a region of its ring's size plus a page and starts kLaneSkew bytes into it.
+// Page-aligned rings with page-aligned user buffers put the reduction's loads and stores at the
+// same offsets within a page (4K aliasing), which halves the speed of small reductions.
+constexpr size_t kLaneSkew = 2048 + 64;
+constexpr size_t ShmSegmentBytes(size_t ring_bytes) {
+  return kShmDataOffset + 2 * (ring_bytes + 4096) + 2 * (kSmallRingBytes + 4096);
+}
+constexpr uint64_t kShmMagic = 0x72696e6772756e31ull;
+
+// waiting[s] while side s sleeps in Transport::WaitForInput (1: asleep on its bell).
+constexpr uint32_t kIdleWaiting = 2;
+
+// Reads and drops the wake-up bytes on a shared-memory pair's lifeline socket (never its EOF).
+void DrainWakeBytes(int fd);
+
+// One mapping of a segment.
+class ShmSegment {
+ public:
+  ShmSegment(void* base, size_t len) : base_(base), len_(len) {}
+  ~ShmSegment() { ::munmap(base_, len_); }
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ShmHeader* header() const { return static_cast<ShmHeader*>(base_); }
+  char* data() const { return static_cast<char*>(base_) + kShmDataOffset; }
+
+ private:
+  void* base_;
+  size_t len_;
+};
+
+// Maps the segment behind `fd`. create: sizes it and writes the header; otherwise checks that
+// it has the layout of `ring_bytes` rings (a peer's segment is checked before use).
+Result<std::unique_ptr<ShmSegment>> MapShm(int fd, size_t ring_bytes, bool create);
+
+class ShmPair final : public Pair {
+ public:
+  ShmPair(UniqueFd lifeline, std::unique_ptr<ShmSegment> seg, int side)
+      : Pair(std::move(lifeline)),
+        seg_(std::move(seg)),
+        side_(side),
+        ring_bytes_(seg_->header()->ring_bytes) {}
+  bool is_shm() const override { return true; }
+
+  Result<bool> Progress(OpState& st) override;
+
+  // Sleeping on this pair's bell: PrepareWait (returns the bell's value), re-check progress,
+  // then sleep while the bell still holds that value (WaitForBells), then CancelWait.
+  uint32_t PrepareWait() {
+    seg_->header()->waiting[side_].v.store(1, std::memory_order_seq_cst);
+    return bell()->load(std::memory_order_seq_cst);
+  }
+  void CancelWait() { seg_->header()->waiting[side_].v.store(0, std::memory_order_relaxed); }
+  // Idle waiting (Transport::WaitForInput) sleeps in poll(), not on the bell: while armed, the
+  // peer's next change writes one byte to the lifeline socket instead of waking a futex.
+  // Returns whether input is there already.
+  bool ArmIdleWake() {
+    seg_->header()->waiting[side_].v.store(kIdleWaiting, std::memory_order_seq_cst);
+    return HasInput();
+  }
+  void DisarmIdleWake() {
+    seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
+    DrainWakeBytes(fd());
+  }
+  bool HasInput() const {
+    ShmHeader* h = seg_->header();
+    for (bool small : {false, true}) {
+      const int l = GetLane(1 - side_, small).index;
+      if (h->head[l].v.load(std::memory_order_seq_cst) !=
+          h->tail[l].v.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // This side's bell: the peer bumps it (and wakes it when this side waits) on every change.
+  std::atomic<uint32_t>* bell() const { return &seg_->header()->bell[side_].v; }
+
+ private:
+  void Notify(int other);
+  struct Lane {
+    int index;     // into head/tail
+    char* ring;    // its bytes
+    size_t bytes;  // a power of two
+  };
+  // The lane of messages from side `from`, small or large.
+  Lane GetLane(int from, bool small) const {
+    char* base = seg_->data() + kLaneSkew;
+    if (!small) return Lane{from, base + size_t(from) * (ring_bytes_ + 4096), ring_bytes_};
+    base += 2 * (ring_bytes_ + 4096) + size_t(from) * (kSmallRingBytes + 4096);
+    return Lane{2 + from, base, kSmallRingBytes};
+  }
+  // Ring positions are multiples of 8, so an element never straddles the wrap.
+  void CopyIn(const Lane& l, uint64_t pos, const char* src, size_t len, size_t off, size_t n);
+  void CopyOut(const Lane& l, uint64_t pos, Op& op, size_t off, size_t n);
+
+  std::unique_ptr<ShmSegment> seg_;
+  const int side_;
+  const size_t ring_bytes_;
+};
+
+// Sleeps until one of `bells` no longer holds its value in `seen`, or max_us pass.
+void WaitForBells(const std::vector<std::atomic<uint32_t>*>& bells,
+                  const std::vector<uint32_t>& seen, int max_us);
+
+}  // namespace ringrun::runtime::transport

@@ -1,0 +1,139 @@
+// The data-plane seam. Collectives are written only against Transport; underneath, each peer is
+// reached through a Pair (TCP, or shared memory for a peer on the same host), in the manner of
+// Gloo's transport/{device,pair}.h.
+//
+// Semantics: messages between two ranks are matched by order and length. A Send of n bytes to
+// peer p is received by exactly one Recv (or RecvReduce) of n bytes from this rank on p, in the
+// order both sides issue them. There are no tags and no headers on the wire.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringrun/common/clock.h"
+#include "ringrun/common/fd.h"
+#include "ringrun/common/status.h"
+#include "runtime/src/reduce.h"
+
+namespace ringrun::runtime::transport {
+
+// One point-to-point operation of a Transport::Run.
+struct Op {
+  enum Kind { kSend, kRecv, kRecvReduce };
+  Kind kind = kSend;
+  int peer = -1;        // global rank
+  void* buf = nullptr;  // kSend: the source; kRecv/kRecvReduce: the destination
+  size_t bytes = 0;
+  // kRecvReduce only: buf[i] = reduce(src[i], incoming[i]) over elements of elem_size bytes,
+  // applied as data arrives (so reduction overlaps the transfer). src may equal buf.
+  const void* src = nullptr;
+  ReduceFn reduce = nullptr;
+  size_t elem_size = 1;
+  // reduce(incoming, src) instead of reduce(src, incoming). Floating reductions are not
+  // commutative bit for bit (NaN payloads; a rounding mode or DAZ), so when two ranks each
+  // combine their own value with the other's, both must put the same rank's value first.
+  bool incoming_first = false;
+  // kRecvReduce only, optional: applied to each piece of buf right after its reduction (the
+  // last reduction of an allreduce's block: AVERAGE's division and a postscale factor).
+  const Finish* finish = nullptr;
+
+  static Op Send(int peer, const void* p, size_t n) {
+    Op o;
+    o.kind = kSend, o.peer = peer, o.buf = const_cast<void*>(p), o.bytes = n;
+    return o;
+  }
+  static Op Recv(int peer, void* p, size_t n) {
+    Op o;
+    o.kind = kRecv, o.peer = peer, o.buf = p, o.bytes = n;
+    return o;
+  }
+  static Op RecvReduce(int peer, void* dst, const void* src, size_t n, ReduceFn fn,
+                       size_t elem_size, bool incoming_first = false) {
+    Op o;
+    o.kind = kRecvReduce, o.peer = peer, o.buf = dst, o.bytes = n, o.src = src, o.reduce = fn;
+    o.elem_size = elem_size, o.incoming_first = incoming_first;
+    return o;
+  }
+};
+
+// Where the ranks of a job listen: rank r at addresses[address_of_rank[r]]:port_of_rank[r].
+// Ranks sharing an address index are on the same host.
+struct PeerTable {
+  std::vector<std::string> addresses;
+  std::vector<uint32_t> address_of_rank;
+  std::vector<uint32_t> port_of_rank;
+  std::string nccl_id;
+  std::string job_id;
+
+  int size() const { return static_cast<int>(port_of_rank.size()); }
+  const std::string& address(int rank) const { return addresses[address_of_rank[rank]]; }
+  bool SameHost(int a, int b) const { return address_of_rank[a] == address_of_rank[b]; }
+  // "rank 3 (10.0.0.2:4711)", for error messages.
+  std::string Describe(int rank) const;
+};
+
+// Connects this rank to its peers and moves bytes. Not thread-safe: one Run at a time.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const PeerTable& peers() const = 0;
+
+  // Progresses all ops concurrently until every one is complete. Ops on the same peer and
+  // direction complete in list order. Connections are made on first use. Fails with kTimeout
+  // at the deadline and kUnavailable when a peer closes or resets its connection, naming the
+  // peer. After a failure the transport is broken: it closes every connection (so that peers
+  // waiting on this rank fail at once too) and every later Run fails with that status.
+  // spin_us: how long to busy-wait on a same-host peer before sleeping (-1: the transport's
+  // setting; never more, and none when the transport does not spin).
+  virtual Status Run(std::vector<Op>& ops, Deadline deadline, int spin_us) = 0;
+  Status Run(std::vector<Op>& ops, Deadline deadline) { return Run(ops, deadline, -1); }
+
+  // Sleeps until a peer has sent this rank something it has not received yet (or closed its
+  // connection), `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes
+  // (Deadline::max(): no deadline). Returns at once when such input is there already; never
+  // reads it. *peer_input says whether a peer has input. Every pair must be connected already
+  // (a Run with each peer happened). Costs nothing while it sleeps: no timer, no polling.
+  virtual Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) = 0;
+
+  // OK while the transport works; after a failure, that failure.
+  virtual Status status() const = 0;
+  // Breaks the transport with `st` as a failed Run does (unless it is broken already): for a
+  // failure outside it that leaves peers mid-collective with this rank (out of memory).
+  virtual void Break(const Status& st) = 0;
+};
+
+struct TransportOptions {
+  bool use_shm = true;  // shared memory for same-host peers
+  // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
+  // pair also has a 32 KiB ring per direction for small messages.)
+  size_t shm_ring_bytes = 1 << 20;
+  bool spin = true;  // busy-wait briefly before sleeping (off when oversubscribed)
+  // The job's secret: a peer is admitted only when it proves that it holds it, and this rank
+  // talks only to peers that prove it too (handshake.h). Required.
+  std::string secret;
+  // Admit a TCP peer whose source address is not its host's in the peer table (NAT between
+  // hosts); RINGRUN_ALLOW_NAT=1. The proof of the secret is still required.
+  bool allow_nat = false;
+};
+
+// A bound, listening TCP socket (port 0 picks one), and this rank's local listener for
+// same-host peers: an abstract Unix socket named after the TCP endpoint (invalid if it could
+// not be bound; those peers then use TCP).
+struct Listener {
+  UniqueFd fd;
+  uint16_t port = 0;
+  UniqueFd local;
+};
+Result<Listener> Listen(const std::string& address);
+
+// TCP between hosts, shared memory between ranks on one host. `listener` must be the socket
+// this rank advertised in `peers`.
+Result<std::unique_ptr<Transport>> MakeSocketTransport(int rank, PeerTable peers, Listener listener,
+                                                       const TransportOptions& options);
+
+}  // namespace ringrun::runtime::transport

@@ -9,7 +9,6 @@ bytearray, array.array, memoryview). Horovod's PyTorch API is ringrun.torch.
 Failures raise ringrun.RingrunError carrying the runtime's message.
 """
 import atexit
-import os
 import pickle
 
 try:  # as Horovod: cloudpickle pickles lambdas and local classes; pickle reads its output
@@ -19,8 +18,8 @@ except ImportError:
 
 import numpy as np
 
-from ringrun import _engine, _lib
-from ringrun._lib import RingrunError
+from . import _engine, _lib
+from ._lib import RingrunError
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
            "cross_size", "cross_rank", "allreduce", "allreduce_", "allgather", "broadcast",
@@ -35,33 +34,28 @@ _initialized = False
 
 def init():
     """Joins the job that ringrun described in the environment (a job of size 1 without it).
-    A second call while initialized does nothing."""
+    A second call while initialized does nothing. Ctrl-C interrupts the wait for the other
+    ranks."""
     global _initialized
     if _initialized:
         return
     # A Python rank computes on its own threads while libringrun's engine waits for peers: a
     # waiting engine that spins takes the core that this rank or a peer on the same host needs
-    # (on 2 cores, np=2 trained 1.5-3x slower with spinning). Sleep instead, unless told.
-    os.environ.setdefault("RINGRUN_SPIN", "0")
-    _engine.start()
-    try:
-        _engine.run(lambda: _lib.check(_lib.lib.ringrun_init(), "init"))
-    except BaseException:
-        _engine.stop()
-        raise
+    # (on 2 cores, np=2 trained 1.5-3x slower with spinning). So it sleeps, unless RINGRUN_SPIN
+    # says otherwise.
+    _engine.init(spin=0)
     _initialized = True
 
 
 def shutdown():
     """Leaves the job; safe when not initialized. Collectives still pending fail with an
-    error, as in Horovod (on the blocking path, RINGRUN_PY_ENGINE=0, what is already queued
-    runs first, each bounded by the collective timeout). Their handles stay usable: waiting
-    on one returns its result or raises its error."""
+    error, as in Horovod. Their handles stay usable: waiting on one returns its result or
+    raises its error."""
     global _initialized
     if not _initialized:
         return
     _initialized = False
-    _engine.stop()
+    _engine.before_shutdown()
     _lib.lib.ringrun_shutdown()
     _engine.after_shutdown()
 

@@ -11,8 +11,9 @@ import warnings
 import torch
 
 import ringrun
-from ringrun import _engine, _lib
-from ringrun.torch.compression import Compression
+
+from .. import _engine, _lib
+from .compression import Compression
 
 # ---- Process functions -----------------------------------------------------------------------
 
@@ -56,21 +57,15 @@ local_size, local_rank = _shape_fn("local_size"), _shape_fn("local_rank")
 cross_size, cross_rank = _shape_fn("cross_size"), _shape_fn("cross_rank")
 
 
-def _nccl():
-    try:
-        from ringrun import _config
-        return bool(_config.NCCL_BUILT)
-    except ImportError:
-        return bool(_lib.STREAM_CALLS)
-
-
 def nccl_built():
-    """True when this libringrun has its NCCL backend (CUDA tensors go through it)."""
-    return _nccl()
+    """As Horovod's: the NCCL version that libringrun was built with (NCCL_VERSION_CODE, e.g.
+    22809 for 2.28.9), or 0 without NCCL. CUDA tensors go through NCCL."""
+    return _lib.lib.ringrun_nccl_version()
 
 
 def cuda_built():
-    return _nccl()
+    """True when libringrun has its GPU backend (which comes with NCCL)."""
+    return nccl_built() != 0
 
 
 def mpi_built():
@@ -180,9 +175,6 @@ def _prepare_device(*tensors):
     devices = {t.device for t in tensors if t.is_cuda}
     if not devices:
         return
-    if not _engine.USING_ENGINE:
-        raise NotImplementedError("CUDA tensors need libringrun's engine (RINGRUN_PY_ENGINE=0 "
-                                  "runs host tensors only)")
     if len(devices) > 1 or len(devices) != len({t.device for t in tensors}):
         raise ValueError("the tensors of one collective must be on one device, not "
                          f"{sorted(str(d) for d in {t.device for t in tensors})}")
@@ -668,7 +660,7 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
     n, me = size(), rank()
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
-    _engine._check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
+    _engine.check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
     integer_average = op == Average and dtype not in _lib.FLOATING
     c_op = Sum if integer_average else op
     if prescale_factor != 1.0:

@@ -29,7 +29,7 @@ unit)
   shift
   files=()
   for f in "$@"; do files+=("$here/$f.py"); done
-  timeout 60 $PY -m pytest -q -p no:cacheprovider -o "cache_dir=$WORK" "${files[@]}" ;;
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -o "cache_dir=$WORK" "${files[@]}" ;;
 interrupt)
   out=$(timeout 60 "$BIN/ringrun" -np 2 $PY "$here/interrupt_wait.py" 2>&1) || fail "$out"
   secs=$(grep -o 'interrupted after [0-9.]*' <<<"$out" | awk '{print $3}')

@@ -133,6 +133,17 @@ def _as_array(x, writable=False):
     return arr
 
 
+def _ndim(x):
+    """x's number of dimensions (0 for a NumPy scalar or a 0-d buffer), which _as_array does
+    not keep for a 0-d x."""
+    if isinstance(x, np.ndarray):
+        return x.ndim
+    try:
+        return memoryview(x).ndim
+    except TypeError:
+        return np.ndim(x)
+
+
 def _ptr(arr):
     return arr.ctypes.data
 
@@ -210,7 +221,10 @@ def alltoall(x, splits=None, name=None):
             raise ValueError(f"alltoall: first dimension {rows} is not divisible by size {n}; "
                              "pass splits")
         splits = [rows // n] * n
-    splits = [int(s) for s in splits]
+    given = np.asarray(splits)
+    if given.ndim != 1 or given.dtype.kind not in "iu":
+        raise ValueError(f"alltoall: splits must be integers, one per rank (got {splits!r})")
+    splits = given.tolist()
     if len(splits) != n or sum(splits) != rows or min(splits) < 0:
         raise ValueError(f"alltoall: splits {splits} must have {n} non-negative entries "
                          f"summing to the first dimension {rows}")
@@ -224,7 +238,10 @@ def alltoall(x, splits=None, name=None):
 
 def reducescatter(x, op=Average, name=None):
     """op over ranks of x, scattered on the first dimension: each rank gets rows // size rows,
-    the first rows % size ranks one more."""
+    the first rows % size ranks one more. A scalar (0-dimensional) x is a ValueError, as in
+    Horovod."""
+    if _ndim(x) == 0:
+        raise ValueError("Reducescatter does not support scalar inputs")
     arr, rows, row_elems = _rows(_as_array(x))
     _check_op(op, arr.dtype)
     n, me = size(), rank()

@@ -264,6 +264,84 @@ def test_reducescatter(dtype, rows):
     close(out, full[first:first + mine], dtype)
 
 
+def _horovod_scale(t, factor):
+    """Horovod's ScaleBuffer on the host: each element widened to float, multiplied by the
+    factor as a float, rounded once to t's dtype."""
+    return (t.float() * factor).to(t.dtype)
+
+
+def _horovod_sum(ts):
+    """Horovod's host sum of 16-bit floats: in float, rounded after each step."""
+    total = ts[0]
+    for t in ts[1:]:
+        total = (total.float() + t.float()).to(t.dtype)
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+@pytest.mark.parametrize("rows", [8, 9])
+def test_16_bit_reducescatter_scales_as_horovod(dtype, op, rows):
+    """Scale factors in float, rounded once each (prescale before the sum; postscale, divided
+    by size() for Average, after it), not in the tensor's dtype with a rounded factor."""
+    n, r = hvd.size(), hvd.rank()
+    if n > 2:
+        pytest.skip("a 16-bit sum of three ranks depends on the order of the reduction")
+    pre, post = 0.1, 3.3
+    gen = torch.Generator().manual_seed(7)
+    xs = [(torch.rand(rows, 16, generator=gen) * 200 - 100).to(dtype) for _ in range(n)]
+    out = hvd.reducescatter(xs[r], op=op, prescale_factor=pre, postscale_factor=post)
+    total = _horovod_sum([_horovod_scale(x, pre) for x in xs])
+    want = _horovod_scale(total, post / n if op == hvd.Average else post)
+    q, rem = divmod(rows, n)
+    first, mine = r * q + min(r, rem), q + (1 if r < rem else 0)
+    differ = (out != want[first:first + mine]).sum().item()
+    assert out.dtype == dtype and differ == 0, f"{differ} of {out.numel()} elements differ"
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+def test_float16_allreduce_scales_as_horovod(op):
+    n, r = hvd.size(), hvd.rank()
+    if n > 2:
+        pytest.skip("a 16-bit sum of three ranks depends on the order of the reduction")
+    pre, post = 0.1, 3.3
+    gen = torch.Generator().manual_seed(8)
+    xs = [(torch.rand(64, generator=gen) * 200 - 100).half() for _ in range(n)]
+    out = hvd.allreduce(xs[r], op=op, prescale_factor=pre, postscale_factor=post)
+    total = _horovod_sum([_horovod_scale(x, pre) for x in xs])
+    assert torch.equal(out, _horovod_scale(total, post / n if op == hvd.Average else post))
+
+
+def test_reducescatter_of_a_scalar_fails_and_the_job_goes_on():
+    """As Horovod: a 0-dimensional tensor is refused at submission, on every rank that passes
+    one; nothing was communicated, so later collectives run."""
+    with pytest.raises(ValueError, match="Reducescatter does not support scalar inputs"):
+        hvd.reducescatter(torch.tensor(1.0), op=hvd.Sum)
+    with pytest.raises(ValueError, match="Reducescatter does not support scalar inputs"):
+        hvd.reducescatter_async(torch.tensor(3, dtype=torch.int32), name="scalar")
+    n = hvd.size()
+    assert torch.equal(hvd.reducescatter(torch.ones(2 * n, 2), op=hvd.Sum),
+                       torch.full((2, 2), float(n)))
+
+
+def test_alltoall_splits_are_int32_as_horovod():
+    n = hvd.size()
+    x = torch.arange(2.0 * n)
+    for bad in (torch.full((n,), 2.0), torch.full((n,), 2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="alltoall expects splits to contain 32-bit integer "
+                                             "elements"):
+            hvd.alltoall(x, splits=bad)
+        with pytest.raises(ValueError, match="32-bit integer"):
+            hvd.alltoall_async(x, splits=bad)
+    with pytest.raises(ValueError, match="alltoall expects a 1D splits tensor"):
+        hvd.alltoall(x, splits=torch.full((n, 1), 2, dtype=torch.int32))
+    out, received = hvd.alltoall(x, splits=torch.full((n,), 2, dtype=torch.int32))
+    assert received.dtype == torch.int32 and received.tolist() == [2] * n
+    # Anything else becomes torch.tensor(splits, dtype=torch.int32), as in Horovod.
+    out2, received2 = hvd.alltoall(x, splits=(2,) * n)
+    assert torch.equal(out2, out) and received2.dtype == torch.int32
+
+
 def test_barrier_and_join_without_work():
     hvd.barrier()
     assert hvd.join() in range(hvd.size())

@@ -9,7 +9,6 @@ bytearray, array.array, memoryview). Horovod's PyTorch API is ringrun.torch.
 Failures raise ringrun.RingrunError carrying the runtime's message.
 """
 import atexit
-import os
 import pickle
 
 try:  # as Horovod: cloudpickle pickles lambdas and local classes; pickle reads its output
@@ -19,8 +18,8 @@ except ImportError:
 
 import numpy as np
 
-from ringrun import _engine, _lib
-from ringrun._lib import RingrunError
+from . import _engine, _lib
+from ._lib import RingrunError
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
            "cross_size", "cross_rank", "allreduce", "allreduce_", "allgather", "broadcast",
@@ -35,33 +34,28 @@ _initialized = False
 
 def init():
     """Joins the job that ringrun described in the environment (a job of size 1 without it).
-    A second call while initialized does nothing."""
+    A second call while initialized does nothing. Ctrl-C interrupts the wait for the other
+    ranks."""
     global _initialized
     if _initialized:
         return
     # A Python rank computes on its own threads while libringrun's engine waits for peers: a
     # waiting engine that spins takes the core that this rank or a peer on the same host needs
-    # (on 2 cores, np=2 trained 1.5-3x slower with spinning). Sleep instead, unless told.
-    os.environ.setdefault("RINGRUN_SPIN", "0")
-    _engine.start()
-    try:
-        _engine.run(lambda: _lib.check(_lib.lib.ringrun_init(), "init"))
-    except BaseException:
-        _engine.stop()
-        raise
+    # (on 2 cores, np=2 trained 1.5-3x slower with spinning). So it sleeps, unless RINGRUN_SPIN
+    # says otherwise.
+    _engine.init(spin=0)
     _initialized = True
 
 
 def shutdown():
     """Leaves the job; safe when not initialized. Collectives still pending fail with an
-    error, as in Horovod (on the blocking path, RINGRUN_PY_ENGINE=0, what is already queued
-    runs first, each bounded by the collective timeout). Their handles stay usable: waiting
-    on one returns its result or raises its error."""
+    error, as in Horovod. Their handles stay usable: waiting on one returns its result or
+    raises its error."""
     global _initialized
     if not _initialized:
         return
     _initialized = False
-    _engine.stop()
+    _engine.before_shutdown()
     _lib.lib.ringrun_shutdown()
     _engine.after_shutdown()
 
@@ -137,6 +131,17 @@ def _as_array(x, writable=False):
     else:
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+def _ndim(x):
+    """x's number of dimensions (0 for a NumPy scalar or a 0-d buffer), which _as_array does
+    not keep for a 0-d x."""
+    if isinstance(x, np.ndarray):
+        return x.ndim
+    try:
+        return memoryview(x).ndim
+    except TypeError:
+        return np.ndim(x)
 
 
 def _ptr(arr):
@@ -216,7 +221,10 @@ def alltoall(x, splits=None, name=None):
             raise ValueError(f"alltoall: first dimension {rows} is not divisible by size {n}; "
                              "pass splits")
         splits = [rows // n] * n
-    splits = [int(s) for s in splits]
+    given = np.asarray(splits)
+    if given.ndim != 1 or given.dtype.kind not in "iu":
+        raise ValueError(f"alltoall: splits must be integers, one per rank (got {splits!r})")
+    splits = given.tolist()
     if len(splits) != n or sum(splits) != rows or min(splits) < 0:
         raise ValueError(f"alltoall: splits {splits} must have {n} non-negative entries "
                          f"summing to the first dimension {rows}")
@@ -230,7 +238,10 @@ def alltoall(x, splits=None, name=None):
 
 def reducescatter(x, op=Average, name=None):
     """op over ranks of x, scattered on the first dimension: each rank gets rows // size rows,
-    the first rows % size ranks one more."""
+    the first rows % size ranks one more. A scalar (0-dimensional) x is a ValueError, as in
+    Horovod."""
+    if _ndim(x) == 0:
+        raise ValueError("Reducescatter does not support scalar inputs")
     arr, rows, row_elems = _rows(_as_array(x))
     _check_op(op, arr.dtype)
     n, me = size(), rank()

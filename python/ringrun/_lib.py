@@ -1,21 +1,26 @@
 """ctypes binding of libringrun's C API (runtime/include/ringrun/ringrun.h).
 
-Only this module knows the C names. Every collective here is the blocking C call; callers in
-this package run them on the worker thread of ringrun._engine, never on the caller's thread.
-ctypes releases the GIL around each foreign call, so other Python threads (autograd, the
-training loop) keep running while a collective waits on its peers.
+Only this module knows the C names: it loads the library and declares the signatures of the
+calls the package makes. The enum values below are copies of ringrun.h's, which
+tests/python/test_header_values.py compares against the header. ctypes releases the GIL
+around each foreign call, so other Python threads (autograd, the training loop) keep running
+while one waits in the library.
 """
 import ctypes
 import ctypes.util
 import os
 
-# ringrun_dtype (ringrun.h); the values are the enum's order.
-INT8, UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = range(8)
+# Values of ringrun.h's enums (tests/python/test_header_values.py compares them with it).
+# ringrun_dtype:
+INT8, UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 1, 2, 3, 4, 5, 6, 7
 DTYPE_NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", INT64: "int64", FLOAT16: "float16",
                BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
 FLOATING = frozenset({FLOAT16, BFLOAT16, FLOAT32, FLOAT64})
-# ringrun_op.
-SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
+# ringrun_op:
+SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
+# ringrun_status, the values that the package tells apart:
+ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_NOT_INITIALIZED = 1, 9, 10
+IN_PROGRESS = 100
 
 
 class RingrunError(RuntimeError):
@@ -28,7 +33,7 @@ def _candidates():
         yield env
         return
     try:
-        from ringrun import _config
+        from . import _config
         if _config.LIBRARY:
             yield _config.LIBRARY
     except ImportError:
@@ -53,8 +58,10 @@ def _load():
 lib, library_path = _load()
 
 _c_int, _c_size, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+_hp, _sizep = ctypes.POINTER(_vp), ctypes.POINTER(_c_size)
+_c_double, _c_uint, _cstr = ctypes.c_double, ctypes.c_uint, ctypes.c_char_p
 _SIGNATURES = {
-    "ringrun_init": (_c_int, []),
+    "ringrun_init_with_spin": (_c_int, [_c_int]),
     "ringrun_shutdown": (None, []),
     "ringrun_rank": (_c_int, []),
     "ringrun_size": (_c_int, []),
@@ -62,30 +69,33 @@ _SIGNATURES = {
     "ringrun_local_size": (_c_int, []),
     "ringrun_cross_rank": (_c_int, []),
     "ringrun_cross_size": (_c_int, []),
-    "ringrun_allreduce": (_c_int, [_vp, _vp, _c_size, _c_int, _c_int]),
-    "ringrun_broadcast": (_c_int, [_vp, _c_size, _c_int, _c_int]),
-    "ringrun_allgather": (_c_int, [_vp, _vp, _c_size, _c_int]),
-    "ringrun_reducescatter": (_c_int, [_vp, _vp, _c_size, _c_int, _c_int]),
-    "ringrun_alltoall": (_c_int, [_vp, _vp, _c_size, _c_int]),
-    "ringrun_barrier": (_c_int, []),
-    "ringrun_error_message": (ctypes.c_char_p, []),
+    "ringrun_nccl_version": (_c_int, []),
+    "ringrun_error_message": (_cstr, []),
     "ringrun_dtype_size": (_c_size, [_c_int]),
+    # Handles.
+    "ringrun_test": (_c_int, [_vp]),
+    "ringrun_wait_for": (_c_int, [_vp, _c_int]),
+    "ringrun_handle_message": (_cstr, [_vp]),
+    "ringrun_handle_output": (_c_int, [_vp, ctypes.POINTER(_vp), _sizep]),
+    "ringrun_handle_rows": (_c_int, [_vp, _sizep, _c_size]),
+    "ringrun_handle_last_joined_rank": (_c_int, [_vp]),
+    "ringrun_release": (None, [_vp]),
+    # Submissions.
+    "ringrun_allreduce_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _c_double,
+                                          _c_double, _c_uint, _hp]),
+    "ringrun_grouped_allreduce_submit": (_c_int, [_cstr, _c_size, ctypes.POINTER(_vp),
+                                                  ctypes.POINTER(_vp), _sizep, _c_int, _c_int,
+                                                  _c_double, _c_double, _c_uint, _hp]),
+    "ringrun_broadcast_submit": (_c_int, [_cstr, _vp, _c_size, _c_int, _c_int, _hp]),
+    "ringrun_allgather_submit": (_c_int, [_cstr, _vp, _c_size, _c_size, _c_int, _hp]),
+    "ringrun_alltoall_submit": (_c_int, [_cstr, _vp, _sizep, _c_size, _c_int, _hp]),
+    "ringrun_reducescatter_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _hp]),
+    "ringrun_barrier_submit": (_c_int, [_hp]),
+    "ringrun_join_submit": (_c_int, [_hp]),
 }
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
-
-# CUDA stream variants: named *_on_stream in newer headers, *_async in older ones.
-STREAM_CALLS = {}
-for _verb, _args in (("allreduce", [_vp, _vp, _c_size, _c_int, _c_int, _vp]),
-                     ("broadcast", [_vp, _c_size, _c_int, _c_int, _vp]),
-                     ("allgather", [_vp, _vp, _c_size, _c_int, _vp])):
-    for _suffix in ("_on_stream", "_async"):
-        _fn = getattr(lib, f"ringrun_{_verb}{_suffix}", None)
-        if _fn is not None:
-            _fn.restype, _fn.argtypes = _c_int, _args
-            STREAM_CALLS[_verb] = _fn
-            break
 
 
 def error_message():
@@ -102,37 +112,3 @@ def check(rc, what):
 
 def dtype_size(dtype):
     return lib.ringrun_dtype_size(dtype)
-
-
-# ---- libringrun's engine: named, negotiated asynchronous collectives (ringrun.h "Handles") ---
-IN_PROGRESS = 100
-ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_NOT_INITIALIZED, ERR_JOINED = 1, 9, 10, 11
-HAS_ENGINE = hasattr(lib, "ringrun_allreduce_submit")
-if HAS_ENGINE:
-    _hp = ctypes.POINTER(_vp)
-    _sizep = ctypes.POINTER(_c_size)
-    _c_double, _c_uint, _cstr = ctypes.c_double, ctypes.c_uint, ctypes.c_char_p
-    _ENGINE_SIGNATURES = {
-        "ringrun_test": (_c_int, [_vp]),
-        "ringrun_wait_for": (_c_int, [_vp, _c_int]),
-        "ringrun_handle_message": (_cstr, [_vp]),
-        "ringrun_handle_name": (_cstr, [_vp]),
-        "ringrun_handle_output": (_c_int, [_vp, ctypes.POINTER(_vp), _sizep]),
-        "ringrun_handle_rows": (_c_int, [_vp, _sizep, _c_size]),
-        "ringrun_handle_last_joined_rank": (_c_int, [_vp]),
-        "ringrun_release": (None, [_vp]),
-        "ringrun_allreduce_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _c_double,
-                                              _c_double, _c_uint, _hp]),
-        "ringrun_grouped_allreduce_submit": (_c_int, [_cstr, _c_size, ctypes.POINTER(_vp),
-                                                      ctypes.POINTER(_vp), _sizep, _c_int, _c_int,
-                                                      _c_double, _c_double, _c_uint, _hp]),
-        "ringrun_broadcast_submit": (_c_int, [_cstr, _vp, _c_size, _c_int, _c_int, _hp]),
-        "ringrun_allgather_submit": (_c_int, [_cstr, _vp, _c_size, _c_size, _c_int, _hp]),
-        "ringrun_alltoall_submit": (_c_int, [_cstr, _vp, _sizep, _c_size, _c_int, _hp]),
-        "ringrun_reducescatter_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _hp]),
-        "ringrun_barrier_submit": (_c_int, [_hp]),
-        "ringrun_join_submit": (_c_int, [_hp]),
-    }
-    for _name, (_res, _args) in _ENGINE_SIGNATURES.items():
-        _fn = getattr(lib, _name)
-        _fn.restype, _fn.argtypes = _res, _args

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ringrun/common/gpu_info.h"
 #include "ringrun/ringrun.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
@@ -126,18 +127,20 @@ int Shape(F&& f) {
   return rt ? f(rt->shape()) : -1;
 }
 
-}  // namespace
-
-extern "C" {
-
-ringrun_status ringrun_init(void) {
+// ringrun_init with `spin` (-1, 0 or 1; see ringrun_init_with_spin).
+ringrun_status Init(int spin) {
   t_error.clear();
+  if (spin < -1 || spin > 1) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                "ringrun_init_with_spin: spin " + std::to_string(spin) + " is not -1, 0 or 1");
+  }
   Process& p = TheProcess();
   std::lock_guard<std::mutex> init_lock(p.init_mu);
   if (Current()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
+  if (env->spin < 0) env->spin = spin;
   env->generation = p.joins;
   // A round of the rendezvous that was used up counts, even if a later step failed: the next
   // ringrun_init joins the next round, as the other ranks' will.
@@ -163,6 +166,13 @@ ringrun_status ringrun_init(void) {
   if (joined) ++p.joins;
   return st.ok() ? RINGRUN_OK : Fail(st);
 }
+
+}  // namespace
+
+extern "C" {
+
+ringrun_status ringrun_init(void) { return Init(-1); }
+ringrun_status ringrun_init_with_spin(int spin) { return Init(spin); }
 
 void ringrun_shutdown(void) {
   Process& p = TheProcess();
@@ -476,5 +486,10 @@ const char* ringrun_status_name(ringrun_status status) {
   return "RINGRUN_ERR_UNKNOWN";
 }
 size_t ringrun_dtype_size(ringrun_dtype dtype) { return ringrun::runtime::DtypeSize(dtype); }
+
+int ringrun_nccl_version(void) {
+  const ringrun::GpuBuildInfo info = ringrun::GetGpuBuildInfo();
+  return info.have_nccl ? info.nccl_header_version : 0;
+}
 
 }  // extern "C"

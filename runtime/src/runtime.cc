@@ -103,6 +103,7 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   if (e.shm_ring_kib & (e.shm_ring_kib - 1)) {
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
   }
+  if (const char* spin = getenv("RINGRUN_SPIN")) e.spin = spin[0] != '0' ? 1 : 0;
   RINGRUN_RETURN_IF_ERROR(ReadEngineEnv(getenv, &e));
   if (rank == nullptr && size == nullptr) return e;  // not under ringrun
   if (rank == nullptr || size == nullptr) {
@@ -217,10 +218,12 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   topts.allow_nat = env.allow_nat;
   if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
   Shape derived = DeriveShape(*peers, env.rank);
-  topts.spin = derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
-  // RINGRUN_SPIN=0|1 overrides: a training rank computes on its own thread while the engine
-  // waits, so spinning there takes the core its peer needs (the Python package sets 0).
-  if (const char* spin = std::getenv("RINGRUN_SPIN")) topts.spin = spin[0] != '0';
+  // env.spin (RINGRUN_SPIN, or ringrun_init_with_spin) overrides: a training rank computes on
+  // its own thread while the engine waits, so spinning there takes the core its peer needs
+  // (the Python package passes 0).
+  topts.spin = env.spin >= 0
+                   ? env.spin == 1
+                   : derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
   shape = derived;
   // The launcher's numbering wins where it gave one.
   if (env.local_rank >= 0) shape.local_rank = env.local_rank;

@@ -35,6 +35,9 @@ struct JobEnv {
   bool use_shm = true;
   bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see transport::TransportOptions::allow_nat
   int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
+  // RINGRUN_SPIN=0|1 (any value but one starting with '0' spins): whether same-host waits
+  // busy-wait; -1 = when the host's ranks do not outnumber its CPUs.
+  int spin = -1;
   // The engine's knobs (ringrun.h lists the variables).
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
   size_t cache_capacity = engine::kDefaultCacheCapacity;

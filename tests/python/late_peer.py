@@ -1,8 +1,7 @@
 """A peer that submits late is no failure (run with RINGRUN_TIMEOUT_MS=500): rank 1 submits
 each collective 1.5 s after rank 0, as a rank busy evaluating or saving a checkpoint would.
-With the engine, rank 0's waits last until rank 1 submits, as in Horovod; the timeout bounds
-transfers and dead peers, and the stall inspector reports tensors that some rank has not
-submitted."""
+Rank 0's waits last until rank 1 submits, as in Horovod; the timeout bounds transfers and
+dead peers, and the stall inspector reports tensors that some rank has not submitted."""
 import sys
 import time
 

@@ -2,9 +2,10 @@
 # The Python package's tests under real ringrun processes (CTest label `python`).
 # Usage: BIN=build/bin PYDIR=build/python run.sh NAME [NP]
 #   pytest FILE NP   run tests/python/FILE.py with pytest on every rank of `ringrun -np NP`
+#   unit FILE...     run tests/python/FILE.py ... with pytest, without ringrun (no job)
 #   interrupt        Ctrl-C (SIGINT) during a collective's wait raises KeyboardInterrupt at once,
 #                    and the rank can go on (the abandoned collective keeps its buffers)
-#   late_peer        a peer later than RINGRUN_TIMEOUT_MS is waited for (engine path)
+#   late_peer        a peer later than RINGRUN_TIMEOUT_MS is waited for
 #   rank_raises      a rank raising mid-training ends the job with its exit code and traceback
 #   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
 #   install          cmake --install, then import ringrun.torch from a new shell, system-wide
@@ -24,6 +25,11 @@ pytest)
   file=$2 np=$3
   timeout 240 "$BIN/ringrun" -np "$np" $PY -m pytest -q -p no:cacheprovider -o "cache_dir=$WORK" \
     "$here/$file.py" ;;
+unit)
+  shift
+  files=()
+  for f in "$@"; do files+=("$here/$f.py"); done
+  timeout 120 $PY -m pytest -q -p no:cacheprovider -o "cache_dir=$WORK" "${files[@]}" ;;
 interrupt)
   out=$(timeout 60 "$BIN/ringrun" -np 2 $PY "$here/interrupt_wait.py" 2>&1) || fail "$out"
   secs=$(grep -o 'interrupted after [0-9.]*' <<<"$out" | awk '{print $3}')

@@ -64,6 +64,23 @@ def test_objects():
     assert ringrun.allgather_object(str(ringrun.rank())) == [str(q) for q in range(ringrun.size())]
 
 
+def test_reducescatter_of_a_scalar_fails_and_the_job_goes_on():
+    for scalar in (np.array(1.0, np.float32), np.float32(1.0)):
+        with pytest.raises(ValueError, match="Reducescatter does not support scalar inputs"):
+            ringrun.reducescatter(scalar, op=ringrun.Sum)
+    n = ringrun.size()
+    assert np.array_equal(ringrun.reducescatter(np.ones((n, 2), np.float32), op=ringrun.Sum),
+                          np.full((1, 2), n))
+
+
+def test_alltoall_splits_are_integers():
+    n = ringrun.size()
+    with pytest.raises(ValueError, match="splits must be integers"):
+        ringrun.alltoall(np.arange(n, dtype=np.float32), splits=[1.0] * n)
+    out, received = ringrun.alltoall(np.arange(n, dtype=np.float32), splits=np.ones(n, np.int32))
+    assert received.tolist() == [1] * n
+
+
 def test_errors():
     with pytest.raises(TypeError, match="not supported"):
         ringrun.allreduce(np.ones(2, np.complex64))

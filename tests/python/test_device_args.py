@@ -1,15 +1,14 @@
 """The CPU-testable parts of ringrun.torch's CUDA path: how a grouped allreduce is split,
-the device-memory description handed to torch, byte views, device checks, and the deferred
-release of handles whose device output is still being copied. The CUDA collectives themselves
-are checked by tests/gpu/torch_cuda_check.py (scripts/gpu-check.sh)."""
-import ctypes
+the device-memory description handed to torch, byte views and device checks (the deferred
+release of handles whose device output is still being copied: test_handles.py). The CUDA
+collectives themselves are checked by tests/gpu/torch_cuda_check.py (scripts/gpu-check.sh)."""
 import types
 
 import pytest
 import torch
 
 import ringrun.torch as hvd
-from ringrun import _engine, _lib
+from ringrun import _lib
 from ringrun.torch import mpi_ops
 
 F32, F64 = _lib.FLOAT32, _lib.FLOAT64
@@ -66,76 +65,6 @@ def test_prepare_device_refuses_mixed_devices():
         mpi_ops._prepare_device(_fake_cuda_tensor(), torch.ones(2))
     with pytest.raises(ValueError, match="one device"):
         mpi_ops._prepare_device(_fake_cuda_tensor(0), _fake_cuda_tensor(1))
-
-
-def test_prepare_device_needs_the_engine(monkeypatch):
-    monkeypatch.setattr(_engine, "USING_ENGINE", False)
-    with pytest.raises(NotImplementedError, match="RINGRUN_PY_ENGINE=0"):
-        mpi_ops._prepare_device(_fake_cuda_tensor())
-
-
-def test_blocking_path_refuses_device_output():
-    _engine._host_only(None, "allgather")
-    with pytest.raises(NotImplementedError, match="allgather of device memory"):
-        _engine._host_only(lambda *a: None, "allgather")
-
-
-class _Copy:
-    """Stands for the CUDA event recorded after a copy out of a handle's device output."""
-
-    def __init__(self):
-        self.done = False
-
-    def query(self):
-        return self.done
-
-
-@pytest.fixture
-def released(monkeypatch):
-    freed = []
-    monkeypatch.setattr(_engine._lib.lib, "ringrun_release", freed.append)
-    monkeypatch.setattr(_engine, "_deferred", [])
-    return freed
-
-
-def test_handle_with_a_pending_copy_is_released_after_it(released):
-    copy = _Copy()
-
-    def finish(h):
-        h.release_after = copy
-        return "result"
-    h = _engine.NativeHandle(ctypes.c_void_p(1234), "g", finish, keep=())
-    h._complete(0)
-    assert h._result == "result" and h.ptr is None and released == []
-    assert _engine._release_deferred() == 1 and released == []
-    copy.done = True
-    assert _engine._release_deferred() == 0 and released == [1234]
-    assert _engine._release_deferred() == 0 and released == [1234]
-
-
-def test_handle_without_device_output_is_released_at_once(released):
-    h = _engine.NativeHandle(ctypes.c_void_p(99), "a", lambda h: None, keep=())
-    h._complete(0)
-    assert released == [99] and _engine._deferred == []
-
-
-def test_release_deferred_waits_until_its_deadline_then_leaks(released):
-    done, stuck = _Copy(), _Copy()
-    done.done = True
-    _engine._release_when_done(1, stuck)
-    _engine._release_when_done(2, done)
-    assert _engine._release_deferred(deadline_s=0.02) == 1
-    assert released == [2]  # the handle still read by a copy is not freed
-    stuck.done = True
-    assert _engine._release_deferred(deadline_s=0.02) == 0 and released == [2, 1]
-
-
-def test_a_failing_query_counts_as_finished(released):
-    class Failed:
-        def query(self):
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    _engine._release_when_done(7, Failed())
-    assert _engine._release_deferred() == 0 and released == [7]
 
 
 def test_cpu_collectives_unchanged_after_device_helpers():

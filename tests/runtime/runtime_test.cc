@@ -122,6 +122,10 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
   CHECK(bad_burst.status().message().find("RINGRUN_BURST_QUIET_US") != std::string::npos);
   CHECK(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "1001"}})).status().code() ==
         Code::kInvalidArgument);
+  // Spinning: unset is -1 (decided from the host's ranks and CPUs, or ringrun_init_with_spin).
+  CHECK(ReadJobEnv(Env({}))->spin == -1);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "0"}}))->spin == 0);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "1"}}))->spin == 1);
 }
 
 TEST_CASE("ranks join through the job client once and then communicate", "[runtime]") {

@@ -4,23 +4,20 @@ Names, arguments and semantics follow horovod.torch; docs/python.md lists the di
 A Horovod name that ringrun does not provide raises NotSupportedError (an AttributeError and a
 NotImplementedError) that says so.
 """
-from ringrun.torch.compression import Compression
-from ringrun.torch.functions import (allgather_object, broadcast_object,
-                                     broadcast_optimizer_state, broadcast_parameters)
-from ringrun.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum,
-                                   allgather, allgather_async, allreduce, allreduce_,
-                                   allreduce_async, allreduce_async_, alltoall, alltoall_async,
-                                   barrier, broadcast, broadcast_, broadcast_async,
-                                   broadcast_async_, ccl_built, cross_rank, cross_size,
-                                   cuda_built, ddl_built, global_process_set, gloo_built,
-                                   gloo_enabled, grouped_allreduce, grouped_allreduce_,
-                                   grouped_allreduce_async, grouped_allreduce_async_, init,
-                                   is_initialized, join, local_rank, local_size, mpi_built,
-                                   mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
-                                   reducescatter, reducescatter_async, rocm_built, shutdown, size,
-                                   synchronize)
-from ringrun.torch.optimizer import DistributedOptimizer
-from ringrun.torch.sync_batch_norm import SyncBatchNorm
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allgather,
+                      allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
+                      alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                      broadcast_async_, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                      global_process_set, gloo_built, gloo_enabled, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, init,
+                      is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, poll, rank, reducescatter,
+                      reducescatter_async, rocm_built, shutdown, size, synchronize)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 
 class NotSupportedError(NotImplementedError, AttributeError):

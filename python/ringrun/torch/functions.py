@@ -2,7 +2,7 @@
 import torch
 
 import ringrun
-from ringrun.torch import mpi_ops
+from . import mpi_ops
 
 
 def broadcast_parameters(params, root_rank):

@@ -11,8 +11,9 @@ import warnings
 import torch
 
 import ringrun
-from ringrun import _engine, _lib
-from ringrun.torch.compression import Compression
+
+from .. import _engine, _lib
+from .compression import Compression
 
 # ---- Process functions -----------------------------------------------------------------------
 
@@ -56,21 +57,15 @@ local_size, local_rank = _shape_fn("local_size"), _shape_fn("local_rank")
 cross_size, cross_rank = _shape_fn("cross_size"), _shape_fn("cross_rank")
 
 
-def _nccl():
-    try:
-        from ringrun import _config
-        return bool(_config.NCCL_BUILT)
-    except ImportError:
-        return bool(_lib.STREAM_CALLS)
-
-
 def nccl_built():
-    """True when this libringrun has its NCCL backend (CUDA tensors go through it)."""
-    return _nccl()
+    """As Horovod's: the NCCL version that libringrun was built with (NCCL_VERSION_CODE, e.g.
+    22809 for 2.28.9), or 0 without NCCL. CUDA tensors go through NCCL."""
+    return _lib.lib.ringrun_nccl_version()
 
 
 def cuda_built():
-    return _nccl()
+    """True when libringrun has its GPU backend (which comes with NCCL)."""
+    return nccl_built() != 0
 
 
 def mpi_built():
@@ -180,9 +175,6 @@ def _prepare_device(*tensors):
     devices = {t.device for t in tensors if t.is_cuda}
     if not devices:
         return
-    if not _engine.USING_ENGINE:
-        raise NotImplementedError("CUDA tensors need libringrun's engine (RINGRUN_PY_ENGINE=0 "
-                                  "runs host tensors only)")
     if len(devices) > 1 or len(devices) != len({t.device for t in tensors}):
         raise ValueError("the tensors of one collective must be on one device, not "
                          f"{sorted(str(d) for d in {t.device for t in tensors})}")
@@ -594,18 +586,34 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall, reducescatter, barrier, join ---------------------------------------------------
 
 
+def _split_list(splits):
+    """splits as a list of ints, checked as Horovod checks them: a tensor must be 1-D int32;
+    anything else becomes torch.tensor(splits, dtype=torch.int32). None, or no entries: equal
+    shares."""
+    if splits is None:
+        return None
+    if not torch.is_tensor(splits):
+        splits = torch.tensor(splits, dtype=torch.int32)
+    if splits.dim() != 1:
+        raise ValueError("alltoall expects a 1D splits tensor")
+    if splits.dtype != torch.int32:
+        raise ValueError("alltoall expects splits to contain 32-bit integer elements.")
+    return splits.tolist() or None
+
+
 def _alltoall_async(tensor, splits, name):
-    """A handle whose result is (output, received_splits) whether or not splits were given."""
+    """A handle whose result is (output, received_splits) whether or not splits were given;
+    received_splits is int32, on the device of splits when they were a tensor (as Horovod)."""
     dtype = _dtype(tensor)
+    split_list = _split_list(splits)
+    splits_device = splits.device if torch.is_tensor(splits) else torch.device("cpu")
     t, rows, row_elems = _rows(tensor)
     n = size()
-    if splits is None:
+    if split_list is None:
         if rows % n:
             raise ValueError(f"alltoall: the first dimension ({rows}) is not divisible by the "
                              f"number of ranks ({n}); pass splits")
         split_list = [rows // n] * n
-    else:
-        split_list = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
     if len(split_list) != n or sum(split_list) != rows or min(split_list) < 0:
         raise ValueError(f"alltoall: splits {split_list} must have {n} non-negative entries that "
                          f"sum to the first dimension ({rows})")
@@ -616,7 +624,8 @@ def _alltoall_async(tensor, splits, name):
     def alloc(received):
         out.append(torch.empty((sum(received),) + tuple(t.shape[1:]), dtype=t.dtype,
                                device=t.device))
-        return (out[0], torch.tensor(received, dtype=torch.int32)), out[0].data_ptr()
+        received = torch.tensor(received, dtype=torch.int32).to(splits_device)
+        return (out[0], received), out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
     return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
                                              name, keep=(t,), device_copy=copy))
@@ -657,22 +666,37 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
+def _scaled(t, factor):
+    """t * factor as Horovod scales a buffer (ScaleBuffer): 16-bit floats are widened to float,
+    multiplied by the factor as a float and rounded once (torch would round the factor to t's
+    dtype first); the other floating dtypes multiply in their own."""
+    if factor == 1.0:
+        return t
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return (t.float() * factor).to(t.dtype)
+    return t * factor
+
+
 def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average,
                         process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
     _check_process_set(process_set)
     _check_op(op)
+    if tensor.dim() == 0:
+        raise ValueError("Reducescatter does not support scalar inputs")  # Horovod's words
     compressed, cctx = compression.compress(tensor)
     t, rows, row_elems = _rows(compressed)
     dtype = _dtype(t)
     n, me = size(), rank()
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
-    _engine._check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
-    integer_average = op == Average and dtype not in _lib.FLOATING
-    c_op = Sum if integer_average else op
-    if prescale_factor != 1.0:
-        t = t * prescale_factor
+    _engine.check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
+    # As Horovod: Average is a Sum whose postscale factor is divided by size(), and each factor
+    # is applied once, around the Sum (_scaled). Integer Average is the floor of Sum / size().
+    floating = dtype in _lib.FLOATING
+    c_op = Sum if op == Average else op
+    postscale = postscale_factor / n if op == Average and floating else postscale_factor
+    t = _scaled(t, prescale_factor)
     if t.is_cuda and rem:
         # Uneven shares on the device: the full reduction, then this rank's rows (a view).
         out = torch.empty_like(t)
@@ -689,11 +713,9 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
 
     def finish(_):
         result = shard
-        if integer_average:
+        if op == Average and not floating:
             result = torch.div(result, n, rounding_mode="floor")
-        if postscale_factor != 1.0:
-            result = result * postscale_factor
-        return compression.decompress(result, cctx)
+        return compression.decompress(_scaled(result, postscale), cctx)
     return _register([h], finish, (t, out))
 
 

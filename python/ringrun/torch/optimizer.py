@@ -18,9 +18,9 @@ import warnings
 
 import torch
 
-from ringrun import _engine, _lib
-from ringrun.torch import mpi_ops
-from ringrun.torch.compression import Compression
+from .. import _engine, _lib
+from . import mpi_ops
+from .compression import Compression
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 _instances = itertools.count()

@@ -6,7 +6,7 @@ one allreduce in forward and one in backward.
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ringrun.torch import mpi_ops
+from . import mpi_ops
 
 
 class SyncBatchNorm(_BatchNorm):

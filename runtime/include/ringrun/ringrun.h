@@ -145,6 +145,11 @@ typedef enum {
  * the join timeout. Other threads' ringrun_rank() and friends return -1 meanwhile (they do not
  * wait for it). */
 RINGRUN_API ringrun_status ringrun_init(void);
+/* ringrun_init for a program whose ranks compute on threads of their own while collectives
+ * wait (the Python package: the training loop, autograd): `spin` replaces the default of
+ * RINGRUN_SPIN (see above) when that variable is not set; 0 sleeps at once, 1 busy-waits,
+ * -1 keeps the default. Another value is RINGRUN_ERR_INVALID_ARGUMENT. */
+RINGRUN_API ringrun_status ringrun_init_with_spin(int spin);
 /* Leaves the job: stops the engine (pending handles fail with RINGRUN_ERR_ABORTED), closes
  * connections and shared memory. Safe to call when not initialized. Returns once the engine
  * thread has stopped: no buffer is touched after it. ringrun_init() may be called again
@@ -315,6 +320,11 @@ RINGRUN_API const char* ringrun_status_name(ringrun_status status);
 
 /* Bytes of one element of dtype; 0 for a value that is not a ringrun_dtype. */
 RINGRUN_API size_t ringrun_dtype_size(ringrun_dtype dtype);
+
+/* The NCCL version this library was built with (NCCL_VERSION_CODE of its headers: 22809 for
+ * 2.28.9), or 0 when it was built without NCCL (then it has no GPU backend). Horovod's
+ * nccl_built() returns the same. Callable at any time, also before ringrun_init(). */
+RINGRUN_API int ringrun_nccl_version(void);
 
 #ifdef __cplusplus
 }

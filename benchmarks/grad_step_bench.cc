@@ -208,9 +208,9 @@ int main(int argc, char** argv) {
       double t;
       if (mode == "engine_nofuse") {
         // A fresh runtime's first step negotiates every name and touches its buffers for the
-        // first time: each runtime does one untimed step before its timed one, or both engine
-        // cases would time only first steps (every "engine" step but one in four used to run
-        // on the runtime re-created just before it). The first step is reported on its own.
+        // first time, so each runtime does one untimed step before its timed ones and no
+        // compared case times a first step. The default runtime's first step, right after it
+        // is re-created here, is reported on its own (engine_first).
         Reinit("0");
         (void)EngineStep(ts, bufs, gap_us);
         t = EngineStep(ts, bufs, gap_us);

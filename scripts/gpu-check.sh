@@ -107,7 +107,7 @@ row "2 ranks, 1 GPU, every dtype" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" 
   "exit $rc; $(grep -o 'rank [0-9]/2 checks=[0-9]* failures=[0-9]*' <<<"$out" | tr '\n' ' ')"
 
 # 2b. A CPU-only job through the engine: the NCCL id is made at the first device collective,
-# so a host-only job never looks for libcuda (rank 0 used to make an NCCL id at every init).
+# so a host-only job never looks for libcuda.
 t=$(now)
 out=$(timeout 120 "$BIN/ringrun" -np 2 -x LD_DEBUG=libs "$BIN/runtime_test_worker" check 2>&1)
 rc=$?

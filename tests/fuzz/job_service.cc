@@ -1,6 +1,6 @@
-// Fuzz target: the job service's request handling (launcher/service/job_service.*, rendezvous.*). The
-// real JobService, built as launcher/job/job.cc builds it, serves on loopback; each input is one
-// call whose body is raw fuzz bytes, so the bytes go through gRPC's framing, Protobuf's parser
+// Fuzz target: the job service's request handling (launcher/service/job_service.*, rendezvous.*).
+// The real JobService, built as launcher/job/job.cc builds it, serves on loopback; each input is
+// one call whose body is raw fuzz bytes, so the bytes go through gRPC's framing, Protobuf's parser
 // and the handlers exactly as a client's would.
 //
 // Input: byte 0 picks the call (bits 0-1: Register, Join, Session, Register) and its credential

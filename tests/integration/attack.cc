@@ -3,8 +3,8 @@
 // listening sockets, from /proc/PID/net), but not the job's secret.
 //
 //   forge SECONDS PID...     on every TCP listener of each rank PID, pose as rank 0 in every
-//                            hello format ringrun has spoken: the old one (magic, rank, tag)
-//                            and the handshake's ConnectHello with a made-up proof. Holds the
+//                            hello format: a bare hello (magic, rank, tag; no proof) and the
+//                            handshake's ConnectHello with a made-up proof. Holds the
 //                            connections SECONDS and prints "forged: N connections, M bytes of
 //                            job data received" (M > 0: a rank took the forger for a peer).
 //   flood SECONDS N PID...   on every listener of each rank (TCP, and its local Unix socket when
@@ -161,8 +161,8 @@ void Put64(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
-// The hello of ringrun before the handshake: it admitted whoever sent it.
-std::vector<uint8_t> OldHello(uint32_t rank, const std::string& job_id) {
+// A bare hello (magic, rank, job tag, no proof): a transport that took it would admit anyone.
+std::vector<uint8_t> BareHello(uint32_t rank, const std::string& job_id) {
   std::vector<uint8_t> h(24);
   Put32(h.data(), 0x52475233);
   Put32(h.data() + 4, rank);
@@ -205,11 +205,11 @@ int Forge(int seconds, const std::vector<int>& pids, uint64_t (*tag_of)(const st
   for (int pid : pids) {
     Target t = Discover(pid);
     for (const sockaddr_in& sa : t.tcp) {
-      int old_fd = ConnectTcp(sa);
-      if (old_fd >= 0) {
-        std::vector<uint8_t> h = OldHello(0, t.job_id);
-        SendAll(old_fd, h.data(), h.size());
-        fds.push_back(old_fd);
+      int bare_fd = ConnectTcp(sa);
+      if (bare_fd >= 0) {
+        std::vector<uint8_t> h = BareHello(0, t.job_id);
+        SendAll(bare_fd, h.data(), h.size());
+        fds.push_back(bare_fd);
       }
       int new_fd = ConnectTcp(sa);
       if (new_fd >= 0) {

@@ -364,7 +364,7 @@ TEST_CASE("transport: a forger first in line and hundreds of silent connections 
       CHECK(st[0].ok());
       CHECK(st[1].ok());
       INFO(st[0].ToString() << " / " << st[1].ToString());
-      CHECK(secs < 2.0);  // a silent connection used to hold the door for up to 10 s
+      CHECK(secs < 2.0);  // silent connections must not hold the door until their 10 s timeout
       // The forger got a challenge it cannot answer, and no job data.
       uint8_t reply[kAcceptHelloBytes];
       CHECK(ReadAll(forger.get(), reply, sizeof(reply)));

@@ -145,8 +145,8 @@ class Job {
   std::vector<Worker> workers_;
 };
 
-// Named shared memory of ringrun's (the old scheme's /dev/shm/ringrun-*): a regression guard,
-// pairs use anonymous memfds now.
+// ringrun's named shared memory (/dev/shm/ringrun-*). Pairs use anonymous memfds, so a job
+// must never create one.
 int NamedShmSegments() {
   int found = 0;
   DIR* d = ::opendir("/dev/shm");

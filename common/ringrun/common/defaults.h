@@ -36,7 +36,7 @@ inline constexpr int kShmSpinUs = 1000;
 // The engine's negotiation busy-waits for a peer's frame only this long before sleeping: that
 // frame comes when the peer's engine gets to it, which can take long while the peer's
 // application submits, and a spinning engine takes the core that application needs (measured:
-// benchmarks/README.md, "Engine").
+// benchmarks/README.md, "Engine choices").
 inline constexpr int kNegotiationSpinUs = 20;
 
 // The job service.

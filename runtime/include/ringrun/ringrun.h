@@ -12,9 +12,8 @@
  *     agree on, whatever the order (and the threads) of submission on each rank. Ready
  *     allreduces that share dtype, op, scale factors and device are fused into one collective.
  *     Submissions may come from any number of threads at once.
- *   - Blocking (ringrun_allreduce, ...): submit an unnamed request and wait for it. They keep
- *     the contract they always had: every rank calls the same blocking collectives in the same
- *     order, with matching arguments.
+ *   - Blocking (ringrun_allreduce, ...): submit an unnamed request and wait for it. Every rank
+ *     calls the same blocking collectives in the same order, with matching arguments.
  *
  * Names. A name identifies one tensor across ranks; every rank must submit it with the same
  * collective, dtype, element count (allreduce, broadcast, reducescatter), op, scale factors,

@@ -2,16 +2,17 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <functional>
+#include <iterator>
 #include <optional>
+#include <sstream>
 
 #include "launcher/hosts/placement.h"
 #include "launcher/hosts/scheduler_hosts.h"
@@ -24,327 +25,443 @@
 namespace ringrun::launcher {
 namespace {
 
-// Why the argv is split before CLI11 sees it: the command starts at the first word that is not
-// an option or an option's value, and everything from there on belongs to the command, flags
-// included ("ringrun -np 2 python -u x.py --lr 1"). That needs to know which flags take a value,
-// and horovodrun's spellings include "-np" and "-hostfile", which CLI11 cannot name. So a
-// table below lists every flag with its spellings; a first pass finds the command and checks
-// spellings and values are present, naming the flag as the user wrote it; CLI11 then parses the
-// option part, rewritten to canonical "--long=value" words, and renders --help.
+// ---- The matcher ----
 
-enum class FlagId {
-  kNumProc,
-  kHosts,
-  kHostfile,
-  kExport,
-  kStartTimeout,
-  kGracePeriod,
-  kOutputFilename,
-  kPrefixTimestamp,
-  kDryRun,
-  kLogLevel,
-  kVerbose,
-  kVersion,
-  kHelp,
-  kSshIdentityFile,
-  kSshPort,
-  kSshKnownHosts,
-  kSshAcceptNewHostKeys,
-  kSshFanout,
-  kSshConnectTimeout,
-  kAgentPath,
-  kLauncherAddress,
-  kNetworkInterface,
-  kWdir,
-  kCheckGpu,
-  kAllreduce,
-  kCheckBuild,
-  kStarter,
-  kBindTo,
-  kFusionThresholdMb,
-  kCacheCapacity,
-  kNoStallCheck,
-  kStallWarningTime,
-  kStallShutdownTime,
-  kTimelineFilename,
+// One way to read a word as a flag.
+struct Reading {
+  size_t flag;
+  std::string name;                  // the name it matched
+  std::optional<std::string> value;  // after '=', or attached to a one-letter name
 };
 
-struct FlagDef {
-  FlagId id;
-  const char* cli_names;        // as given to CLI11 (one long name, maybe one short)
-  const char* long_name;        // canonical "--name" fed to CLI11
-  const char* extra_spellings;  // accepted too, space-separated (horovodrun's "-np", ...)
-  bool takes_value;
-  bool repeatable;  // -x: every occurrence counts; others: the last one wins
-  const char* group;
-  const char* value_name;
-  const char* help;
-};
+// Every flag `word` may be, by argparse's rules (options.h); nullopt when it is not a flag.
+std::optional<std::vector<Reading>> ReadWord(const std::vector<FlagSyntax>& flags,
+                                             const std::string& word) {
+  if (word.size() < 2 || word[0] != '-') return std::nullopt;
+  const size_t eq = word.find('=');
+  const std::string head = word.substr(0, eq);
+  std::optional<std::string> tail;
+  if (eq != std::string::npos) tail = word.substr(eq + 1);
+  const bool one_dash = word[1] != '-';
+  std::optional<Reading> with_value;  // "NAME=VALUE"
+  std::vector<Reading> prefixes;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    for (const std::string& name : flags[i].names) {
+      if (name == word) return std::vector<Reading>{{i, name, std::nullopt}};
+      if (tail && name == head) {
+        with_value = Reading{i, name, tail};
+      } else if (one_dash && name.size() == 2 && word.compare(0, 2, name) == 0) {
+        prefixes.push_back({i, name, word.substr(2)});
+      } else if (name.compare(0, head.size(), head) == 0 &&
+                 std::none_of(prefixes.begin(), prefixes.end(),
+                              [&](const Reading& r) { return r.flag == i; })) {
+        prefixes.push_back({i, name, tail});
+      }
+    }
+  }
+  if (with_value) return std::vector<Reading>{*with_value};
+  // A switch takes no text, so "-hostf" is -hostfile, not -h with "ostf" attached.
+  auto switch_with_text = [&](const Reading& r) { return flags[r.flag].nargs == 0 && r.value; };
+  if (!std::all_of(prefixes.begin(), prefixes.end(), switch_with_text)) {
+    prefixes.erase(std::remove_if(prefixes.begin(), prefixes.end(), switch_with_text),
+                   prefixes.end());
+  }
+  return prefixes;
+}
 
-constexpr FlagDef kFlags[] = {
-    {FlagId::kNumProc, "--num-proc", "--num-proc", "-np", true, false, "Job", "N",
-     "Number of ranks. Default: the total of the slots; required without hosts."},
-    {FlagId::kHosts, "-H,--hosts", "--hosts", "", true, false, "Job", "HOST[:SLOTS],...",
-     "Hosts and their slots, e.g. a:4,b:4 (a bare host has 1 slot; user@host allowed)."},
-    {FlagId::kHostfile, "--hostfile", "--hostfile", "-hostfile", true, false, "Job", "FILE",
-     "File of hosts: lines 'host slots=N', 'host:N' or 'host'; '#' comments."},
-    {FlagId::kExport, "-x", "-x", "", true, true, "Job", "NAME[=VALUE]",
-     "Set NAME in every rank, to VALUE or to the launcher's value (repeatable)."},
-    {FlagId::kWdir, "--wdir", "--wdir", "", true, false, "Job", "DIR",
-     "Working directory of the ranks. Default: the launcher's."},
-    {FlagId::kStartTimeout, "--start-timeout", "--start-timeout", "", true, false, "Job", "SECONDS",
-     "Time for every agent and rank to come up."},
-    {FlagId::kGracePeriod, "--grace-period", "--grace-period", "", true, false, "Job", "SECONDS",
-     "Time between SIGTERM and SIGKILL at teardown; fractions allowed."},
-    {FlagId::kStarter, "--starter", "--starter", "", true, false, "Job", "ssh|slurm|auto",
-     "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
-    {FlagId::kBindTo, "--bind-to", "--bind-to", "", true, false, "Job", "none|core",
-     "core: pin each rank to its own share of the host's CPUs; none: no pinning (jobs sharing "
-     "a host would share its first cores)."},
-    {FlagId::kDryRun, "--dry-run", "--dry-run", "", false, false, "Job", "",
-     "Print the placement table and start nothing."},
-    {FlagId::kOutputFilename, "--output-filename", "--output-filename", "", true, false, "Output",
-     "DIR", "Also write DIR/rank.N/stdout and DIR/rank.N/stderr."},
-    {FlagId::kPrefixTimestamp, "--prefix-timestamp", "--prefix-timestamp", "", false, false,
-     "Output", "", "Add a timestamp to every output line."},
-    {FlagId::kLogLevel, "--log-level", "--log-level", "", true, false, "Output", "LEVEL",
-     "ringrun's own log: trace, debug, info, warn (default), error or off."},
-    {FlagId::kVerbose, "--verbose", "--verbose", "", false, false, "Output", "",
-     "Same as --log-level debug (an explicit --log-level wins)."},
-    {FlagId::kSshIdentityFile, "-i,--ssh-identity-file", "--ssh-identity-file", "", true, false,
-     "SSH", "FILE", "Private key. Default: ssh-agent, then the default keys."},
-    {FlagId::kSshPort, "-p,--ssh-port", "--ssh-port", "", true, false, "SSH", "PORT",
-     "SSH port. Default: ~/.ssh/config, or 22."},
-    {FlagId::kSshKnownHosts, "--ssh-known-hosts", "--ssh-known-hosts", "", true, false, "SSH",
-     "FILE", "known_hosts file. Default: ~/.ssh/known_hosts."},
-    {FlagId::kSshAcceptNewHostKeys, "--ssh-accept-new-host-keys", "--ssh-accept-new-host-keys", "",
-     false, false, "SSH", "",
-     "Accept and record unknown host keys (changed keys are still refused)."},
-    {FlagId::kSshFanout, "--ssh-fanout", "--ssh-fanout", "", true, false, "SSH", "N",
-     "SSH connections made at once."},
-    {FlagId::kSshConnectTimeout, "--ssh-connect-timeout", "--ssh-connect-timeout", "", true, false,
-     "SSH", "SECONDS", "Timeout of each step of one SSH connection attempt."},
-    {FlagId::kAgentPath, "--agent-path", "--agent-path", "", true, false, "SSH", "PATH",
-     "ringrun-agent on remote hosts. Default: the same absolute path as here."},
-    {FlagId::kLauncherAddress, "--launcher-address", "--launcher-address", "", true, false, "SSH",
-     "ADDR", "Address agents use to reach the launcher."},
-    {FlagId::kNetworkInterface, "--network-interface", "--network-interface", "", true, false,
-     "SSH", "IFACE", "Take the launcher's address from this interface."},
-    {FlagId::kFusionThresholdMb, "--fusion-threshold-mb", "--fusion-threshold-mb", "", true, false,
-     "Engine", "MB",
-     "Fusion buffer size in MiB (default 64; 0 disables fusion). Sets RINGRUN_FUSION_THRESHOLD."},
-    {FlagId::kCacheCapacity, "--cache-capacity", "--cache-capacity", "", true, false, "Engine", "N",
-     "Response cache entries (default 1024; 0 disables). Sets RINGRUN_CACHE_CAPACITY."},
-    {FlagId::kNoStallCheck, "--no-stall-check", "--no-stall-check", "", false, false, "Engine", "",
-     "No stall warnings. Sets RINGRUN_STALL_CHECK=0."},
-    {FlagId::kStallWarningTime, "--stall-check-warning-time-seconds",
-     "--stall-check-warning-time-seconds", "", true, false, "Engine", "SECONDS",
-     "Warn about tensors some ranks submitted and others not after this long (default 60)."},
-    {FlagId::kStallShutdownTime, "--stall-check-shutdown-time-seconds",
-     "--stall-check-shutdown-time-seconds", "", true, false, "Engine", "SECONDS",
-     "Fail the job when such a stall lasts this long (default: never)."},
-    {FlagId::kTimelineFilename, "--timeline-filename", "--timeline-filename", "", true, false,
-     "Engine", "FILE",
-     "Write a Chrome trace per rank: FILE with the rank before its extension (t.json -> "
-     "t.0.json)."},
-    {FlagId::kCheckGpu, "--check-gpu", "--check-gpu", "", false, false, "Diagnostics", "",
-     "Report the CUDA driver, devices and NCCL of every host; run no command."},
-    {FlagId::kAllreduce, "--allreduce", "--allreduce", "", false, false, "Diagnostics", "",
-     "With --check-gpu: also run an NCCL allreduce across every GPU."},
-    {FlagId::kCheckBuild, "--check-build", "--check-build", "-cb", false, false, "Diagnostics", "",
-     "Print what this build has (backends and library versions)."},
-    {FlagId::kVersion, "--version", "--version", "", false, false, "Diagnostics", "",
-     "Print the version."},
-    {FlagId::kHelp, "-h,--help", "--help", "", false, false, "Diagnostics", "", "Print this help."},
-};
+bool IsFlag(const std::vector<FlagSyntax>& flags, const std::string& word) {
+  auto readings = ReadWord(flags, word);
+  return readings && !readings->empty();
+}
+
+std::string Suggest(const std::vector<FlagSyntax>& flags, const std::string& word) {
+  std::string best;
+  int best_d = 3;
+  for (const FlagSyntax& flag : flags) {
+    for (const std::string& name : flag.names) {
+      if (name.size() < 4) continue;  // "-x", "-np": too short to guess from
+      int d = EditDistance(word.substr(0, word.find('=')), name);
+      if (d < best_d) best_d = d, best = name;
+    }
+  }
+  return best.empty() ? "" : " (did you mean " + best + "?)";
+}
+
+}  // namespace
+
+Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
+                              const std::vector<std::string>& args) {
+  MatchedArgs out;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& word = args[i];
+    if (word == "--") {
+      ++i;
+      break;
+    }
+    std::optional<std::vector<Reading>> readings = ReadWord(flags, word);
+    if (!readings) break;  // the command starts here
+    if (readings->empty()) {
+      return InvalidArgument("unknown flag " + word + Suggest(flags, word) +
+                             "; see ringrun --help");
+    }
+    if (readings->size() > 1) {
+      std::string names;
+      for (const Reading& r : *readings) names += (names.empty() ? "" : ", ") + r.name;
+      return InvalidArgument("ambiguous flag " + word + ": it could be " + names);
+    }
+    const Reading& r = readings->front();
+    const FlagSyntax& syntax = flags[r.flag];
+    const size_t nargs = static_cast<size_t>(syntax.nargs);
+    const std::string needs = r.name + " needs " +
+                              (nargs == 1 ? "a value" : std::to_string(nargs) + " values") + " (" +
+                              syntax.metavar + ")";
+    FlagUse use{r.flag, r.name, {}};
+    if (r.value) {
+      if (nargs == 0) return InvalidArgument(r.name + " takes no value (got '" + word + "')");
+      if (nargs > 1) return InvalidArgument(needs + " as separate words, not '" + word + "'");
+      use.values.push_back(*r.value);
+    }
+    while (use.values.size() < nargs) {
+      if (i + 1 == args.size()) return InvalidArgument(needs);
+      const std::string& next = args[i + 1];
+      if (next == "--" || IsFlag(flags, next)) {
+        return InvalidArgument(needs + ", but " + next + " follows it");
+      }
+      use.values.push_back(next);
+      ++i;
+    }
+    for (const std::string& v : use.values) {
+      if (v.empty()) return InvalidArgument(needs + ", got ''");
+    }
+    out.uses.push_back(std::move(use));
+  }
+  out.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return out;
+}
+
+namespace {
+
+// ---- ringrun's flags ----
 
 // Far beyond any real job; it keeps a typo like "-np 40000000" from starting a fork storm.
 constexpr int kMaxNumProc = 1 << 20;
 
 const char kUsageLine[] = "Usage: ringrun [OPTIONS] [--] COMMAND [ARGS...]";
 
-std::vector<std::string> SplitSpaces(const char* s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (; *s; ++s) {
-    if (*s == ' ') {
-      if (!cur.empty()) out.push_back(cur), cur.clear();
-    } else {
-      cur.push_back(*s);
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
-// Every spelling of a flag: CLI11's names and the extra ones.
-std::vector<std::string> Spellings(const FlagDef& def) {
-  std::vector<std::string> out;
-  std::string names = def.cli_names;
-  for (char& c : names) c = c == ',' ? ' ' : c;
-  for (auto& s : SplitSpaces(names.c_str())) out.push_back(s);
-  for (auto& s : SplitSpaces(def.extra_spellings)) out.push_back(s);
-  return out;
-}
-
-const FlagDef* FindExact(const std::string& spelling) {
-  for (const FlagDef& def : kFlags) {
-    for (const std::string& s : Spellings(def)) {
-      if (s == spelling) return &def;
-    }
-  }
-  return nullptr;
-}
-
-std::string Suggest(const std::string& word) {
-  std::string best;
-  int best_d = 3;
-  for (const FlagDef& def : kFlags) {
-    for (const std::string& s : Spellings(def)) {
-      if (s.size() < 4) continue;  // "-x", "-np": too short to guess from
-      int d = EditDistance(word, s);
-      if (d < best_d) best_d = d, best = s;
-    }
-  }
-  return best.empty() ? "" : " (did you mean " + best + "?)";
-}
-
-// One option occurrence from the first pass.
-struct Occurrence {
-  const FlagDef* def;
-  std::string spelling;  // as the user wrote it, for messages
-  std::string value;
+// What the flags say, read in order. Hosts, np and the starter are settled once all are read.
+struct Given {
+  explicit Given(const std::vector<std::string>& env) : environ_vars(env) {}
+  const std::vector<std::string>& environ_vars;
+  Options o;
+  std::optional<FlagUse> host_flag;  // -H or --hostfile, once given
+  std::string starter;               // --starter; "" for auto
+  bool log_level_given = false;      // --log-level, which wins over --verbose
+  std::vector<std::pair<std::string, std::string>> engine_vars;  // set after -x: the flags win
 };
 
-// A word after which an option's value cannot start: a known flag.
-bool LooksLikeKnownFlag(const std::string& word) {
-  if (word.size() < 2 || word[0] != '-') return false;
-  return FindExact(word.substr(0, word.find('='))) != nullptr;
-}
+using Apply = std::function<Status(const FlagUse&, Given&)>;
 
-struct FirstPass {
-  std::vector<Occurrence> options;
-  std::vector<std::string> command;
+// What a flag takes and does: `nargs` values, which `apply` checks, naming the flag as written,
+// and sets. `answer` (--help, --version) is printed instead, before any value is checked.
+struct Kind {
+  int nargs;
+  Apply apply;
+  std::string (*answer)() = nullptr;
 };
 
-Result<FirstPass> SplitArgv(int argc, const char* const* argv) {
-  FirstPass out;
-  int i = 1;
-  for (; i < argc; ++i) {
-    const std::string word = argv[i] ? argv[i] : "";
-    if (word == "--") {
-      ++i;
-      break;
-    }
-    if (word.size() < 2 || word[0] != '-') break;  // the command starts here
+// One flag: its names (space-separated), its values in --help, its kind, help and default.
+struct Flag {
+  const char* names;
+  const char* metavar;
+  Kind kind;
+  const char* help;
+  std::string default_text = "";  // --help adds " Default: TEXT."
+};
 
-    const FlagDef* def = nullptr;
-    std::string spelling = word;
-    std::optional<std::string> inline_value;
-    if ((def = FindExact(word)) == nullptr) {
-      size_t eq = word.find('=');
-      if (eq != std::string::npos && (def = FindExact(word.substr(0, eq))) != nullptr) {
-        spelling = word.substr(0, eq);
-        inline_value = word.substr(eq + 1);
-      } else if (word[1] != '-' && (def = FindExact(word.substr(0, 2))) != nullptr &&
-                 def->takes_value) {
-        // "-Ha:2", "-p2222", "-xFOO=1": a one-letter flag with its value attached.
-        spelling = word.substr(0, 2);
-        inline_value = word.substr(2);
-      } else {
-        return InvalidArgument("unknown flag " + word + Suggest(word.substr(0, eq)) +
-                               "; see ringrun --help");
-      }
-    }
-    if (!def->takes_value) {
-      if (inline_value) return InvalidArgument(spelling + " takes no value (got '" + word + "')");
-      out.options.push_back({def, spelling, ""});
-      continue;
-    }
-    if (!inline_value) {
-      if (i + 1 >= argc) {
-        return InvalidArgument(spelling + " needs a value (" + def->value_name + ")");
-      }
-      std::string next = argv[i + 1] ? argv[i + 1] : "";
-      if (next == "--" || LooksLikeKnownFlag(next)) {
-        return InvalidArgument(spelling + " needs a value (" + def->value_name + "), but " + next +
-                               " follows it");
-      }
-      inline_value = next;
-      ++i;
-    }
-    if (inline_value->empty()) {
-      return InvalidArgument(spelling + " needs a value (" + def->value_name + "), got ''");
-    }
-    out.options.push_back({def, spelling, *inline_value});
-  }
-  for (; i < argc; ++i) out.command.emplace_back(argv[i] ? argv[i] : "");
-  return out;
+struct FlagGroup {
+  const char* name;  // its section of --help
+  std::vector<Flag> flags;
+};
+
+std::string Number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 // Strict decimal integer in [lo, hi]; messages name the flag as written.
-Result<int> ParseIntFlag(const std::string& spelling, const std::string& text, long lo, long hi,
-                         const char* unit = "") {
+Result<int> ParseIntFlag(const FlagUse& u, long lo, long hi, const char* unit = "") {
+  const std::string& text = u.values[0];
   const char* s = text.c_str();
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(s, &end, 10);
   // strtol would also take leading blanks and '+'; a flag value is digits with an optional '-'.
-  bool plain =
-      !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-');
+  bool plain = std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-';
   if (!plain || *end != '\0' || end == s) {
-    return InvalidArgument(spelling + " " + text + ": not a whole number" + unit);
+    return InvalidArgument(u.spelling + " " + text + ": not a whole number" + unit);
   }
   if (errno == ERANGE || v > hi) {
-    return InvalidArgument(spelling + " " + text + ": must be at most " + std::to_string(hi));
+    return InvalidArgument(u.spelling + " " + text + ": must be at most " + std::to_string(hi));
   }
-  if (v < lo)
-    return InvalidArgument(spelling + " " + text + ": must be at least " + std::to_string(lo));
+  if (v < lo) {
+    return InvalidArgument(u.spelling + " " + text + ": must be at least " + std::to_string(lo));
+  }
   return static_cast<int>(v);
 }
 
-Result<double> ParseSecondsFlag(const std::string& spelling, const std::string& text, double lo,
-                                double hi) {
+Result<double> ParseSecondsFlag(const FlagUse& u, double lo, double hi) {
+  const std::string& text = u.values[0];
   // Decimal only: strtod would also take blanks, hex, exponents, "inf" and "nan".
-  bool plain = !text.empty() && text.find_first_not_of("0123456789.-") == std::string::npos;
+  bool plain = text.find_first_not_of("0123456789.-") == std::string::npos;
   const char* s = text.c_str();
   char* end = nullptr;
   double v = plain ? std::strtod(s, &end) : 0;
   if (!plain || end == s || *end != '\0' || !std::isfinite(v)) {
-    return InvalidArgument(spelling + " " + text + ": not a number of seconds");
+    return InvalidArgument(u.spelling + " " + text + ": not a number of seconds");
   }
-  if (v < lo)
-    return InvalidArgument(spelling + " " + text + ": must be at least " +
-                           CLI::detail::to_string(lo));
-  if (v > hi)
-    return InvalidArgument(spelling + " " + text + ": must be at most " +
-                           CLI::detail::to_string(hi));
+  if (v < lo) return InvalidArgument(u.spelling + " " + text + ": must be at least " + Number(lo));
+  if (v > hi) return InvalidArgument(u.spelling + " " + text + ": must be at most " + Number(hi));
   return v;
+}
+
+// The value, lowercased, if it is one of `choices`.
+Result<std::string> ParseChoice(const FlagUse& u, std::vector<std::string> choices) {
+  std::string v = u.values[0];
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string list;
+  for (const std::string& c : choices) {
+    if (c == v) return v;
+    list += (list.empty() ? "" : ", ") + c;
+  }
+  return InvalidArgument(u.spelling + " " + u.values[0] + ": not one of " + list);
+}
+
+// NAME=VALUE into `vars`: a NAME already there keeps its place and takes the new value.
+void SetVar(std::vector<std::pair<std::string, std::string>>* vars, const std::string& name,
+            const std::string& value) {
+  for (auto& [n, v] : *vars) {
+    if (n == name) {
+      v = value;
+      return;
+    }
+  }
+  vars->emplace_back(name, value);
+}
+
+// The kinds of flag.
+Kind Switch(bool Options::*field) {
+  return {0, [field](const FlagUse&, Given& g) {
+            g.o.*field = true;
+            return Status();
+          }};
+}
+Kind Int(int Options::*field, long lo, long hi, const char* unit = "") {
+  return {1, [=](const FlagUse& u, Given& g) {
+            Result<int> v = ParseIntFlag(u, lo, hi, unit);
+            if (v.ok()) g.o.*field = *v;
+            return v.status();
+          }};
+}
+Kind Text(std::string Options::*field) {
+  return {1, [field](const FlagUse& u, Given& g) {
+            g.o.*field = u.values[0];
+            return Status();
+          }};
+}
+Kind Value(Apply apply) { return {1, std::move(apply)}; }
+Kind Action(Apply apply) { return {0, std::move(apply)}; }
+Kind Answer(std::string (*answer)()) { return {0, nullptr, answer}; }
+// -H and --hostfile: one of them, once.
+Kind Hosts(Result<std::vector<hosts::HostSpec>> (*parse)(const std::string&)) {
+  return Value([parse](const FlagUse& u, Given& g) -> Status {
+    if (g.host_flag && g.host_flag->flag == u.flag) {
+      return InvalidArgument(u.spelling + " given twice; list every host in one " + u.spelling);
+    }
+    if (g.host_flag) {
+      return InvalidArgument(g.host_flag->spelling + " and " + u.spelling +
+                             " cannot be used together");
+    }
+    Result<std::vector<hosts::HostSpec>> list = parse(u.values[0]);
+    if (!list.ok()) return list.status();
+    g.o.hosts = std::move(list.value());
+    g.o.host_source = u.spelling + " " + u.values[0];
+    g.host_flag = u;
+    return Status();
+  });
+}
+// An engine flag: the variable it sets in every rank, to what `value` makes of the flag.
+Kind SetsVar(const char* name, std::function<Result<std::string>(const FlagUse&)> value) {
+  return Value([=](const FlagUse& u, Given& g) {
+    Result<std::string> v = value(u);
+    if (v.ok()) SetVar(&g.engine_vars, name, *v);
+    return v.status();
+  });
+}
+std::function<Result<std::string>(const FlagUse&)> Seconds(double lo, double hi) {
+  return [=](const FlagUse& u) -> Result<std::string> {
+    Result<double> v = ParseSecondsFlag(u, lo, hi);
+    if (!v.ok()) return v.status();
+    return u.values[0];
+  };
+}
+
+std::string VersionText() { return "ringrun " RINGRUN_VERSION_STRING "\n"; }
+
+// Every flag, in --help's order. Adding a flag is one entry here (and its field in Options).
+const std::vector<FlagGroup>& FlagGroups() {
+  static const std::vector<FlagGroup> kGroups = {
+      {"Job",
+       {
+           {"-np --num-proc", "N", Int(&Options::np, 1, kMaxNumProc),
+            "Number of ranks. Default: the total of the slots; required without hosts."},
+           {"-H --hosts", "HOST[:SLOTS],...", Hosts(hosts::ParseHostList),
+            "Hosts and their slots, e.g. a:4,b:4 (a bare host has 1 slot; user@host allowed)."},
+           {"-hostfile --hostfile", "FILE", Hosts(hosts::ParseHostfile),
+            "File of hosts: lines 'host slots=N', 'host:N' or 'host'; '#' comments."},
+           {"-x", "NAME[=VALUE]", Value([](const FlagUse& u, Given& g) {
+              auto kv = job::ParseExportFlag(u.values[0], g.environ_vars);
+              if (kv.ok()) SetVar(&g.o.exports, kv->first, kv->second);
+              return kv.status();
+            }),
+            "Set NAME in every rank, to VALUE or to the launcher's value (repeatable)."},
+           {"--wdir", "DIR", Text(&Options::wdir),
+            "Working directory of the ranks. Default: the launcher's."},
+           {"--start-timeout", "SECONDS",
+            Int(&Options::start_timeout_s, 1, 7 * 24 * 3600, " of seconds"),
+            "Time for every agent and rank to come up.", std::to_string(kDefaultStartTimeoutS)},
+           {"--grace-period", "SECONDS", Value([](const FlagUse& u, Given& g) {
+              Result<double> s = ParseSecondsFlag(u, 0, 3600);
+              if (s.ok()) g.o.grace_ms = static_cast<int>(std::llround(*s * 1000.0));
+              return s.status();
+            }),
+            "Time between SIGTERM and SIGKILL at teardown; fractions allowed.",
+            Number(kDefaultGraceMs / 1000.0)},
+           {"--starter", "ssh|slurm|auto", Value([](const FlagUse& u, Given& g) {
+              g.starter = u.values[0];  // checked with the hosts: hosts::ChooseStarter
+              return Status();
+            }),
+            "How agents start: SSH, one srun step, or auto (srun inside a Slurm job; default)."},
+           {"--bind-to", "none|core", Value([](const FlagUse& u, Given& g) {
+              Result<std::string> v = ParseChoice(u, {"none", "core"});
+              g.o.bind_to =
+                  v.ok() && *v == "core" ? Options::BindTo::kCore : Options::BindTo::kNone;
+              return v.status();
+            }),
+            "core: pin each rank to its own share of the host's CPUs; none: no pinning (jobs "
+            "sharing a host would share its first cores).",
+            "none"},
+           {"--dry-run", "", Switch(&Options::dry_run),
+            "Print the placement table and start nothing."},
+       }},
+      {"Output",
+       {
+           {"--output-filename", "DIR", Text(&Options::output_dir),
+            "Also write DIR/rank.N/stdout and DIR/rank.N/stderr."},
+           {"-prefix-timestamp --prefix-timestamp", "", Switch(&Options::prefix_timestamp),
+            "Add a timestamp to every output line."},
+           {"--log-level", "LEVEL", Value([](const FlagUse& u, Given& g) {
+              Result<std::string> v =
+                  ParseChoice(u, {"trace", "debug", "info", "warn", "error", "off"});
+              if (v.ok()) g.o.log_level = *v, g.log_level_given = true;
+              return v.status();
+            }),
+            "ringrun's own log: trace, debug, info, warn (default), error or off."},
+           {"--verbose", "", Action([](const FlagUse&, Given& g) {
+              if (!g.log_level_given) g.o.log_level = "debug";
+              return Status();
+            }),
+            "Same as --log-level debug (an explicit --log-level wins)."},
+       }},
+      {"SSH",
+       {
+           {"-i --ssh-identity-file", "FILE", Value([](const FlagUse& u, Given& g) {
+              if (::access(u.values[0].c_str(), R_OK) != 0) {
+                return InvalidArgument(u.spelling + " " + u.values[0] + ": " +
+                                       std::strerror(errno));
+              }
+              g.o.ssh_identity_file = u.values[0];
+              return Status();
+            }),
+            "Private key. Default: ssh-agent, then the default keys."},
+           {"-p --ssh-port", "PORT", Int(&Options::ssh_port, 1, 65535),
+            "SSH port. Default: ~/.ssh/config, or 22."},
+           {"--ssh-known-hosts", "FILE", Text(&Options::ssh_known_hosts),
+            "known_hosts file. Default: ~/.ssh/known_hosts."},
+           {"--ssh-accept-new-host-keys", "", Switch(&Options::ssh_accept_new_host_keys),
+            "Accept and record unknown host keys (changed keys are still refused)."},
+           {"--ssh-fanout", "N", Int(&Options::ssh_fanout, 1, 4096),
+            "SSH connections made at once.", std::to_string(kSshFanout)},
+           {"--ssh-connect-timeout", "SECONDS",
+            Int(&Options::ssh_connect_timeout_s, 1, 3600, " of seconds"),
+            "Timeout of each step of one SSH connection attempt.",
+            std::to_string(kSshConnectTimeoutS)},
+           {"--agent-path", "PATH", Text(&Options::agent_path),
+            "ringrun-agent on remote hosts. Default: the same absolute path as here."},
+           {"--launcher-address", "ADDR", Text(&Options::launcher_address),
+            "Address agents use to reach the launcher."},
+           {"--network-interface", "IFACE", Text(&Options::network_interface),
+            "Take the launcher's address from this interface."},
+       }},
+      {"Engine",
+       {
+           {"--fusion-threshold-mb", "MB",
+            SetsVar("RINGRUN_FUSION_THRESHOLD",
+                    [](const FlagUse& u) -> Result<std::string> {
+                      Result<int> mb = ParseIntFlag(u, 0, 1 << 20, " of MiB");
+                      if (!mb.ok()) return mb.status();
+                      return std::to_string(static_cast<long long>(*mb) << 20);
+                    }),
+            "Fusion buffer size in MiB (default 64; 0 disables fusion). Sets "
+            "RINGRUN_FUSION_THRESHOLD."},
+           {"--cache-capacity", "N",
+            SetsVar("RINGRUN_CACHE_CAPACITY",
+                    [](const FlagUse& u) -> Result<std::string> {
+                      Result<int> n = ParseIntFlag(u, 0, 1 << 24);
+                      if (!n.ok()) return n.status();
+                      return std::to_string(*n);
+                    }),
+            "Response cache entries (default 1024; 0 disables). Sets RINGRUN_CACHE_CAPACITY."},
+           {"--no-stall-check", "", Action([](const FlagUse&, Given& g) {
+              SetVar(&g.engine_vars, "RINGRUN_STALL_CHECK", "0");
+              return Status();
+            }),
+            "No stall warnings. Sets RINGRUN_STALL_CHECK=0."},
+           {"--stall-check-warning-time-seconds", "SECONDS",
+            SetsVar("RINGRUN_STALL_WARNING_SECONDS", Seconds(0.001, 1e7)),
+            "Warn about tensors some ranks submitted and others not after this long (default "
+            "60)."},
+           {"--stall-check-shutdown-time-seconds", "SECONDS",
+            SetsVar("RINGRUN_STALL_SHUTDOWN_SECONDS", Seconds(0, 1e7)),
+            "Fail the job when such a stall lasts this long (default: never)."},
+           {"--timeline-filename", "FILE",
+            SetsVar("RINGRUN_TIMELINE",
+                    [](const FlagUse& u) -> Result<std::string> { return u.values[0]; }),
+            "Write a Chrome trace per rank: FILE with the rank before its extension (t.json -> "
+            "t.0.json)."},
+       }},
+      {"Diagnostics",
+       {
+           {"--check-gpu", "", Switch(&Options::check_gpu),
+            "Report the CUDA driver, devices and NCCL of every host; run no command."},
+           {"--allreduce", "", Switch(&Options::check_gpu_allreduce),
+            "With --check-gpu: also run an NCCL allreduce across every GPU."},
+           {"-cb --check-build", "", Switch(&Options::check_build),
+            "Print what this build has (backends and library versions)."},
+           {"--version", "", Answer(VersionText), "Print the version."},
+           {"-h --help", "", Answer(UsageText), "Print this help."},
+       }},
+  };
+  return kGroups;
 }
 
 const char kHelpIntro[] =
     "Start COMMAND as a distributed job, one rank per slot, horovodrun-style.\n"
     "Everything after the first word that is neither an option nor an option's value (or\n"
-    "after --) is the command; it reaches every rank byte for byte, with no shell between.\n";
-
-// The default --help shows beside a flag, from defaults.h; empty for none.
-std::string DefaultText(FlagId id) {
-  switch (id) {
-    case FlagId::kStartTimeout:
-      return std::to_string(kDefaultStartTimeoutS);
-    case FlagId::kGracePeriod:
-      return kDefaultGraceMs % 1000 == 0 ? std::to_string(kDefaultGraceMs / 1000)
-                                         : std::to_string(kDefaultGraceMs / 1000.0);
-    case FlagId::kBindTo:
-      return "none";
-    case FlagId::kSshFanout:
-      return std::to_string(kSshFanout);
-    case FlagId::kSshConnectTimeout:
-      return std::to_string(kSshConnectTimeoutS);
-    default:
-      return "";
-  }
-}
+    "after --) is the command; it reaches every rank byte for byte, with no shell between.\n"
+    "Options are read as horovodrun (Python argparse) reads them: --name VALUE, --name=VALUE,\n"
+    "a unique prefix of a name (--hostf), a one-letter name with its value attached (-Ha:4).\n";
 
 // The waits that have no flag, from defaults.h.
 std::string OtherDefaultsText() {
@@ -365,52 +482,33 @@ const char kHelpOutro[] =
     "Exit status: the first failing rank's code (128+signal if a signal killed it),\n"
     "2 for a usage error, 1 when ringrun itself fails.\n";
 
-// Usage comes from us (CLI11 would say "[OPTIONS]" only), and the horovodrun spellings CLI11
-// cannot hold as names are shown beside the canonical ones.
-class UsageFormatter : public CLI::Formatter {
- public:
-  std::string make_usage(const CLI::App*, std::string) const override { return ""; }
-  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
-    std::string name = CLI::Formatter::make_option_name(opt, positional);
-    for (const FlagDef& def : kFlags) {
-      if (*def.extra_spellings && opt->check_name(def.long_name)) {
-        return std::string(def.extra_spellings) + "," + name;
-      }
-    }
-    return name;
-  }
-};
+std::vector<std::string> Names(const Flag& f) {
+  std::istringstream in(f.names);
+  return {std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+}
 
-// The option values as CLI11 leaves them.
-struct RawValues {
-  std::map<FlagId, std::string> value;
-  std::vector<std::string> exports;
-  std::map<FlagId, bool> flag;
-};
-
-std::unique_ptr<CLI::App> MakeApp(RawValues* raw) {
-  auto app = std::make_unique<CLI::App>("", "ringrun");
-  auto formatter = std::make_shared<UsageFormatter>();
-  formatter->column_width(34);
-  app->formatter(formatter);
-  app->set_help_flag();  // --help is ours: it must not throw or print
-  for (const FlagDef& def : kFlags) {
-    std::string help = def.help;
-    const std::string default_text = DefaultText(def.id);
-    if (!default_text.empty()) help += " Default: " + default_text + ".";
-    CLI::Option* opt = nullptr;
-    if (def.id == FlagId::kExport) {
-      opt = app->add_option(def.cli_names, raw->exports, help)->type_name(def.value_name);
-      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
-    } else if (def.takes_value) {
-      opt = app->add_option(def.cli_names, raw->value[def.id], help)->type_name(def.value_name);
-      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    } else {
-      opt = app->add_flag(def.cli_names, raw->flag[def.id], help);
+// "  -np, --num-proc N", then its help and default from column 34, wrapped at 100.
+std::string HelpEntry(const Flag& f) {
+  constexpr size_t kColumn = 34, kWidth = 100;
+  std::string line = " ";
+  for (const std::string& name : Names(f)) line += (line.size() > 1 ? ", " : " ") + name;
+  if (*f.metavar) line += std::string(" ") + f.metavar;
+  std::string out;
+  if (line.size() >= kColumn) out += line + "\n", line.clear();
+  line.resize(kColumn, ' ');
+  std::istringstream words(std::string(f.help) +
+                           (f.default_text.empty() ? "" : " Default: " + f.default_text + "."));
+  bool line_empty = true;
+  for (std::string word; words >> word;) {
+    if (!line_empty && line.size() + 1 + word.size() > kWidth) {
+      out += line + "\n";
+      line.assign(kColumn, ' ');
+      line_empty = true;
     }
-    opt->group(def.group);
+    line += (line_empty ? "" : " ") + word;
+    line_empty = false;
   }
-  return app;
+  return out + line + "\n";
 }
 
 ParseOutcome UsageError(std::string message) {
@@ -421,265 +519,46 @@ ParseOutcome UsageError(std::string message) {
   return out;
 }
 
-}  // namespace
-
-std::string UsageText() {
-  RawValues raw;
-  std::string options = MakeApp(&raw)->help();
-  while (!options.empty() && (options.back() == '\n' || options.back() == ' ')) options.pop_back();
-  return std::string(kUsageLine) + "\n\n" + kHelpIntro + "\n" + options + "\n\n" +
-         OtherDefaultsText() + "\n" + kHelpOutro;
-}
-
-ParseOutcome ParseCommandLine(int argc, const char* const* argv,
-                              const std::vector<std::string>& environ_vars) {
-  Result<FirstPass> split = SplitArgv(argc, argv);
-  if (!split.ok()) return UsageError(split.status().message());
-  FirstPass& pass = split.value();
-
-  // Spelling of each flag as last written, and the -H/--hostfile repeat check.
-  std::map<FlagId, std::string> spelled;
-  for (const Occurrence& occ : pass.options) {
-    if ((occ.def->id == FlagId::kHosts || occ.def->id == FlagId::kHostfile) &&
-        spelled.count(occ.def->id)) {
-      return UsageError(occ.spelling + " given twice; list every host in one " + occ.spelling);
-    }
-    spelled[occ.def->id] = occ.spelling;
-  }
-  auto given = [&](FlagId id) { return spelled.count(id) != 0; };
-  auto name_of = [&](FlagId id) -> std::string {
-    auto it = spelled.find(id);
-    if (it != spelled.end()) return it->second;
-    for (const FlagDef& def : kFlags) {
-      if (def.id == id) return def.long_name;
-    }
-    return "?";
-  };
-
-  ParseOutcome outcome;
-  if (given(FlagId::kHelp)) {
-    outcome.kind = ParseOutcome::kExitNow;
-    outcome.message = UsageText();
-    return outcome;
-  }
-  if (given(FlagId::kVersion)) {
-    outcome.kind = ParseOutcome::kExitNow;
-    outcome.message = "ringrun " RINGRUN_VERSION_STRING "\n";
-    return outcome;
-  }
-
-  // CLI11 parses the option words, rewritten to canonical "--long=value" ("-x" keeps its
-  // short form, with the value attached, so that a value starting with '-' stays a value).
-  std::vector<std::string> words = {"ringrun"};
-  for (const Occurrence& occ : pass.options) {
-    if (!occ.def->takes_value) {
-      words.push_back(occ.def->long_name);
-    } else if (occ.def->id == FlagId::kExport) {
-      words.push_back(std::string("-x") + occ.value);
-    } else {
-      words.push_back(std::string(occ.def->long_name) + "=" + occ.value);
-    }
-  }
-  RawValues raw;
-  std::unique_ptr<CLI::App> app = MakeApp(&raw);
-  try {
-    std::vector<const char*> cargv;
-    for (const std::string& w : words) cargv.push_back(w.c_str());
-    app->parse(static_cast<int>(cargv.size()), cargv.data());
-  } catch (const CLI::ParseError& e) {
-    return UsageError(e.what());
-  }
-  auto value = [&](FlagId id) -> const std::string& { return raw.value[id]; };
-  auto flag = [&](FlagId id) { return raw.flag[id]; };
-
-  Options& o = outcome.options;
-  o.command = std::move(pass.command);
-  o.prefix_timestamp = flag(FlagId::kPrefixTimestamp);
-  o.dry_run = flag(FlagId::kDryRun);
-  o.ssh_accept_new_host_keys = flag(FlagId::kSshAcceptNewHostKeys);
-  o.check_gpu = flag(FlagId::kCheckGpu);
-  o.check_gpu_allreduce = flag(FlagId::kAllreduce);
-  o.check_build = flag(FlagId::kCheckBuild);
-
-  if (given(FlagId::kNumProc)) {
-    Result<int> np =
-        ParseIntFlag(name_of(FlagId::kNumProc), value(FlagId::kNumProc), 1, kMaxNumProc);
-    if (!np.ok()) return UsageError(np.status().message());
-    o.np = *np;
-  }
-  if (given(FlagId::kStartTimeout)) {
-    Result<int> t = ParseIntFlag(name_of(FlagId::kStartTimeout), value(FlagId::kStartTimeout), 1,
-                                 7 * 24 * 3600, " of seconds");
-    if (!t.ok()) return UsageError(t.status().message());
-    o.start_timeout_s = *t;
-  }
-  if (given(FlagId::kGracePeriod)) {
-    Result<double> g =
-        ParseSecondsFlag(name_of(FlagId::kGracePeriod), value(FlagId::kGracePeriod), 0, 3600);
-    if (!g.ok()) return UsageError(g.status().message());
-    o.grace_ms = static_cast<int>(std::llround(*g * 1000.0));
-  }
-  if (given(FlagId::kSshPort)) {
-    Result<int> p = ParseIntFlag(name_of(FlagId::kSshPort), value(FlagId::kSshPort), 1, 65535);
-    if (!p.ok()) return UsageError(p.status().message());
-    o.ssh_port = *p;
-  }
-  if (given(FlagId::kSshFanout)) {
-    Result<int> f = ParseIntFlag(name_of(FlagId::kSshFanout), value(FlagId::kSshFanout), 1, 4096);
-    if (!f.ok()) return UsageError(f.status().message());
-    o.ssh_fanout = *f;
-  }
-  if (given(FlagId::kSshConnectTimeout)) {
-    Result<int> t = ParseIntFlag(name_of(FlagId::kSshConnectTimeout),
-                                 value(FlagId::kSshConnectTimeout), 1, 3600, " of seconds");
-    if (!t.ok()) return UsageError(t.status().message());
-    o.ssh_connect_timeout_s = *t;
-  }
-  if (given(FlagId::kLogLevel)) {
-    std::string level = value(FlagId::kLogLevel);
-    for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    static const char* const kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-    bool known = false;
-    for (const char* l : kLevels) known = known || level == l;
-    if (!known) {
-      return UsageError(name_of(FlagId::kLogLevel) + " " + value(FlagId::kLogLevel) +
-                        ": not one of trace, debug, info, warn, error, off");
-    }
-    o.log_level = level;
-  } else if (flag(FlagId::kVerbose)) {
-    o.log_level = "debug";
-  }
-  if (given(FlagId::kBindTo)) {
-    std::string bind = value(FlagId::kBindTo);
-    for (char& c : bind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (bind == "core") {
-      o.bind_to = Options::BindTo::kCore;
-    } else if (bind != "none") {
-      return UsageError(name_of(FlagId::kBindTo) + " " + value(FlagId::kBindTo) +
-                        ": not one of none, core");
-    }
-  }
-  if (given(FlagId::kSshIdentityFile)) {
-    o.ssh_identity_file = value(FlagId::kSshIdentityFile);
-    if (::access(o.ssh_identity_file.c_str(), R_OK) != 0) {
-      return UsageError(name_of(FlagId::kSshIdentityFile) + " " + o.ssh_identity_file + ": " +
-                        std::strerror(errno));
-    }
-  }
-  o.output_dir = value(FlagId::kOutputFilename);
-  o.ssh_known_hosts = value(FlagId::kSshKnownHosts);
-  o.agent_path = value(FlagId::kAgentPath);
-  o.launcher_address = value(FlagId::kLauncherAddress);
-  o.network_interface = value(FlagId::kNetworkInterface);
-  o.wdir = value(FlagId::kWdir);
-
-  // -x, in order; a name given twice keeps its first position and its last value.
-  for (const std::string& x : raw.exports) {
-    Result<std::pair<std::string, std::string>> kv = job::ParseExportFlag(x, environ_vars);
-    if (!kv.ok()) return UsageError(kv.status().message());
-    bool replaced = false;
-    for (auto& e : o.exports) {
-      if (e.first == kv->first) e.second = kv->second, replaced = true;
-    }
-    if (!replaced) o.exports.push_back(std::move(kv.value()));
-  }
-
-  // The engine's flags reach the ranks as the variables they set (after -x: the flag wins).
-  auto set_env = [&](const char* name, const std::string& v) {
-    for (auto& e : o.exports) {
-      if (e.first == name) {
-        e.second = v;
-        return;
-      }
-    }
-    o.exports.emplace_back(name, v);
-  };
-  if (given(FlagId::kFusionThresholdMb)) {
-    Result<int> mb = ParseIntFlag(name_of(FlagId::kFusionThresholdMb),
-                                  value(FlagId::kFusionThresholdMb), 0, 1 << 20, " of MiB");
-    if (!mb.ok()) return UsageError(mb.status().message());
-    set_env("RINGRUN_FUSION_THRESHOLD", std::to_string(static_cast<long long>(*mb) << 20));
-  }
-  if (given(FlagId::kCacheCapacity)) {
-    Result<int> n =
-        ParseIntFlag(name_of(FlagId::kCacheCapacity), value(FlagId::kCacheCapacity), 0, 1 << 24);
-    if (!n.ok()) return UsageError(n.status().message());
-    set_env("RINGRUN_CACHE_CAPACITY", std::to_string(*n));
-  }
-  if (flag(FlagId::kNoStallCheck)) set_env("RINGRUN_STALL_CHECK", "0");
-  if (given(FlagId::kStallWarningTime)) {
-    Result<double> t = ParseSecondsFlag(name_of(FlagId::kStallWarningTime),
-                                        value(FlagId::kStallWarningTime), 0.001, 1e7);
-    if (!t.ok()) return UsageError(t.status().message());
-    set_env("RINGRUN_STALL_WARNING_SECONDS", value(FlagId::kStallWarningTime));
-  }
-  if (given(FlagId::kStallShutdownTime)) {
-    Result<double> t = ParseSecondsFlag(name_of(FlagId::kStallShutdownTime),
-                                        value(FlagId::kStallShutdownTime), 0, 1e7);
-    if (!t.ok()) return UsageError(t.status().message());
-    set_env("RINGRUN_STALL_SHUTDOWN_SECONDS", value(FlagId::kStallShutdownTime));
-  }
-  if (given(FlagId::kTimelineFilename)) {
-    std::string path = value(FlagId::kTimelineFilename);
-    if (path.empty()) return UsageError(name_of(FlagId::kTimelineFilename) + ": empty file name");
-    set_env("RINGRUN_TIMELINE", path);
-  }
-
-  // Combinations.
-  if (given(FlagId::kHosts) && given(FlagId::kHostfile)) {
-    return UsageError(name_of(FlagId::kHosts) + " and " + name_of(FlagId::kHostfile) +
-                      " cannot be used together");
-  }
-  if (given(FlagId::kLauncherAddress) && given(FlagId::kNetworkInterface)) {
-    return UsageError("--launcher-address and --network-interface cannot be used together");
+// After every flag: the combinations, then the hosts, the starter and np.
+Status Settle(Given& g) {
+  Options& o = g.o;
+  for (const auto& [name, value] : g.engine_vars) SetVar(&o.exports, name, value);
+  if (!o.launcher_address.empty() && !o.network_interface.empty()) {
+    return InvalidArgument("--launcher-address and --network-interface cannot be used together");
   }
   if (o.check_gpu && o.check_build) {
-    return UsageError("--check-gpu and --check-build cannot be used together");
+    return InvalidArgument("--check-gpu and --check-build cannot be used together");
   }
   if (o.check_gpu_allreduce && !o.check_gpu) {
-    return UsageError("--allreduce needs --check-gpu");
+    return InvalidArgument("--allreduce needs --check-gpu");
   }
   const bool diagnostic = o.check_gpu || o.check_build;
   if (diagnostic && !o.command.empty()) {
-    return UsageError(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
-                      " runs no command, but '" + o.command[0] + "' was given");
+    return InvalidArgument(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
+                           " runs no command, but '" + o.command[0] + "' was given");
   }
   if (!diagnostic && o.command.empty()) {
-    return UsageError(std::string("no command given; ") + kUsageLine + " (see ringrun --help)");
+    return InvalidArgument(std::string("no command given; ") + kUsageLine +
+                           " (see ringrun --help)");
   }
 
-  // Hosts and -np.
-  if (given(FlagId::kHosts)) {
-    Result<std::vector<hosts::HostSpec>> hosts = hosts::ParseHostList(value(FlagId::kHosts));
-    if (!hosts.ok()) return UsageError(hosts.status().message());
-    o.hosts = std::move(hosts.value());
-  } else if (given(FlagId::kHostfile)) {
-    Result<std::vector<hosts::HostSpec>> hosts = hosts::ParseHostfile(value(FlagId::kHostfile));
-    if (!hosts.ok()) return UsageError(hosts.status().message());
-    o.hosts = std::move(hosts.value());
-  }
   if (o.hosts.empty()) {
     // Inside a scheduler's job, its allocation (scheduler_hosts.h).
-    Result<std::optional<hosts::SchedulerHosts>> sched = hosts::HostsFromScheduler(environ_vars);
-    if (!sched.ok()) return UsageError(sched.status().message());
+    Result<std::optional<hosts::SchedulerHosts>> sched = hosts::HostsFromScheduler(g.environ_vars);
+    if (!sched.ok()) return sched.status();
     if (sched->has_value()) {
       o.hosts = std::move((*sched)->hosts);
       o.host_source = (*sched)->source;
     }
-  } else {
-    o.host_source = given(FlagId::kHosts)
-                        ? name_of(FlagId::kHosts) + " " + value(FlagId::kHosts)
-                        : name_of(FlagId::kHostfile) + " " + value(FlagId::kHostfile);
   }
-  Result<hosts::StarterChoice> starter =
-      hosts::ChooseStarter(value(FlagId::kStarter), environ_vars, o.hosts);
-  if (!starter.ok()) return UsageError(starter.status().message());
+  Result<hosts::StarterChoice> starter = hosts::ChooseStarter(g.starter, g.environ_vars, o.hosts);
+  if (!starter.ok()) return starter.status();
   o.starter = starter->srun ? Options::Starter::kSlurm : Options::Starter::kSsh;
   o.srun_overlap = starter->overlap;
   if (o.hosts.empty()) {
     o.host_source = "none given: this machine";
     if (o.np == 0 && !diagnostic) {
-      return UsageError("-np is required when no hosts are given (-H or --hostfile)");
+      return InvalidArgument("-np is required when no hosts are given (-H or --hostfile)");
     }
     if (o.np == 0) o.np = 1;
     hosts::HostSpec local;
@@ -689,8 +568,52 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
   } else if (o.np == 0) {
     o.np = hosts::TotalSlots(o.hosts);
   }
-  Status fits = hosts::CheckNumProc(o.hosts, o.np);
-  if (!fits.ok()) return UsageError(fits.message());
+  return hosts::CheckNumProc(o.hosts, o.np);
+}
+
+}  // namespace
+
+std::string UsageText() {
+  std::string out = std::string(kUsageLine) + "\n\n" + kHelpIntro;
+  for (const FlagGroup& group : FlagGroups()) {
+    out += std::string("\n") + group.name + ":\n";
+    for (const Flag& f : group.flags) out += HelpEntry(f);
+  }
+  return out + "\n" + OtherDefaultsText() + "\n" + kHelpOutro;
+}
+
+ParseOutcome ParseCommandLine(int argc, const char* const* argv,
+                              const std::vector<std::string>& environ_vars) {
+  std::vector<const Kind*> kinds;
+  std::vector<FlagSyntax> syntax;
+  for (const FlagGroup& group : FlagGroups()) {
+    for (const Flag& f : group.flags) {
+      kinds.push_back(&f.kind);
+      syntax.push_back({Names(f), f.kind.nargs, f.metavar});
+    }
+  }
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i] ? argv[i] : "");
+  Result<MatchedArgs> matched = MatchArgs(syntax, args);
+  if (!matched.ok()) return UsageError(matched.status().message());
+
+  ParseOutcome outcome;
+  for (const FlagUse& use : matched->uses) {
+    if (kinds[use.flag]->answer) {
+      outcome.kind = ParseOutcome::kExitNow;
+      outcome.message = kinds[use.flag]->answer();
+      return outcome;
+    }
+  }
+  Given given(environ_vars);
+  given.o.command = std::move(matched->command);
+  for (const FlagUse& use : matched->uses) {
+    Status st = kinds[use.flag]->apply(use, given);
+    if (!st.ok()) return UsageError(st.message());
+  }
+  Status st = Settle(given);
+  if (!st.ok()) return UsageError(st.message());
+  outcome.options = std::move(given.o);
   return outcome;
 }
 

@@ -1,4 +1,4 @@
-// The ringrun command line (CLI11), horovodrun-compatible.
+// The ringrun command line, horovodrun-compatible: its flags follow Python argparse's rules.
 #pragma once
 
 #include <optional>
@@ -63,21 +63,60 @@ struct ParseOutcome {
 };
 
 // Parses argv; never exits and never prints. Usage errors give kExitNow with exit_code 2 and
-// a message naming the flag, or the hostfile and line. `environ_vars` serves -x NAME.
+// a message naming the flag as written and its value, or the hostfile and line; nothing is
+// started. `environ_vars` serves -x NAME and the scheduler host lists.
 //
-// The command is argv from the first word that is neither an option nor an option's value
-// (or from the word after "--"), unchanged: later words that look like flags are the command's.
-// Options take "--flag VALUE", "--flag=VALUE", and for one-letter flags "-HVALUE"; horovodrun's
-// "-np", "-hostfile" and "-cb" are accepted. A value-taking flag given twice keeps the last
-// value, except -H and --hostfile (an error); -x accumulates, a repeated NAME keeping its last
-// value. On success: hosts is non-empty (localhost with np slots when none are given, 1 slot
-// for --check-gpu/--check-build), np is in [1, total slots], and command is non-empty unless
-// check_gpu or check_build. Error messages are one line without "ringrun:" or a newline; the
-// help and version texts end with a newline.
+// Flags are read as horovodrun's Python argparse reads them (MatchArgs below). The command is
+// argv from the first word that is not an option or an option's value (or from the word after
+// "--"), unchanged: later words that look like flags are the command's. A flag given twice
+// keeps its last value, except -H and --hostfile (an error); -x accumulates, a repeated NAME
+// keeping its last value. On success: hosts is non-empty (localhost with np slots when none
+// are given, 1 slot for --check-gpu/--check-build), np is in [1, total slots], and command is
+// non-empty unless check_gpu or check_build. Error messages are one line without "ringrun:"
+// or a newline; the help and version texts end with a newline.
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars);
 
-// The --help text.
+// The --help text: every flag with its spellings, its values and its default.
 std::string UsageText();
+
+// ---- The matcher under ParseCommandLine, generic over a table of flags ----
+
+// How one flag is written.
+struct FlagSyntax {
+  std::vector<std::string> names;  // argparse's option strings: "-np", "--num-proc", "-H"
+  int nargs = 1;                   // values it takes: 0 (a switch), 1, 2 (argparse's nargs=2)
+  std::string metavar;             // its values in --help and messages: "N", "MIN MAX"
+};
+
+// One flag as given: flags[flag], the name it matched (as written, or the name a prefix
+// stands for), and its nargs values, none empty.
+struct FlagUse {
+  size_t flag = 0;
+  std::string spelling;
+  std::vector<std::string> values;
+};
+
+struct MatchedArgs {
+  std::vector<FlagUse> uses;  // in the order given
+  std::vector<std::string> command;
+};
+
+// Splits `args` (argv without argv[0]) as Python's argparse does with a REMAINDER command
+// (Lib/argparse.py, _parse_optional and _get_option_tuples). A word that starts with '-' and
+// is longer than "-" is a flag, looked up as: a whole name; "NAME=VALUE"; then a prefix of
+// names ("--hostf" for "--hostfile", "-n" for "-np"; a word with one dash matches only names
+// with one dash), where a one-letter name also matches with its value attached ("-Ha:2",
+// "-p2222", "-xA=1"). Several flags matching is an error naming them all. A flag takes its
+// values from "=VALUE" or the attached text (nargs 1 only), else from the next nargs words.
+// Where argparse differs, deliberately:
+// - a value may start with '-' ("--wdir -odd"), unless the word reads as a flag or is "--";
+// - several names of one flag matching a prefix are no ambiguity, nor is a one-letter switch
+//   with text attached when a longer name matches too ("-hostf" is -hostfile, not -h + "ostf");
+// - one-letter switches are not bundled ("-hv"), and an empty value is an error;
+// - a word like "-1" or "-a b" before the command is an unknown flag, not the command's start.
+// Errors are InvalidArgument, one line, naming the word and the flag.
+Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
+                              const std::vector<std::string>& args);
 
 }  // namespace ringrun::launcher

@@ -214,6 +214,10 @@ t_usage_errors() {
   expect_rc 2 $rc "--bind-to socket"
   expect_contains "$WORK/err" "--bind-to socket"
   [[ ! -e $WORK/started ]] || fail "--bind-to socket started the command"
+  "$RINGRUN" -np 1 --host localhost touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "an ambiguous prefix"
+  expect_contains "$WORK/err" "--host: it could be --hosts, --hostfile"
+  [[ ! -e $WORK/started ]] || fail "an ambiguous prefix started the command"
   "$RINGRUN" -np 4 --dry-run -H localhost:2,127.0.0.1:2 /bin/true >"$WORK/out"; rc=$?
   expect_rc 0 $rc "--dry-run"
   expect_contains "$WORK/out" "127.0.0.1"

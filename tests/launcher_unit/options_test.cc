@@ -10,6 +10,8 @@
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
+using ringrun::launcher::FlagSyntax;
+using ringrun::launcher::MatchArgs;
 using ringrun::launcher::Options;
 using ringrun::launcher::ParseCommandLine;
 using ringrun::launcher::ParseOutcome;
@@ -197,31 +199,21 @@ TEST_CASE("cli: --help and --version exit 0", "[options]") {
   CHECK(out.kind == ParseOutcome::kExitNow);
   CHECK(out.exit_code == 0);
   CHECK_THAT(out.message, StartsWith("Usage: ringrun [OPTIONS] [--] COMMAND [ARGS...]"));
-  for (const char* flag : {"--num-proc",
-                           "-np",
-                           "--hosts",
-                           "--hostfile",
-                           "-x",
-                           "--start-timeout",
-                           "--grace-period",
-                           "--output-filename",
-                           "--prefix-timestamp",
-                           "--dry-run",
-                           "--log-level",
-                           "--verbose",
-                           "--version",
-                           "--ssh-identity-file",
-                           "--ssh-port",
-                           "--ssh-known-hosts",
-                           "--ssh-accept-new-host-keys",
-                           "--ssh-fanout",
-                           "--ssh-connect-timeout",
-                           "--agent-path",
-                           "--launcher-address",
-                           "--network-interface",
-                           "--wdir",
-                           "--check-gpu",
-                           "--allreduce",
+  for (const char* flag : {"--num-proc",          "-np",
+                           "-prefix-timestamp",   "--starter",
+                           "--bind-to",           "--fusion-threshold-mb",
+                           "--timeline-filename", "--hosts",
+                           "--hostfile",          "-x",
+                           "--start-timeout",     "--grace-period",
+                           "--output-filename",   "--prefix-timestamp",
+                           "--dry-run",           "--log-level",
+                           "--verbose",           "--version",
+                           "--ssh-identity-file", "--ssh-port",
+                           "--ssh-known-hosts",   "--ssh-accept-new-host-keys",
+                           "--ssh-fanout",        "--ssh-connect-timeout",
+                           "--agent-path",        "--launcher-address",
+                           "--network-interface", "--wdir",
+                           "--check-gpu",         "--allreduce",
                            "--check-build"}) {
     INFO(flag);
     CHECK_THAT(out.message, Contains(flag));
@@ -261,7 +253,8 @@ TEST_CASE("cli error: -np larger than the slots names the slots per host", "[opt
 
 TEST_CASE("cli error: unknown flag", "[options]") {
   CHECK_THAT(Usage({"--bogus", "prog"}), Contains("unknown flag --bogus"));
-  CHECK_THAT(Usage({"--hostfil", "x", "prog"}), Contains("did you mean --hostfile?"));
+  CHECK_THAT(Usage({"--hostfiel", "x", "prog"}), Contains("did you mean --hostfile?"));
+  CHECK_THAT(Usage({"-np4", "prog"}), Contains("unknown flag -np4"));  // only -X takes -XVALUE
   CHECK_THAT(Usage({"-q", "prog"}), Contains("unknown flag -q"));
   CHECK_THAT(Usage({"--dry-run=yes", "-np", "1", "prog"}), Contains("--dry-run takes no value"));
 }
@@ -476,4 +469,99 @@ TEST_CASE("cli: engine flags become the ranks' variables", "[options]") {
              Contains("--fusion-threshold-mb x: not a whole number of MiB"));
   CHECK_THAT(Usage({"-np", "1", "--stall-check-warning-time-seconds", "soon", "prog"}),
              Contains("--stall-check-warning-time-seconds soon"));
+}
+
+// ---- argparse's rules, as horovodrun reads its flags ----
+
+TEST_CASE("cli: a unique prefix of a name is the flag", "[options][argparse]") {
+  CHECK(Ok({"--num", "3", "p"}).np == 3);
+  CHECK(Ok({"--num=3", "p"}).np == 3);
+  CHECK(Ok({"-n", "3", "p"}).np == 3);  // one dash: a prefix of -np
+  CHECK(Shape(Ok({"--hostf", Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
+  CHECK(Shape(Ok({"--hostfil=" + Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
+  // -h takes no value, so "-hostf" can only be -hostfile.
+  CHECK(Shape(Ok({"-hostf", Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
+  Options o = Ok({"-np", "1", "--dry", "--ssh-p", "2222", "--log", "info", "--verb", "p"});
+  CHECK(o.dry_run);
+  CHECK(o.ssh_port == 2222);
+  CHECK(o.log_level == "info");
+  // Messages name the flag a prefix stands for.
+  CHECK_THAT(Usage({"--num", "0", "p"}), Contains("--num-proc 0: must be at least 1"));
+  CHECK_THAT(Usage({"-np", "1", "--dry=yes", "p"}), Contains("--dry-run takes no value"));
+}
+
+TEST_CASE("cli error: an ambiguous prefix names every flag it could be", "[options][argparse]") {
+  CHECK(Usage({"--host", "a", "p"}) == "ambiguous flag --host: it could be --hosts, --hostfile");
+  CHECK_THAT(Usage({"--check", "p"}), Contains("--check-gpu, --check-build"));
+  CHECK_THAT(Usage({"-np", "1", "--ssh", "x", "p"}),
+             Contains("--ssh-identity-file, --ssh-port, --ssh-known-hosts"));
+  // One dash: "-pr" could be -p with "r" attached, or -prefix-timestamp.
+  CHECK(Usage({"-pr", "p"}) == "ambiguous flag -pr: it could be -prefix-timestamp, -p");
+  // A word that reads as a flag, ambiguous or not, is no flag's value.
+  CHECK_THAT(Usage({"-np", "1", "--wdir", "--ssh", "p"}),
+             Contains("--wdir needs a value (DIR), but --ssh follows it"));
+}
+
+TEST_CASE("cli: a one-letter name takes its value attached, a longer one not",
+          "[options][argparse]") {
+  const std::string key = std::string(RINGRUN_HOSTFILES_DIR) + "/localhost.txt";
+  Options o = Ok({"-Ha:2,b", "-p2222", "-i" + key, "-xA=1", "prog"});
+  CHECK(Shape(o) == "a:2,b:1");
+  CHECK(o.ssh_port == 2222);
+  CHECK(o.ssh_identity_file == key);
+  CHECK(o.exports[0] == std::make_pair(std::string("A"), std::string("1")));
+  CHECK(Ok({"-H=a:2", "p"}).np == 2);  // "NAME=VALUE" before "-H" with "=a:2" attached
+  CHECK_THAT(Usage({"-np", "1", "-pabc", "p"}), Contains("-p abc: not a whole number"));
+  CHECK_THAT(Usage({"-hx", "p"}), Contains("-h takes no value"));
+}
+
+TEST_CASE("cli: horovodrun's -prefix-timestamp is the flag, not -p with a value",
+          "[options][argparse]") {
+  Options o = Ok({"-np", "1", "-prefix-timestamp", "p"});
+  CHECK(o.prefix_timestamp);
+  CHECK(o.ssh_port == 0);
+}
+
+TEST_CASE("cli: -- ends the flags; words after it are the command's", "[options][argparse]") {
+  Options o = Ok({"-np", "1", "--", "-np", "2", "--"});
+  CHECK(o.np == 1);
+  CHECK(o.command == std::vector<std::string>{"-np", "2", "--"});
+  // An ambiguous or unknown word in the command is the command's.
+  CHECK(Ok({"-np", "1", "p", "--host", "--bogus"}).command ==
+        std::vector<std::string>{"p", "--host", "--bogus"});
+}
+
+TEST_CASE("MatchArgs: nargs=2, repeats and switches from a table", "[options][argparse]") {
+  const std::vector<FlagSyntax> flags = {{{"--blacklist-cooldown-range"}, 2, "MIN MAX"},
+                                         {{"-x"}, 1, "NAME=VALUE"},
+                                         {{"--tcp"}, 0, ""}};
+  auto match = [&](std::vector<std::string> args) { return MatchArgs(flags, args); };
+  auto m = match({"--blacklist-cooldown-range", "60", "300", "-x", "A=1", "--tcp", "-x", "B=2",
+                  "cmd", "--tcp"});
+  REQUIRE(m.ok());
+  REQUIRE(m->uses.size() == 4);
+  CHECK(m->uses[0].flag == 0);
+  CHECK(m->uses[0].values == std::vector<std::string>{"60", "300"});
+  CHECK(m->uses[1].values == std::vector<std::string>{"A=1"});
+  CHECK(m->uses[2].flag == 2);
+  CHECK(m->uses[2].values.empty());
+  CHECK(m->uses[3].values == std::vector<std::string>{"B=2"});
+  CHECK(m->command == std::vector<std::string>{"cmd", "--tcp"});
+
+  m = match({"--black", "1", "-2", "c"});  // a prefix; "-2" reads as no flag, so it is a value
+  REQUIRE(m.ok());
+  CHECK(m->uses[0].spelling == "--blacklist-cooldown-range");
+  CHECK(m->uses[0].values == std::vector<std::string>{"1", "-2"});
+
+  CHECK(match({"--blacklist-cooldown-range", "60"}).status().message() ==
+        "--blacklist-cooldown-range needs 2 values (MIN MAX)");
+  CHECK(match({"--blacklist-cooldown-range", "60", "--tcp", "c"}).status().message() ==
+        "--blacklist-cooldown-range needs 2 values (MIN MAX), but --tcp follows it");
+  CHECK_THAT(match({"--blacklist-cooldown-range=60", "300", "c"}).status().message(),
+             Contains("needs 2 values (MIN MAX) as separate words"));
+  CHECK_THAT(match({"--tcp=1", "c"}).status().message(), Contains("--tcp takes no value"));
+  CHECK_THAT(match({"-x", "", "c"}).status().message(),
+             Contains("-x needs a value (NAME=VALUE), got ''"));
+  CHECK(match({}).value().command.empty());
+  CHECK(match({"-", "-x"}).value().command == std::vector<std::string>{"-", "-x"});
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The developer's loop: builds the unit-test executables and runs the unit tests that are not
-# labelled slow (a few seconds on 2 cores once the build is warm). No apt, no root, no network
-# namespaces; the dependencies must be installed (scripts/install-deps.sh, once, as root).
+# labelled slow (how long that takes: README.md, "Building and testing"). No apt, no root, no
+# network namespaces; the dependencies must be installed (scripts/install-deps.sh, once, as root).
 #   scripts/quick-test.sh [extra ctest args]      e.g. -R rendezvous
 # scripts/test.sh is the complete run (every label, both configurations).
 set -euo pipefail

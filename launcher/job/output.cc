@@ -80,7 +80,7 @@ void OutputRouter::EmitLine(int rank, bool is_stderr, std::string_view line) {
     time_t now = time(nullptr);
     struct tm tm;
     localtime_r(&now, &tm);
-    strftime(ts, sizeof(ts), "%a %b %d %H:%M:%S %Y", &tm);
+    strftime(ts, sizeof(ts), "%a %b %e %H:%M:%S %Y", &tm);
     std::fputs(ts, f);
   }
   std::fprintf(f, "[%d]<%s>:", rank, is_stderr ? "stderr" : "stdout");

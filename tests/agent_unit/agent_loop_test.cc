@@ -269,7 +269,7 @@ TEST_CASE("agent: Terminate sends SIGTERM, then SIGKILL after the grace period",
   CHECK(f.loop.exit_code() == 0);  // the launcher asked: not a failure of the agent
 }
 
-TEST_CASE("agent: Terminate with no grace kills at once; a later one only hastens",
+TEST_CASE("agent: Terminate with no grace kills at once, a later one only hastens",
           "[agent_loop]") {
   Fixture f;
   f.link.Terminate(5000);

@@ -55,7 +55,7 @@ TEST_CASE("cpu binding: more ranks than CPUs is an error giving the counts", "[c
   CHECK_FALSE(CpusForRank({}, 1, 0).ok());
 }
 
-TEST_CASE("cpu binding: a local rank outside [0, local_size) is an error", "[cpu_binding]") {
+TEST_CASE("cpu binding: a local rank outside 0..local_size-1 is an error", "[cpu_binding]") {
   CHECK_FALSE(CpusForRank({0, 1}, 2, 2).ok());
   CHECK_FALSE(CpusForRank({0, 1}, 2, -1).ok());
   CHECK_FALSE(CpusForRank({0, 1}, 0, 0).ok());

@@ -408,7 +408,7 @@ TEST_CASE(
   CHECK(failures.empty());
 }
 
-TEST_CASE("device engine: shutdown aborts fused work in flight; nothing waits for the timeout",
+TEST_CASE("device engine: shutdown aborts fused work in flight, nothing waits for the timeout",
           "[engine_device]") {
   const int np = 2;
   DeviceJob job(np, /*backend_timeout_ms=*/60000);

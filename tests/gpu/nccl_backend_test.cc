@@ -123,7 +123,7 @@ TEST_CASE("an init that never completes times out and is aborted", "[backend]") 
   CHECK(took < std::chrono::seconds(5));
 }
 
-TEST_CASE("collectives map their arguments; only Finish waits, for the result event", "[backend]") {
+TEST_CASE("collectives map their arguments, only Finish waits, for the result event", "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
   REQUIRE(backend.ok());
@@ -176,7 +176,7 @@ TEST_CASE("ragged allgather and alltoall are grouped sends and receives", "[back
   CHECK(api->record().collectives == want);
 }
 
-TEST_CASE("scale factors are one PreMulSum, created and destroyed per call; other ops refuse them",
+TEST_CASE("scale factors are one PreMulSum, created and destroyed per call, other ops refuse them",
           "[backend]") {
   auto api = std::make_shared<FakeNcclApi>();
   auto backend = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
@@ -281,7 +281,7 @@ TEST_CASE("rejected arguments communicate nothing and leave the backend usable",
   CHECK(b.Allreduce(g_buf, g_buf, 3, RINGRUN_INT32, RINGRUN_SUM, 1.0).ok());
 }
 
-TEST_CASE("an asynchronous NCCL error aborts the communicator; later calls fail fast",
+TEST_CASE("an asynchronous NCCL error aborts the communicator, later calls fail fast",
           "[backend]") {
   FakeNcclApi::Script s;
   s.async_error = ncclRemoteError;

@@ -168,7 +168,7 @@ TEST_CASE("job: a second signal kills every rank at once", "[job_state]") {
   CHECK(f.job.exit_code() == 143);
 }
 
-TEST_CASE("job: SIGHUP reaches ranks as SIGTERM; SIGUSR1 is only forwarded", "[job_state]") {
+TEST_CASE("job: SIGHUP reaches ranks as SIGTERM, SIGUSR1 is only forwarded", "[job_state]") {
   Fixture f;
   f.StartAll();
   f.job.SignalReceived(SIGUSR1);

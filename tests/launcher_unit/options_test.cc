@@ -522,7 +522,7 @@ TEST_CASE("cli: horovodrun's -prefix-timestamp is the flag, not -p with a value"
   CHECK(o.ssh_port == 0);
 }
 
-TEST_CASE("cli: -- ends the flags; words after it are the command's", "[options][argparse]") {
+TEST_CASE("cli: -- ends the flags, words after it are the command's", "[options][argparse]") {
   Options o = Ok({"-np", "1", "--", "-np", "2", "--"});
   CHECK(o.np == 1);
   CHECK(o.command == std::vector<std::string>{"-np", "2", "--"});

@@ -174,7 +174,7 @@ TEST_CASE("output: --prefix-timestamp puts the local time before the tag, on the
   router.Flush();
   const std::string text = out.text();
   INFO(text);
-  // "Sun Dec  6 06:39:14 2026[0]<stdout>:x\n" (or "Dec 06").
+  // "Sun Dec  6 06:39:14 2026[0]<stdout>:x\n": Python's time.asctime(), as horovodrun's.
   const size_t tag = text.find("[0]<stdout>:x\n");
   REQUIRE(tag != std::string::npos);
   CHECK(tag + std::string("[0]<stdout>:x\n").size() == text.size());
@@ -187,6 +187,11 @@ TEST_CASE("output: --prefix-timestamp puts the local time before the tag, on the
   const time_t at = mktime(&tm);
   CHECK(at >= before);
   CHECK(at <= after);
+  struct tm back {};
+  localtime_r(&at, &back);
+  char asctime_text[64];
+  asctime_r(&back, asctime_text);
+  CHECK(stamp == std::string(asctime_text, 24));  // "Dec  6", not "Dec 06"
   // The files and the callback get the bare line.
   CHECK(ReadFile(dir.path() + "/rank.0/stdout") == "x\n");
   CHECK(seen == std::vector<std::string>{"x"});

@@ -283,7 +283,7 @@ TEST_CASE("admission: a real rank that claims another rank's index is refused",
   }
 }
 
-TEST_CASE("admission: pending connections are capped; silent ones go first", "[admission]") {
+TEST_CASE("admission: pending connections are capped, silent ones go first", "[admission]") {
   AcceptorRig rig({"127.0.0.1", "127.0.0.1"}, 1);
   std::vector<UniqueFd> silent;
   for (size_t i = 0; i < kMaxPendingConnections + 40; ++i) {

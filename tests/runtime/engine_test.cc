@@ -727,7 +727,7 @@ TEST_CASE("engine: a blocking join outlasts the collective timeout and the stall
   CHECK(lines.empty());
 }
 
-TEST_CASE("engine: stall warning names the missing rank; stall shutdown fails the job",
+TEST_CASE("engine: stall warning names the missing rank, stall shutdown fails the job",
           "[engine][stall]") {
   Logs logs;
   EngineSettings s;
@@ -946,7 +946,7 @@ TEST_CASE("engine: a peer that leaves mid-step fails every pending handle, namin
   }
 }
 
-TEST_CASE("engine: shutdown fails pending handles; released handles are harmless", "[engine]") {
+TEST_CASE("engine: shutdown fails pending handles, released handles are harmless", "[engine]") {
   std::vector<std::unique_ptr<Runtime>> rts;
   REQUIRE(MakeThreadJob(Opts(2), &rts).empty());
   float x = 1, y = 1;
@@ -1100,7 +1100,7 @@ Result<std::shared_ptr<void>> FakeReadyEvent(const void*, void* stream) {
 }
 
 TEST_CASE(
-    "engine: device tensors go through the same negotiation; the NCCL id is made at the "
+    "engine: device tensors go through the same negotiation, the NCCL id is made at the "
     "first device collective and broadcast over the CPU transport",
     "[engine][gpu]") {
   constexpr int np = 3;

@@ -222,7 +222,7 @@ TEST_CASE("The launcher address: override, interface, else the SSH socket's", "[
   }
 }
 
-TEST_CASE("Transient failures are retried; the others are not", "[ssh][unit]") {
+TEST_CASE("Transient failures are retried, the others are not", "[ssh][unit]") {
   auto fake = std::make_shared<FakeConnector>();
   SshConfig cfg;
   cfg.retry_backoff_ms = 1;
@@ -275,7 +275,7 @@ TEST_CASE("Start from many threads keeps within the fan-out", "[ssh][unit]") {
   CHECK(fake->max_in_flight() >= 2);
 }
 
-TEST_CASE("Kill terminates the remote command; a lost connection reads 255", "[ssh][unit]") {
+TEST_CASE("Kill terminates the remote command, a lost connection reads 255", "[ssh][unit]") {
   auto fake = std::make_shared<FakeConnector>();
   auto starter = MakeSshAgentStarter(SshConfig{}, fake);
 

@@ -24,8 +24,9 @@ class Pair {
   virtual ~Pair() = default;
   Pair(const Pair&) = delete;
   Pair& operator=(const Pair&) = delete;
-  // Moves what it can of `st` without blocking; returns whether anything moved. Fails with
-  // kUnavailable when the peer has closed its end.
+  // Moves what it can of `st` without blocking; returns whether anything moved. TCP fails with
+  // kUnavailable when the peer has closed its end. Shared memory never fails here: a peer that
+  // is gone shows as EOF on its lifeline (fd()), which the transport watches while it waits.
   virtual Result<bool> Progress(OpState& st) = 0;
   virtual bool is_shm() const = 0;
   // TCP: the data socket. Shared memory: the lifeline socket (readable only at the peer's end).

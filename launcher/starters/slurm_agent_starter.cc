@@ -1,7 +1,6 @@
 #include "launcher/starters/slurm_agent_starter.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +23,7 @@
 #include "ringrun/common/env_contract.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/log.h"
+#include "ringrun/common/spawn.h"
 
 extern char** environ;
 
@@ -217,33 +217,22 @@ class SlurmAgentStarter final : public AgentStarter {
     for (const auto& a : args) shown += (shown.empty() ? "" : " ") + a;
     spdlog::debug("starting the agents: {}", shown);
 
-    // Everything the child needs is prepared before fork (only async-signal-safe calls after).
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    if (!devnull.valid()) return ErrnoStatus("srun: open /dev/null", errno);
+    // One pipe for srun's stdout and stderr.
     Result<Pipe> out = MakePipe();
     if (!out.ok()) return out.status().Annotate("srun");
-    pid_t pid = ::fork();
-    if (pid < 0) return ErrnoStatus("srun: fork", errno);
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
-      ::dup2(devnull.get(), 0);
-      ::dup2(out->write.get(), 1);
-      ::dup2(out->write.get(), 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);
+    SpawnOptions options;
+    options.path = srun;
+    options.argv = std::move(args);
+    options.env = std::move(env);
+    options.in = ChildStream::DevNull();
+    options.out = ChildStream::Fd(out->write.get());
+    options.err = ChildStream::Fd(out->write.get());
+    options.new_process_group = true;
+    options.reset_signals = true;
+    Result<ChildProcess> child = SpawnProcess(options);
+    if (!child.ok()) return child.status().Annotate("srun");
     out->write.Reset();
-    return std::make_shared<SrunStep>(pid, std::move(out->read));
+    return std::make_shared<SrunStep>(child->pid, std::move(out->read));
   }
 
   const SlurmStarterConfig config_;

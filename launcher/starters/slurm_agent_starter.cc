@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -22,6 +21,7 @@
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/line_tail.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/spawn.h"
 
@@ -85,9 +85,7 @@ class SrunStep {
   void Kill() { kill_requested_ = true; }
   std::string Tail() {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string s;
-    for (const auto& l : tail_) s += (s.empty() ? "" : "\n") + l;
-    return s;
+    return tail_.Text();
   }
 
  private:
@@ -153,8 +151,7 @@ class SrunStep {
     std::string text = "[srun] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
     std::lock_guard<std::mutex> lock(mu_);
-    tail_.push_back(std::move(line));
-    while (tail_.size() > static_cast<size_t>(kStderrTailLines)) tail_.pop_front();
+    tail_.Push(line);
   }
 
   // Constant after construction.
@@ -165,9 +162,9 @@ class SrunStep {
 
   std::atomic<bool> kill_requested_{false};
   std::mutex mu_;
-  std::optional<int> exit_;       // guarded by mu_
-  std::deque<std::string> tail_;  // guarded by mu_
-  std::thread thread_;            // last: started once every field above exists
+  std::optional<int> exit_;          // guarded by mu_
+  LineTail tail_{kStderrTailLines};  // guarded by mu_
+  std::thread thread_;               // last: started once every field above exists
 };
 
 class SlurmAgentHandle final : public AgentHandle {

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -16,6 +15,7 @@
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/line_tail.h"
 #include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::starters {
@@ -84,12 +84,7 @@ class SshAgentHandle final : public AgentHandle {
 
   std::string StderrTail() override {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string out;
-    for (const auto& l : tail_) {
-      if (!out.empty()) out += '\n';
-      out += l;
-    }
-    return out;
+    return tail_.Text();
   }
 
  private:
@@ -137,7 +132,7 @@ class SshAgentHandle final : public AgentHandle {
     if (!out_partial->empty()) EmitLine(std::exchange(*out_partial, {}));
     if (!err_partial->empty()) EmitLine(std::exchange(*err_partial, {}));
     std::lock_guard<std::mutex> lock(mu_);
-    if (!why.empty()) PushTailLocked(why);
+    if (!why.empty()) tail_.Push(why);
     exit_ = status;
   }
 
@@ -159,12 +154,7 @@ class SshAgentHandle final : public AgentHandle {
     std::string text = "[agent " + display_ + "] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
     std::lock_guard<std::mutex> lock(mu_);
-    PushTailLocked(std::move(line));
-  }
-
-  void PushTailLocked(std::string line) {
-    tail_.push_back(std::move(line));
-    while (tail_.size() > static_cast<size_t>(kStderrTailLines)) tail_.pop_front();
+    tail_.Push(line);
   }
 
   // Constant after construction.
@@ -176,8 +166,8 @@ class SshAgentHandle final : public AgentHandle {
   std::atomic<bool> kill_requested_{false};
 
   std::mutex mu_;
-  std::optional<int> exit_;       // guarded by mu_
-  std::deque<std::string> tail_;  // guarded by mu_
+  std::optional<int> exit_;          // guarded by mu_
+  LineTail tail_{kStderrTailLines};  // guarded by mu_
 
   std::thread thread_;  // last: started once every field above exists
 };

@@ -45,8 +45,13 @@ std::string CurrentDir() {
 
 }  // namespace
 
-Job::Job(const Options& options, const Starters& starters, const JobHooks& hooks)
-    : options_(options), starters_(starters), hooks_(hooks), clock_(SteadyClock()) {}
+Job::Job(const Options& options, std::vector<hosts::RankPlacement> placement,
+         const Starters& starters, const JobHooks& hooks)
+    : options_(options),
+      placement_(std::move(placement)),
+      starters_(starters),
+      hooks_(hooks),
+      clock_(SteadyClock()) {}
 
 Job::~Job() = default;
 
@@ -338,12 +343,6 @@ void Job::PollAgents() {
 }
 
 int Job::Prepare() {
-  auto placed = hosts::PlaceRanks(options_.hosts, options_.np);
-  if (!placed.ok()) {
-    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
-    return 2;
-  }
-  placement_ = std::move(placed.value());
   JobPlan plan;
   plan.hosts = options_.hosts;
   for (const auto& p : placement_) {
@@ -490,8 +489,9 @@ int Job::Run() {
   return rc;
 }
 
-int RunJob(const Options& options, const Starters& starters, const JobHooks& hooks) {
-  Job job(options, starters, hooks);
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const Starters& starters, const JobHooks& hooks) {
+  Job job(options, std::move(placement), starters, hooks);
   return job.Run();
 }
 

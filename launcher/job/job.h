@@ -1,5 +1,6 @@
-// One ringrun job, from placement to the last rank's exit: starts the job service and the
-// agents, forwards output, forwards signals, tears down. Its rules (first failure, grace,
+// One ringrun job, from its placement (computed once, by the caller: hosts::PlaceRanks) to the
+// last rank's exit: starts the job service and the agents, forwards output, forwards signals,
+// tears down. Its rules (first failure, grace,
 // signals, timeouts) live in JobStateMachine (job_state_machine.h); the registrations in
 // AgentRegistry; the server comes from StartJobServer; signals from a SignalForwarder.
 #pragma once
@@ -41,18 +42,22 @@ struct Starters {
   starters::AgentStarter* remote = nullptr;
 };
 
-// Runs the job described by `options` (already validated) and returns ringrun's exit code:
-// 0 when every rank exited 0; the first failing rank's code (128+signo for a signal);
-// 130/143 after SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed).
-// Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
-int RunJob(const Options& options, const Starters& starters, const JobHooks& hooks = {});
+// Runs the job described by `options` (already validated) with its ranks where `placement`
+// puts them (PlaceRanks(options.hosts, options.np)), and returns ringrun's exit code: 0 when
+// every rank exited 0; the first failing rank's code (128+signo for a signal); 130/143 after
+// SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed). Installs handlers for
+// SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const Starters& starters, const JobHooks& hooks = {});
 
 // The job behind RunJob. Its main thread (the one that calls Run) owns the state machine and the
 // agents' handles; gRPC threads, the signal thread and the remote start threads only queue
 // events for it.
 class Job final : public service::JobEvents {
  public:
-  Job(const Options& options, const Starters& starters, const JobHooks& hooks);
+  // `placement` is not empty (PlaceRanks places at least one rank).
+  Job(const Options& options, std::vector<hosts::RankPlacement> placement, const Starters& starters,
+      const JobHooks& hooks);
   ~Job() override;
   // Runs the job to its end (see RunJob). Call once.
   int Run();
@@ -95,12 +100,12 @@ class Job final : public service::JobEvents {
 
   // Constant after construction.
   const Options& options_;
+  const std::vector<hosts::RankPlacement> placement_;
   const Starters starters_;
   const JobHooks hooks_;
   const Clock& clock_;
 
   // Set up in Run() before any other thread starts; then constant.
-  std::vector<hosts::RankPlacement> placement_;
   std::vector<int> active_hosts_;
   std::string secret_, job_id_, agent_path_, cwd_;
   int port_ = 0;

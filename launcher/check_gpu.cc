@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <string_view>
 
 #include "ringrun/common/thread_annotations.h"

@@ -56,9 +56,9 @@ Job::Job(const Options& options, std::vector<hosts::RankPlacement> placement,
 Job::~Job() = default;
 
 void Job::Push(Event e) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  MutexLock lock(&queue_mu_);
   queue_.push_back(std::move(e));
-  queue_cv_.notify_one();
+  queue_cv_.Signal();
 }
 
 void Job::OnAgentEvent(int host, const v1::AgentEvent& event) {
@@ -321,7 +321,7 @@ void Job::Handle(Event& e) {
 void Job::HandleQueued() {
   std::deque<Event> batch;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     batch.swap(queue_);
   }
   for (auto& e : batch) Handle(e);
@@ -394,8 +394,9 @@ int Job::Loop() {
   auto next_tick = clock_.Now();
   while (!state_->done()) {
     {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait_until(lock, next_tick, [&] { return !queue_.empty(); });
+      MutexLock lock(&queue_mu_);
+      while (queue_.empty() && queue_cv_.WaitUntil(&queue_mu_, next_tick)) {
+      }
     }
     HandleQueued();
     output_->Flush();
@@ -411,7 +412,7 @@ int Job::Loop() {
   // Drain what arrived last (output racing the end of sessions).
   std::deque<Event> rest;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     rest.swap(queue_);
   }
   for (auto& e : rest) {
@@ -444,7 +445,7 @@ void Job::StopAgents() {
   for (auto& t : start_threads_) t.join();
   {
     // Agents whose Start() returned after the loop ended.
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     for (auto& e : queue_) {
       if (e.handle) e.handle->Kill();
     }

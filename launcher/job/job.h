@@ -5,12 +5,10 @@
 // AgentRegistry; the server comes from StartJobServer; signals from a SignalForwarder.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "launcher/service/job_service.h"
 #include "launcher/service/rendezvous.h"
 #include "launcher/starters/agent_starter.h"
+#include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::job {
 
@@ -114,9 +113,10 @@ class Job final : public service::JobEvents {
   std::unique_ptr<service::JobService> service_;
   std::unique_ptr<OutputRouter> output_;
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<Event> queue_;  // guarded by queue_mu_
+  // The events for the main thread, from every thread.
+  Mutex queue_mu_;
+  CondVar queue_cv_;  // queue_ grew
+  std::deque<Event> queue_ GUARDED_BY(queue_mu_);
 
   // Main thread only.
   std::unique_ptr<JobStateMachine> state_;

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -24,6 +23,7 @@
 #include "ringrun/common/line_tail.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/spawn.h"
+#include "ringrun/common/thread_annotations.h"
 
 extern char** environ;
 
@@ -79,12 +79,12 @@ class SrunStep {
   SrunStep& operator=(const SrunStep&) = delete;
 
   std::optional<int> Poll() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return exit_;
   }
   void Kill() { kill_requested_ = true; }
   std::string Tail() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return tail_.Text();
   }
 
@@ -137,12 +137,12 @@ class SrunStep {
         eof = true;  // a task's descendant still holds srun's output: stop reading
       }
       if (reaped && (eof || kill_requested_)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         exit_ = status_code;
       }
     }
     if (!partial.empty()) Emit(partial);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     exit_ = status_code;
   }
 
@@ -150,7 +150,7 @@ class SrunStep {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string text = "[srun] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tail_.Push(line);
   }
 
@@ -161,10 +161,12 @@ class SrunStep {
   Clock::time_point reaped_at_;
 
   std::atomic<bool> kill_requested_{false};
-  std::mutex mu_;
-  std::optional<int> exit_;          // guarded by mu_
-  LineTail tail_{kStderrTailLines};  // guarded by mu_
-  std::thread thread_;               // last: started once every field above exists
+
+  Mutex mu_;
+  std::optional<int> exit_ GUARDED_BY(mu_);
+  LineTail tail_ GUARDED_BY(mu_) = LineTail(kStderrTailLines);
+
+  std::thread thread_;  // last: started once every field above exists
 };
 
 class SlurmAgentHandle final : public AgentHandle {
@@ -184,7 +186,7 @@ class SlurmAgentStarter final : public AgentStarter {
 
   Result<std::unique_ptr<AgentHandle>> Start(const hosts::HostSpec& host,
                                              const AgentLaunch& launch) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!step_ && launch_error_.ok()) {
       Result<std::shared_ptr<SrunStep>> step = Launch(launch);
       if (step.ok()) {
@@ -198,7 +200,7 @@ class SlurmAgentStarter final : public AgentStarter {
   }
 
  private:
-  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) {
+  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) REQUIRES(mu_) {
     const std::string srun = FindOnPath(config_.srun);
     if (srun.empty()) return NotFound("srun: '" + config_.srun + "' not found on PATH");
     SlurmStarterConfig config = config_;
@@ -232,10 +234,13 @@ class SlurmAgentStarter final : public AgentStarter {
     return std::make_shared<SrunStep>(child->pid, std::move(out->read));
   }
 
+  // Constant after construction.
   const SlurmStarterConfig config_;
-  std::mutex mu_;
-  std::shared_ptr<SrunStep> step_;  // guarded by mu_
-  Status launch_error_;             // guarded by mu_
+
+  // Held while the step starts: the first Start() launches it, the others wait and share it.
+  Mutex mu_;
+  std::shared_ptr<SrunStep> step_ GUARDED_BY(mu_);
+  Status launch_error_ GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -44,7 +42,7 @@ class Gate {
 
  private:
   Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;  // free_ grew
   int free_ GUARDED_BY(mu_);
 };
 
@@ -72,7 +70,7 @@ class SshAgentHandle final : public AgentHandle {
   }
 
   std::optional<int> Poll() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return exit_;
   }
 
@@ -83,7 +81,7 @@ class SshAgentHandle final : public AgentHandle {
   }
 
   std::string StderrTail() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return tail_.Text();
   }
 
@@ -131,7 +129,7 @@ class SshAgentHandle final : public AgentHandle {
               const std::string& why) {
     if (!out_partial->empty()) EmitLine(std::exchange(*out_partial, {}));
     if (!err_partial->empty()) EmitLine(std::exchange(*err_partial, {}));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!why.empty()) tail_.Push(why);
     exit_ = status;
   }
@@ -153,7 +151,7 @@ class SshAgentHandle final : public AgentHandle {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string text = "[agent " + display_ + "] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tail_.Push(line);
   }
 
@@ -165,9 +163,9 @@ class SshAgentHandle final : public AgentHandle {
   Pipe wake_;
   std::atomic<bool> kill_requested_{false};
 
-  std::mutex mu_;
-  std::optional<int> exit_;          // guarded by mu_
-  LineTail tail_{kStderrTailLines};  // guarded by mu_
+  Mutex mu_;
+  std::optional<int> exit_ GUARDED_BY(mu_);
+  LineTail tail_ GUARDED_BY(mu_) = LineTail(kStderrTailLines);
 
   std::thread thread_;  // last: started once every field above exists
 };

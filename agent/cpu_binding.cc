@@ -25,19 +25,6 @@ Result<std::vector<int>> CpusForRank(const std::vector<int>& allowed, int local_
   return std::vector<int>(first, first + static_cast<std::ptrdiff_t>(share));
 }
 
-std::string CpuListText(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(cpus[i]);
-    if (j > i) out += "-" + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 Result<std::vector<int>> AllowedCpus() {
   // The kernel's mask may be wider than cpu_set_t's 1024 CPUs: grow until it fits.
   for (int ncpus = 1024; ncpus <= (1 << 20); ncpus *= 2) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ringrun/common/spawn.h"  // CpuListText
 #include "ringrun/common/status.h"
 
 namespace ringrun::agent {
@@ -22,9 +23,6 @@ inline constexpr char kCpusVariable[] = "RINGRUN_CPUS";
 // more ranks than allowed CPUs; fails when local_rank is not in [0, local_size). Pure.
 Result<std::vector<int>> CpusForRank(const std::vector<int>& allowed, int local_size,
                                      int local_rank);
-
-// `cpus` (ascending) as the kernel writes a CPU list: "0", "2-3", "0-1,4,6-7". Empty for none.
-std::string CpuListText(const std::vector<int>& cpus);
 
 // The calling thread's allowed CPUs (sched_getaffinity), ascending. Errors name the syscall.
 Result<std::vector<int>> AllowedCpus();

@@ -4,15 +4,14 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/log.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace ringrun::agent {
@@ -29,66 +28,79 @@ class Outbox {
   ~Outbox() { Close(); }
 
   void Push(v1::AgentEvent ev) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     bytes_ += ev.ByteSizeLong();
     queue_.push_back(std::move(ev));
-    cv_.notify_one();
+    cv_.Signal();
   }
   size_t queued_bytes() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return bytes_;
   }
   // Waits (until `deadline`) for the queue to drain, then half-closes the stream.
-  bool Drain(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
+  bool Drain(Deadline deadline) {
+    MutexLock lock(&mu_);
     done_ = true;
-    cv_.notify_one();
-    return drained_cv_.wait_until(lock, deadline, [&] { return finished_; });
+    cv_.Signal();
+    while (!finished_ && drained_cv_.WaitUntil(&mu_, deadline)) {
+    }
+    return finished_;
   }
   void Close() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
       abandon_ = true;
-      cv_.notify_one();
+      cv_.Signal();
     }
     if (thread_.joinable()) thread_.join();
   }
 
  private:
+  // The writer thread. The stream is written without the lock, so that Push never waits on
+  // the network; only this thread writes it.
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (true) {
-      cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+      while (queue_.empty() && !done_) cv_.Wait(&mu_);
       if (abandon_ && !finished_) break;
       if (queue_.empty() && done_) {
-        lock.unlock();
-        if (!broken_) stream_->WritesDone();
-        lock.lock();
+        const bool broken = broken_;
+        mu_.Unlock();
+        if (!broken) stream_->WritesDone();
+        mu_.Lock();
         finished_ = true;
-        drained_cv_.notify_all();
+        drained_cv_.SignalAll();
         break;
       }
       v1::AgentEvent ev = std::move(queue_.front());
       queue_.pop_front();
       bytes_ -= ev.ByteSizeLong();
       if (broken_) continue;
-      lock.unlock();
+      mu_.Unlock();
       bool ok = stream_->Write(ev);
-      lock.lock();
+      mu_.Lock();
       if (!ok) broken_ = true;
     }
     finished_ = true;
-    drained_cv_.notify_all();
+    drained_cv_.SignalAll();
   }
 
+  // Constant after construction.
   Stream* const stream_;
-  std::mutex mu_;
-  std::condition_variable cv_, drained_cv_;
-  std::deque<v1::AgentEvent> queue_;                                         // guarded by mu_
-  size_t bytes_ = 0;                                                         // guarded by mu_
-  bool done_ = false, abandon_ = false, finished_ = false, broken_ = false;  // guarded by mu_
-  std::thread thread_;
+
+  Mutex mu_;
+  CondVar cv_;          // queue_ or done_ changed
+  CondVar drained_cv_;  // finished_ set
+  // Guarded by mu_.
+  std::deque<v1::AgentEvent> queue_ GUARDED_BY(mu_);
+  size_t bytes_ GUARDED_BY(mu_) = 0;       // the serialized size of queue_
+  bool done_ GUARDED_BY(mu_) = false;      // Drain or Close: write what is queued, then end
+  bool abandon_ GUARDED_BY(mu_) = false;   // Close: end without writing the rest
+  bool finished_ GUARDED_BY(mu_) = false;  // the writer thread is done
+  bool broken_ GUARDED_BY(mu_) = false;    // a write failed: the rest is dropped
+
+  std::thread thread_;  // last: started once every field above exists
 };
 
 Status FromGrpc(const grpc::Status& st) {
@@ -149,7 +161,7 @@ class GrpcLauncherLink final : public LauncherLink {
   void Send(v1::AgentEvent event) override { outbox_->Push(std::move(event)); }
   size_t queued_bytes() override { return outbox_->queued_bytes(); }
   std::vector<v1::AgentCommand> TakeCommands() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<v1::AgentCommand> out(std::make_move_iterator(commands_.begin()),
                                       std::make_move_iterator(commands_.end()));
     commands_.clear();
@@ -186,7 +198,7 @@ class GrpcLauncherLink final : public LauncherLink {
       last_heard_ = clock_.Now().time_since_epoch().count();
       if (cmd.has_ping()) continue;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         commands_.push_back(cmd);
       }
       Wake();
@@ -214,8 +226,9 @@ class GrpcLauncherLink final : public LauncherLink {
   // Written by the reader thread.
   std::atomic<Clock::TimePoint::rep> last_heard_;
   std::atomic<bool> session_over_{false};
-  std::mutex mu_;
-  std::deque<v1::AgentCommand> commands_;  // guarded by mu_
+
+  Mutex mu_;
+  std::deque<v1::AgentCommand> commands_ GUARDED_BY(mu_);  // read, not yet taken
 };
 
 }  // namespace

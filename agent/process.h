@@ -44,11 +44,12 @@ class Spawner {
   virtual std::optional<Reaped> Reap() = 0;
 };
 
-// fork + execve. The child leads a new process group, has PR_SET_PDEATHSIG(SIGKILL) so that it
-// dies with the agent, default signal dispositions, an empty signal mask, stdin from /dev/null,
-// and no fd of ours beyond 0, 1 and 2; with req.cpus, the affinity mask is set in the child
-// before execve (a CPU the agent may not use fails the spawn, naming the CPUs). Spawn() must be
-// called from the agent's main thread (the death signal follows the forking thread).
+// SpawnProcess (ringrun/common/spawn.h) after checking the working directory and resolving
+// argv[0] (ResolveExecutable). The child leads a new process group, has PR_SET_PDEATHSIG(SIGKILL)
+// so that it dies with the agent, default signal dispositions, an empty signal mask, stdin from
+// /dev/null, and no fd of ours beyond 0, 1 and 2; with req.cpus, the affinity mask is set in the
+// child before execve (a CPU the agent may not use fails the spawn, naming the CPUs). Spawn() must
+// be called from the agent's main thread (the death signal follows the forking thread).
 std::unique_ptr<Spawner> MakeForkExecSpawner();
 
 // Resolves argv[0] as execvp would, but with the rank's PATH and from the rank's working

@@ -15,10 +15,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <vector>
 
 #include "launcher/service/job_server.h"
@@ -26,6 +24,7 @@
 #include "launcher/service/rendezvous.h"
 #include "ringrun/common/auth.h"
 #include "ringrun/common/peer_table.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace {
@@ -55,9 +54,13 @@ int RunClients(int port, int n, int first, int last) {
   };
   std::vector<std::unique_ptr<Call>> calls;
   calls.reserve(last - first);
-  std::mutex mu;
-  std::condition_variable cv;
-  int done = 0, bad = 0;
+  // The calls' outcomes, counted on gRPC's callback threads.
+  struct Tally {
+    ringrun::Mutex mu;
+    ringrun::CondVar all_done;
+    int done GUARDED_BY(mu) = 0;
+    int bad GUARDED_BY(mu) = 0;
+  } tally;
   for (int r = first; r < last; ++r) {
     auto call = std::make_unique<Call>();
     ringrun::AttachSecret(&call->ctx, kSecret);
@@ -76,17 +79,19 @@ int RunClients(int port, int n, int first, int last) {
           if (s.ok() && !ringrun::UnpackPeerColumns(&c->reply).ok()) s = grpc::Status::CANCELLED;
           const bool good = s.ok() && c->reply.port_of_rank_size() == n;
           c->reply = ringrun::v1::JoinReply();
-          std::lock_guard<std::mutex> lock(mu);
+          ringrun::MutexLock lock(&tally.mu);
           if (!good) {
-            if (bad++ == 0) std::fprintf(stderr, "join_bench: %s\n", s.error_message().c_str());
+            if (tally.bad++ == 0) {
+              std::fprintf(stderr, "join_bench: %s\n", s.error_message().c_str());
+            }
           }
-          if (++done == last - first) cv.notify_all();
+          if (++tally.done == last - first) tally.all_done.SignalAll();
         });
     calls.push_back(std::move(call));
   }
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done == last - first; });
-  return bad == 0 ? 0 : 1;
+  ringrun::MutexLock lock(&tally.mu);
+  while (tally.done != last - first) tally.all_done.Wait(&tally.mu);
+  return tally.bad == 0 ? 0 : 1;
 }
 
 double Bench(int n) {

@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <string_view>
 
 #include "ringrun/common/thread_annotations.h"
@@ -112,6 +111,17 @@ std::string Pad(const std::string& s, size_t width) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
 
+// Places and runs one of the check's jobs; its exit code (2 when its ranks cannot be placed).
+int RunPlacedJob(const Options& options, const job::Starters& starters,
+                 const job::JobHooks& hooks) {
+  Result<std::vector<hosts::RankPlacement>> placed = hosts::PlaceRanks(options.hosts, options.np);
+  if (!placed.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
+    return 2;
+  }
+  return job::RunJob(options, std::move(placed.value()), starters, hooks);
+}
+
 }  // namespace
 
 bool ParseGpuProbeLine(const std::string& line, GpuHostReport* report) {
@@ -184,7 +194,7 @@ int RunCheckGpu(const Options& options, const job::Starters& starters) {
   for (hosts::HostSpec& h : probe.hosts) h.slots = 1;
   probe.np = static_cast<int>(probe.hosts.size());
   OutputCapture probe_out;
-  const int probe_rc = job::RunJob(probe, starters, probe_out.Hooks());
+  const int probe_rc = RunPlacedJob(probe, starters, probe_out.Hooks());
 
   std::vector<GpuHostReport> reports(probe.hosts.size());
   bool all_ok = true;
@@ -232,7 +242,7 @@ int RunCheckGpu(const Options& options, const job::Starters& starters) {
         bench.np += bench.hosts[r].slots;
       }
       OutputCapture bench_out;
-      const int bench_rc = job::RunJob(bench, starters, bench_out.Hooks());
+      const int bench_rc = RunPlacedJob(bench, starters, bench_out.Hooks());
       pb::Struct result;
       bool have = false;
       for (const std::string& line : bench_out.Stdout(0)) {

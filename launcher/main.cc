@@ -33,12 +33,7 @@ starters::SlurmStarterConfig SlurmConfigFor(const Options& options,
 }
 
 // --dry-run: where the hosts came from, the placement table, and nothing started.
-int PrintPlacement(const Options& options) {
-  auto placed = hosts::PlaceRanks(options.hosts, options.np);
-  if (!placed.ok()) {
-    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
-    return 2;
-  }
+int PrintPlacement(const Options& options, const std::vector<hosts::RankPlacement>& placed) {
   std::printf("hosts: %s\n", options.host_source.c_str());
   if (options.starter == Options::Starter::kSlurm) {
     starters::AgentLaunch launch;
@@ -47,7 +42,7 @@ int PrintPlacement(const Options& options) {
     launch.log_level = options.log_level;
     std::string cmd;
     for (const auto& a :
-         starters::BuildSrunCommand(SlurmConfigFor(options, placed.value()), launch, "LAUNCHER")) {
+         starters::BuildSrunCommand(SlurmConfigFor(options, placed), launch, "LAUNCHER")) {
       cmd += (cmd.empty() ? "" : " ") + a;
     }
     std::printf("agents: one srun step: %s\n", cmd.c_str());
@@ -59,7 +54,7 @@ int PrintPlacement(const Options& options) {
   }
   std::printf("%-6s %-24s %-10s %-10s %-10s %-10s\n", "rank", "host", "local_rank", "local_size",
               "cross_rank", "cross_size");
-  for (const auto& p : placed.value()) {
+  for (const auto& p : placed) {
     std::printf("%-6d %-24s %-10d %-10d %-10d %-10d\n", p.rank,
                 options.hosts[p.host_index].Display().c_str(), p.local_rank, p.local_size,
                 p.cross_rank, p.cross_size);
@@ -83,7 +78,14 @@ int Main(int argc, char** argv) {
   const Options& options = parsed.options;
   InitLogging("ringrun", options.log_level);
   if (options.check_build) return RunCheckBuild();
-  if (options.dry_run) return PrintPlacement(options);
+  // The one placement of the job: the dry run prints it, the srun step's nodes come from it, and
+  // the job runs it. (--check-gpu places its own jobs, one rank per host or per GPU.)
+  Result<std::vector<hosts::RankPlacement>> placed = hosts::PlaceRanks(options.hosts, options.np);
+  if (!placed.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
+    return 2;
+  }
+  if (options.dry_run) return PrintPlacement(options, *placed);
   auto local = starters::MakeLocalAgentStarter();
   auto remote = starters::MakeSshAgentStarter(starters::SshConfigFromOptions(options));
   job::Starters starters;
@@ -92,16 +94,11 @@ int Main(int argc, char** argv) {
   std::unique_ptr<starters::AgentStarter> srun;
   if (options.starter == Options::Starter::kSlurm) {
     // Every agent, this machine's included, starts in the job's srun step.
-    auto placed = hosts::PlaceRanks(options.hosts, options.np);
-    if (!placed.ok()) {
-      std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
-      return 2;
-    }
-    srun = starters::MakeSlurmAgentStarter(SlurmConfigFor(options, placed.value()));
+    srun = starters::MakeSlurmAgentStarter(SlurmConfigFor(options, *placed));
     starters.local = starters.remote = srun.get();
   }
   if (options.check_gpu) return RunCheckGpu(options, starters);
-  return job::RunJob(options, starters);
+  return job::RunJob(options, std::move(placed.value()), starters);
 }
 
 }  // namespace

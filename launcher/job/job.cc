@@ -45,15 +45,20 @@ std::string CurrentDir() {
 
 }  // namespace
 
-Job::Job(const Options& options, const Starters& starters, const JobHooks& hooks)
-    : options_(options), starters_(starters), hooks_(hooks), clock_(SteadyClock()) {}
+Job::Job(const Options& options, std::vector<hosts::RankPlacement> placement,
+         const Starters& starters, const JobHooks& hooks)
+    : options_(options),
+      placement_(std::move(placement)),
+      starters_(starters),
+      hooks_(hooks),
+      clock_(SteadyClock()) {}
 
 Job::~Job() = default;
 
 void Job::Push(Event e) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  MutexLock lock(&queue_mu_);
   queue_.push_back(std::move(e));
-  queue_cv_.notify_one();
+  queue_cv_.Signal();
 }
 
 void Job::OnAgentEvent(int host, const v1::AgentEvent& event) {
@@ -316,7 +321,7 @@ void Job::Handle(Event& e) {
 void Job::HandleQueued() {
   std::deque<Event> batch;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     batch.swap(queue_);
   }
   for (auto& e : batch) Handle(e);
@@ -338,12 +343,6 @@ void Job::PollAgents() {
 }
 
 int Job::Prepare() {
-  auto placed = hosts::PlaceRanks(options_.hosts, options_.np);
-  if (!placed.ok()) {
-    std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
-    return 2;
-  }
-  placement_ = std::move(placed.value());
   JobPlan plan;
   plan.hosts = options_.hosts;
   for (const auto& p : placement_) {
@@ -395,8 +394,9 @@ int Job::Loop() {
   auto next_tick = clock_.Now();
   while (!state_->done()) {
     {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait_until(lock, next_tick, [&] { return !queue_.empty(); });
+      MutexLock lock(&queue_mu_);
+      while (queue_.empty() && queue_cv_.WaitUntil(&queue_mu_, next_tick)) {
+      }
     }
     HandleQueued();
     output_->Flush();
@@ -412,7 +412,7 @@ int Job::Loop() {
   // Drain what arrived last (output racing the end of sessions).
   std::deque<Event> rest;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     rest.swap(queue_);
   }
   for (auto& e : rest) {
@@ -445,7 +445,7 @@ void Job::StopAgents() {
   for (auto& t : start_threads_) t.join();
   {
     // Agents whose Start() returned after the loop ended.
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(&queue_mu_);
     for (auto& e : queue_) {
       if (e.handle) e.handle->Kill();
     }
@@ -490,8 +490,9 @@ int Job::Run() {
   return rc;
 }
 
-int RunJob(const Options& options, const Starters& starters, const JobHooks& hooks) {
-  Job job(options, starters, hooks);
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const Starters& starters, const JobHooks& hooks) {
+  Job job(options, std::move(placement), starters, hooks);
   return job.Run();
 }
 

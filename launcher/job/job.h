@@ -1,15 +1,14 @@
-// One ringrun job, from placement to the last rank's exit: starts the job service and the
-// agents, forwards output, forwards signals, tears down. Its rules (first failure, grace,
+// One ringrun job, from its placement (computed once, by the caller: hosts::PlaceRanks) to the
+// last rank's exit: starts the job service and the agents, forwards output, forwards signals,
+// tears down. Its rules (first failure, grace,
 // signals, timeouts) live in JobStateMachine (job_state_machine.h); the registrations in
 // AgentRegistry; the server comes from StartJobServer; signals from a SignalForwarder.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -23,6 +22,7 @@
 #include "launcher/service/job_service.h"
 #include "launcher/service/rendezvous.h"
 #include "launcher/starters/agent_starter.h"
+#include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::job {
 
@@ -41,18 +41,22 @@ struct Starters {
   starters::AgentStarter* remote = nullptr;
 };
 
-// Runs the job described by `options` (already validated) and returns ringrun's exit code:
-// 0 when every rank exited 0; the first failing rank's code (128+signo for a signal);
-// 130/143 after SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed).
-// Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
-int RunJob(const Options& options, const Starters& starters, const JobHooks& hooks = {});
+// Runs the job described by `options` (already validated) with its ranks where `placement`
+// puts them (PlaceRanks(options.hosts, options.np)), and returns ringrun's exit code: 0 when
+// every rank exited 0; the first failing rank's code (128+signo for a signal); 130/143 after
+// SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed). Installs handlers for
+// SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const Starters& starters, const JobHooks& hooks = {});
 
 // The job behind RunJob. Its main thread (the one that calls Run) owns the state machine and the
 // agents' handles; gRPC threads, the signal thread and the remote start threads only queue
 // events for it.
 class Job final : public service::JobEvents {
  public:
-  Job(const Options& options, const Starters& starters, const JobHooks& hooks);
+  // `placement` is not empty (PlaceRanks places at least one rank).
+  Job(const Options& options, std::vector<hosts::RankPlacement> placement, const Starters& starters,
+      const JobHooks& hooks);
   ~Job() override;
   // Runs the job to its end (see RunJob). Call once.
   int Run();
@@ -95,12 +99,12 @@ class Job final : public service::JobEvents {
 
   // Constant after construction.
   const Options& options_;
+  const std::vector<hosts::RankPlacement> placement_;
   const Starters starters_;
   const JobHooks hooks_;
   const Clock& clock_;
 
   // Set up in Run() before any other thread starts; then constant.
-  std::vector<hosts::RankPlacement> placement_;
   std::vector<int> active_hosts_;
   std::string secret_, job_id_, agent_path_, cwd_;
   int port_ = 0;
@@ -109,9 +113,10 @@ class Job final : public service::JobEvents {
   std::unique_ptr<service::JobService> service_;
   std::unique_ptr<OutputRouter> output_;
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<Event> queue_;  // guarded by queue_mu_
+  // The events for the main thread, from every thread.
+  Mutex queue_mu_;
+  CondVar queue_cv_;  // queue_ grew
+  std::deque<Event> queue_ GUARDED_BY(queue_mu_);
 
   // Main thread only.
   std::unique_ptr<JobStateMachine> state_;

@@ -145,8 +145,7 @@ void JobStateMachine::RankExited(int rank, int exit_code, int signo,
                     plan_.hosts[ranks_[rank].host].name + " " + what;
   if (!stderr_tail.empty()) {
     msg += "; the last lines of its stderr:";
-    size_t start = 0;
-    while (start < stderr_tail.size()) {
+    for (size_t start = 0;;) {  // one line each, as LineTail::Text joins them
       size_t nl = stderr_tail.find('\n', start);
       msg += "\n  " + stderr_tail.substr(start, nl - start);
       if (nl == std::string::npos) break;

@@ -72,7 +72,8 @@ class JobStateMachine {
   // Answer to kCloseRegistration: no host outside `registered` can register any more.
   void RegistrationClosed(const std::vector<int>& registered);
   void RankStarted(int rank);
-  // `stderr_tail`: the rank's last stderr lines, quoted in the failure message.
+  // `stderr_tail`: the rank's last stderr lines joined by '\n' (LineTail::Text), quoted in the
+  // failure message one per line.
   void RankExited(int rank, int exit_code, int signo, const std::string& stderr_tail);
   void RankSpawnFailed(int rank, int exit_code, const std::string& message);
   // The host's Session ended; `why` is empty when the agent closed it, else what broke

@@ -61,11 +61,7 @@ void OutputRouter::Write(int rank, bool is_stderr, std::string_view data) {
 
 void OutputRouter::EmitLine(int rank, bool is_stderr, std::string_view line) {
   if (config_.on_line) config_.on_line(rank, is_stderr, line);
-  if (is_stderr) {
-    auto& tail = tails_[rank];
-    tail.emplace_back(line);
-    while (tail.size() > config_.tail_lines) tail.pop_front();
-  }
+  if (is_stderr) tails_.try_emplace(rank, config_.tail_lines).first->second.Push(line);
   auto fit = files_.find(rank);
   if (fit != files_.end()) {
     FILE* f = is_stderr ? fit->second.err : fit->second.out;
@@ -89,11 +85,8 @@ void OutputRouter::EmitLine(int rank, bool is_stderr, std::string_view line) {
 }
 
 std::string OutputRouter::StderrTail(int rank) const {
-  std::string out;
   auto it = tails_.find(rank);
-  if (it == tails_.end()) return out;
-  for (const auto& l : it->second) out += l + "\n";
-  return out;
+  return it == tails_.end() ? std::string() : it->second.Text();
 }
 
 void OutputRouter::Flush() {

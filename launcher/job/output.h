@@ -4,13 +4,13 @@
 #pragma once
 
 #include <cstdio>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "ringrun/common/line_tail.h"
 #include "ringrun/common/status.h"
 
 namespace ringrun::launcher::job {
@@ -35,7 +35,7 @@ class OutputRouter {
   Status Open(int num_ranks);
   // `data`: whole lines each ending in '\n', or (final) a partial last line without one.
   void Write(int rank, bool is_stderr, std::string_view data);
-  // The rank's last stderr lines, oldest first, each ending in '\n'.
+  // The rank's last stderr lines, oldest first, joined by '\n' (LineTail::Text).
   std::string StderrTail(int rank) const;
   void Flush();
 
@@ -43,7 +43,7 @@ class OutputRouter {
   void EmitLine(int rank, bool is_stderr, std::string_view line);
 
   Config config_;
-  std::map<int, std::deque<std::string>> tails_;
+  std::map<int, LineTail> tails_;  // stderr, by rank
   struct Files {
     FILE* out = nullptr;
     FILE* err = nullptr;

@@ -8,7 +8,7 @@ AgentRegistry::AgentRegistry(std::vector<int> hosts, Clock::TimePoint deadline, 
     : hosts_(std::move(hosts)), deadline_(deadline), build_(std::move(build)) {}
 
 grpc::Status AgentRegistry::Add(int host, Registration registration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (std::find(hosts_.begin(), hosts_.end(), host) == hosts_.end()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "host index " + std::to_string(host) + " has no ranks in this job");
@@ -21,16 +21,18 @@ grpc::Status AgentRegistry::Add(int host, Registration registration) {
   if (registered_.size() == hosts_.size()) {
     specs_ = build_(registered_);
     specs_ready_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   return grpc::Status::OK;
 }
 
 grpc::Status AgentRegistry::WaitForRanks(int host, std::vector<v1::RankSpec>* ranks) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline_, [&] { return specs_ready_ || closed_; })) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "not every agent registered within the start timeout");
+  MutexLock lock(&mu_);
+  while (!specs_ready_ && !closed_) {
+    if (!cv_.WaitUntil(&mu_, deadline_) && !specs_ready_ && !closed_) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "not every agent registered within the start timeout");
+    }
   }
   if (!specs_ready_) return grpc::Status(grpc::StatusCode::ABORTED, "the job was aborted");
   *ranks = specs_[host];
@@ -38,9 +40,9 @@ grpc::Status AgentRegistry::WaitForRanks(int host, std::vector<v1::RankSpec>* ra
 }
 
 std::vector<int> AgentRegistry::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   closed_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
   std::vector<int> out;
   for (const auto& [host, registration] : registered_) out.push_back(host);
   return out;

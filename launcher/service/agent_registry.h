@@ -6,14 +6,13 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ringrun/common/clock.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/job.pb.h"
 
 namespace ringrun::launcher::service {
@@ -51,12 +50,12 @@ class AgentRegistry {
   const Clock::TimePoint deadline_;
   const SpecBuilder build_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int, Registration> registered_;          // guarded by mu_
-  std::map<int, std::vector<v1::RankSpec>> specs_;  // guarded by mu_
-  bool specs_ready_ = false;                        // guarded by mu_
-  bool closed_ = false;                             // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;  // specs_ready_ or closed_ set
+  std::map<int, Registration> registered_ GUARDED_BY(mu_);
+  std::map<int, std::vector<v1::RankSpec>> specs_ GUARDED_BY(mu_);
+  bool specs_ready_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ringrun::launcher::service

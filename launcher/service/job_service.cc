@@ -37,7 +37,7 @@ JobService::~JobService() {
   Close();
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     threads.swap(registers_);
   }
   for (std::thread& t : threads) t.join();
@@ -79,7 +79,7 @@ grpc::ServerUnaryReactor* JobService::Register(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   // OnRegister may wait for other agents (until the start deadline): not on a gRPC thread.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   registers_.emplace_back(
       [this, reactor, reply, request = std::move(request), peer = PeerAddress(ctx->peer())] {
         v1::RegisterReply out;
@@ -105,7 +105,7 @@ grpc::Status JobService::Session(
   }
   const int host = first.hello().host_index();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return grpc::Status(grpc::StatusCode::ABORTED, "the job is over");
     Outbox& box = outboxes_[host];
     if (box.open) {
@@ -130,57 +130,58 @@ grpc::Status JobService::Session(
       if (!ev.has_heartbeat()) events_->OnAgentEvent(host, ev);
     }
     reader_done = true;
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(&mu_);
+    cv_.SignalAll();
   });
 
   bool clean = false;
   std::string why;
   auto next_ping = Clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    auto& box = outboxes_[host];
-    while (!box.queue.empty()) {
-      v1::AgentCommand cmd = std::move(box.queue.front());
-      box.queue.pop_front();
-      lock.unlock();
-      bool ok = stream->Write(cmd);
-      lock.lock();
-      if (!ok) break;
-    }
-    if (reader_done) {
-      // The agent half-closed after its last event: a clean end (the job decides whether its
-      // ranks were all reported). A broken stream shows up as a cancelled context.
-      clean = !ctx->IsCancelled();
-      why = clean ? "" : "the connection to the agent broke";
-      break;
-    }
-    if (closed_) {
-      clean = true;
-      break;
-    }
-    if (now_ms() - last_heard_ms > heartbeat_timeout_ms_) {
-      why =
-          "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) + " s";
-      break;
-    }
-    if (Clock::now() >= next_ping) {
-      lock.unlock();
-      v1::AgentCommand ping;
-      ping.mutable_ping();
-      bool ok = stream->Write(ping);
-      lock.lock();
-      next_ping = Clock::now() + std::chrono::milliseconds(heartbeat_interval_ms_);
-      if (!ok) {
-        why = "the connection to the agent broke";
+  {
+    MutexLock lock(&mu_);
+    while (true) {
+      auto& box = outboxes_[host];
+      while (!box.queue.empty()) {
+        v1::AgentCommand cmd = std::move(box.queue.front());
+        box.queue.pop_front();
+        mu_.Unlock();
+        bool ok = stream->Write(cmd);
+        mu_.Lock();
+        if (!ok) break;
+      }
+      if (reader_done) {
+        // The agent half-closed after its last event: a clean end (the job decides whether its
+        // ranks were all reported). A broken stream shows up as a cancelled context.
+        clean = !ctx->IsCancelled();
+        why = clean ? "" : "the connection to the agent broke";
         break;
       }
-      continue;
+      if (closed_) {
+        clean = true;
+        break;
+      }
+      if (now_ms() - last_heard_ms > heartbeat_timeout_ms_) {
+        why = "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) +
+              " s";
+        break;
+      }
+      if (Clock::now() >= next_ping) {
+        mu_.Unlock();
+        v1::AgentCommand ping;
+        ping.mutable_ping();
+        bool ok = stream->Write(ping);
+        mu_.Lock();
+        next_ping = Clock::now() + std::chrono::milliseconds(heartbeat_interval_ms_);
+        if (!ok) {
+          why = "the connection to the agent broke";
+          break;
+        }
+        continue;
+      }
+      cv_.WaitUntil(&mu_, std::min(next_ping, Clock::now() + std::chrono::milliseconds(200)));
     }
-    cv_.wait_until(lock, std::min(next_ping, Clock::now() + std::chrono::milliseconds(200)));
+    outboxes_.erase(host);
   }
-  outboxes_.erase(host);
-  lock.unlock();
   if (!reader_done) ctx->TryCancel();
   reader.join();
   events_->OnSessionEnded(host, clean, why);
@@ -200,16 +201,16 @@ grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
 }
 
 void JobService::Send(int host_index, const v1::AgentCommand& command) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return;
   outboxes_[host_index].queue.push_back(command);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void JobService::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   closed_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace ringrun::launcher::service

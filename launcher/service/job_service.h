@@ -8,15 +8,14 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "launcher/service/rendezvous.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/job.grpc.pb.h"
 
 namespace ringrun::launcher::service {
@@ -76,11 +75,11 @@ class JobService final
   const int heartbeat_interval_ms_;
   const int heartbeat_timeout_ms_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int, Outbox> outboxes_;      // guarded by mu_: by host, while it may be read
-  bool closed_ = false;                 // guarded by mu_
-  std::vector<std::thread> registers_;  // guarded by mu_: Register calls, joined at destruction
+  Mutex mu_;
+  CondVar cv_;  // an outbox grew, closed_ was set, or a Session's reader ended
+  std::map<int, Outbox> outboxes_ GUARDED_BY(mu_);  // by host, while it may be read
+  bool closed_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> registers_ GUARDED_BY(mu_);  // Register calls, joined at destruction
 };
 
 // Sets the server options that keep hostile connections from costing a job anything: the

@@ -1,8 +1,10 @@
 #include "launcher/service/rendezvous.h"
 
+#include <atomic>
 #include <unordered_map>
 
 #include "ringrun/common/peer_table.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/common/tsan.h"
 
 namespace ringrun::launcher::service {
@@ -11,25 +13,29 @@ struct Rendezvous::State {
   State(int n, std::string id)
       : size(n), job_id(std::move(id)), held(n, nullptr), address_of(n), port_of(n) {}
 
+  // Constant after construction.
   const int size;
   const std::string job_id;
 
-  std::mutex mu;                   // guards everything below
-  std::vector<JoinReactor*> held;  // by rank: the call waiting for the barrier, or nullptr
-  uint32_t round = 0;              // the JoinRequest.generation being collected (or last released)
-  int joined = 0;
-  bool released = false;
-  bool aborted = false;
-  std::string abort_reason;
-  std::unordered_map<std::string, uint32_t> address_index;
-  std::vector<std::string> addresses;
-  std::vector<uint32_t> address_of;
-  std::vector<uint32_t> port_of;
-  std::string nccl_id;
+  Mutex mu;
+  // By rank: the call waiting for the barrier, or nullptr.
+  std::vector<JoinReactor*> held GUARDED_BY(mu);
+  // The JoinRequest.generation being collected (or last released).
+  uint32_t round GUARDED_BY(mu) = 0;
+  int joined GUARDED_BY(mu) = 0;
+  bool released GUARDED_BY(mu) = false;
+  bool aborted GUARDED_BY(mu) = false;
+  std::string abort_reason GUARDED_BY(mu);
+  std::unordered_map<std::string, uint32_t> address_index GUARDED_BY(mu);
+  std::vector<std::string> addresses GUARDED_BY(mu);
+  std::vector<uint32_t> address_of GUARDED_BY(mu);
+  std::vector<uint32_t> port_of GUARDED_BY(mu);
+  std::string nccl_id GUARDED_BY(mu);
 };
 
-// One held Join call. Deleted by gRPC's OnDone; finished_ is guarded by State::mu, and whoever
-// sets it (release, abort or cancel) is the one that calls Finish.
+// One held Join call. Deleted by gRPC's OnDone. Exactly one of release, abort, cancel or
+// rejection claims it (Claim) and calls Finish. Release, abort and cancel claim it under
+// State::mu, so that a claimed call is no longer in State::held.
 class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
  public:
   JoinReactor(std::shared_ptr<State> state, int rank, grpc::ByteBuffer* reply)
@@ -43,12 +49,14 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
     Finish(status);
   }
 
+  // True for the one caller that gets to finish the call.
+  bool Claim() { return !finished_.exchange(true, std::memory_order_acq_rel); }
+
   void OnCancel() override {
     RINGRUN_HAPPENS_AFTER(this);
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (finished_) return;
-      finished_ = true;
+      MutexLock lock(&state_->mu);
+      if (!Claim()) return;
       // The rank gave up (deadline or disconnect) before the barrier: it may join again.
       if (state_->held[rank_] == this) {
         state_->held[rank_] = nullptr;
@@ -62,10 +70,12 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
     delete this;
   }
 
-  bool finished_ = false;  // guarded by State::mu
   const std::shared_ptr<State> state_;
   const int rank_;
   grpc::ByteBuffer* const reply_;
+
+ private:
+  std::atomic<bool> finished_{false};
 };
 
 Rendezvous::Rendezvous(int size, std::string job_id)
@@ -94,11 +104,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
   const v1::JoinRequest* req = &parsed;
   auto* reactor = new JoinReactor(state_, req->rank(), response);
   auto reject = [&](grpc::StatusCode code, const std::string& msg) {
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      reactor->finished_ = true;
-    }
-    reactor->Complete(grpc::Status(code, msg));
+    if (reactor->Claim()) reactor->Complete(grpc::Status(code, msg));
     return reactor;
   };
   if (!parsed_ok) return reject(grpc::StatusCode::INVALID_ARGUMENT, "malformed JoinRequest");
@@ -121,7 +127,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
   std::vector<JoinReactor*> release;
   v1::JoinReply built;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     // A join after the released round, one generation on, opens the next round (the ranks
     // called ringrun_shutdown and ringrun_init again); each round is a full rendezvous.
     if (!s.aborted && s.released && gen == s.round + 1) {
@@ -133,7 +139,6 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
       s.nccl_id.clear();
     }
     if (s.aborted || gen != s.round || s.released || s.held[r] != nullptr) {
-      reactor->finished_ = true;
       grpc::Status st;
       if (s.aborted) {
         st = grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason);
@@ -149,7 +154,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
                           "rank " + std::to_string(r) + " has already joined" +
                               (gen > 0 ? " round " + std::to_string(gen) : std::string()));
       }
-      reactor->Complete(st);
+      if (reactor->Claim()) reactor->Complete(st);
       return reactor;
     }
     auto [it, inserted] =
@@ -170,7 +175,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
     s.released = true;
     release.reserve(s.size);
     for (JoinReactor*& h : s.held) {
-      if (h != nullptr && !h->finished_) h->finished_ = true, release.push_back(h);
+      if (h != nullptr && h->Claim()) release.push_back(h);
       h = nullptr;
     }
   }
@@ -189,12 +194,12 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
 void Rendezvous::Abort(const std::string& reason) {
   std::vector<JoinReactor*> held;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     if (state_->aborted) return;
     state_->aborted = true;
     state_->abort_reason = reason;
     for (JoinReactor*& h : state_->held) {
-      if (h != nullptr && !h->finished_) h->finished_ = true, held.push_back(h);
+      if (h != nullptr && h->Claim()) held.push_back(h);
       h = nullptr;
     }
   }
@@ -202,7 +207,7 @@ void Rendezvous::Abort(const std::string& reason) {
 }
 
 int Rendezvous::joined() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->joined;
 }
 

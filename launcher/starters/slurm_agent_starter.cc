@@ -1,7 +1,6 @@
 #include "launcher/starters/slurm_agent_starter.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,8 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -23,7 +20,10 @@
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/line_tail.h"
 #include "ringrun/common/log.h"
+#include "ringrun/common/spawn.h"
+#include "ringrun/common/thread_annotations.h"
 
 extern char** environ;
 
@@ -79,15 +79,13 @@ class SrunStep {
   SrunStep& operator=(const SrunStep&) = delete;
 
   std::optional<int> Poll() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return exit_;
   }
   void Kill() { kill_requested_ = true; }
   std::string Tail() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string s;
-    for (const auto& l : tail_) s += (s.empty() ? "" : "\n") + l;
-    return s;
+    MutexLock lock(&mu_);
+    return tail_.Text();
   }
 
  private:
@@ -139,12 +137,12 @@ class SrunStep {
         eof = true;  // a task's descendant still holds srun's output: stop reading
       }
       if (reaped && (eof || kill_requested_)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         exit_ = status_code;
       }
     }
     if (!partial.empty()) Emit(partial);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     exit_ = status_code;
   }
 
@@ -152,9 +150,8 @@ class SrunStep {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string text = "[srun] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
-    std::lock_guard<std::mutex> lock(mu_);
-    tail_.push_back(std::move(line));
-    while (tail_.size() > static_cast<size_t>(kStderrTailLines)) tail_.pop_front();
+    MutexLock lock(&mu_);
+    tail_.Push(line);
   }
 
   // Constant after construction.
@@ -164,10 +161,12 @@ class SrunStep {
   Clock::time_point reaped_at_;
 
   std::atomic<bool> kill_requested_{false};
-  std::mutex mu_;
-  std::optional<int> exit_;       // guarded by mu_
-  std::deque<std::string> tail_;  // guarded by mu_
-  std::thread thread_;            // last: started once every field above exists
+
+  Mutex mu_;
+  std::optional<int> exit_ GUARDED_BY(mu_);
+  LineTail tail_ GUARDED_BY(mu_) = LineTail(kStderrTailLines);
+
+  std::thread thread_;  // last: started once every field above exists
 };
 
 class SlurmAgentHandle final : public AgentHandle {
@@ -187,7 +186,7 @@ class SlurmAgentStarter final : public AgentStarter {
 
   Result<std::unique_ptr<AgentHandle>> Start(const hosts::HostSpec& host,
                                              const AgentLaunch& launch) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!step_ && launch_error_.ok()) {
       Result<std::shared_ptr<SrunStep>> step = Launch(launch);
       if (step.ok()) {
@@ -201,7 +200,7 @@ class SlurmAgentStarter final : public AgentStarter {
   }
 
  private:
-  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) {
+  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) REQUIRES(mu_) {
     const std::string srun = FindOnPath(config_.srun);
     if (srun.empty()) return NotFound("srun: '" + config_.srun + "' not found on PATH");
     SlurmStarterConfig config = config_;
@@ -217,39 +216,31 @@ class SlurmAgentStarter final : public AgentStarter {
     for (const auto& a : args) shown += (shown.empty() ? "" : " ") + a;
     spdlog::debug("starting the agents: {}", shown);
 
-    // Everything the child needs is prepared before fork (only async-signal-safe calls after).
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    if (!devnull.valid()) return ErrnoStatus("srun: open /dev/null", errno);
+    // One pipe for srun's stdout and stderr.
     Result<Pipe> out = MakePipe();
     if (!out.ok()) return out.status().Annotate("srun");
-    pid_t pid = ::fork();
-    if (pid < 0) return ErrnoStatus("srun: fork", errno);
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
-      ::dup2(devnull.get(), 0);
-      ::dup2(out->write.get(), 1);
-      ::dup2(out->write.get(), 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);
+    SpawnOptions options;
+    options.path = srun;
+    options.argv = std::move(args);
+    options.env = std::move(env);
+    options.in = ChildStream::DevNull();
+    options.out = ChildStream::Fd(out->write.get());
+    options.err = ChildStream::Fd(out->write.get());
+    options.new_process_group = true;
+    options.reset_signals = true;
+    Result<ChildProcess> child = SpawnProcess(options);
+    if (!child.ok()) return child.status().Annotate("srun");
     out->write.Reset();
-    return std::make_shared<SrunStep>(pid, std::move(out->read));
+    return std::make_shared<SrunStep>(child->pid, std::move(out->read));
   }
 
+  // Constant after construction.
   const SlurmStarterConfig config_;
-  std::mutex mu_;
-  std::shared_ptr<SrunStep> step_;  // guarded by mu_
-  Status launch_error_;             // guarded by mu_
+
+  // Held while the step starts: the first Start() launches it, the others wait and share it.
+  Mutex mu_;
+  std::shared_ptr<SrunStep> step_ GUARDED_BY(mu_);
+  Status launch_error_ GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -7,15 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/line_tail.h"
 #include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::starters {
@@ -44,7 +42,7 @@ class Gate {
 
  private:
   Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;  // free_ grew
   int free_ GUARDED_BY(mu_);
 };
 
@@ -72,7 +70,7 @@ class SshAgentHandle final : public AgentHandle {
   }
 
   std::optional<int> Poll() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return exit_;
   }
 
@@ -83,13 +81,8 @@ class SshAgentHandle final : public AgentHandle {
   }
 
   std::string StderrTail() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string out;
-    for (const auto& l : tail_) {
-      if (!out.empty()) out += '\n';
-      out += l;
-    }
-    return out;
+    MutexLock lock(&mu_);
+    return tail_.Text();
   }
 
  private:
@@ -136,8 +129,8 @@ class SshAgentHandle final : public AgentHandle {
               const std::string& why) {
     if (!out_partial->empty()) EmitLine(std::exchange(*out_partial, {}));
     if (!err_partial->empty()) EmitLine(std::exchange(*err_partial, {}));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!why.empty()) PushTailLocked(why);
+    MutexLock lock(&mu_);
+    if (!why.empty()) tail_.Push(why);
     exit_ = status;
   }
 
@@ -158,13 +151,8 @@ class SshAgentHandle final : public AgentHandle {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string text = "[agent " + display_ + "] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
-    std::lock_guard<std::mutex> lock(mu_);
-    PushTailLocked(std::move(line));
-  }
-
-  void PushTailLocked(std::string line) {
-    tail_.push_back(std::move(line));
-    while (tail_.size() > static_cast<size_t>(kStderrTailLines)) tail_.pop_front();
+    MutexLock lock(&mu_);
+    tail_.Push(line);
   }
 
   // Constant after construction.
@@ -175,9 +163,9 @@ class SshAgentHandle final : public AgentHandle {
   Pipe wake_;
   std::atomic<bool> kill_requested_{false};
 
-  std::mutex mu_;
-  std::optional<int> exit_;       // guarded by mu_
-  std::deque<std::string> tail_;  // guarded by mu_
+  Mutex mu_;
+  std::optional<int> exit_ GUARDED_BY(mu_);
+  LineTail tail_ GUARDED_BY(mu_) = LineTail(kStderrTailLines);
 
   std::thread thread_;  // last: started once every field above exists
 };

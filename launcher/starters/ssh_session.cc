@@ -13,8 +13,9 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <utility>
+
+#include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::starters {
 namespace {
@@ -321,7 +322,7 @@ class LibsshConnector final : public SshConnector {
     std::string fingerprint = ServerKeyFingerprint(s);
     enum ssh_known_hosts_e state;
     {
-      std::lock_guard<std::mutex> lock(known_hosts_mu_);
+      MutexLock lock(&known_hosts_mu_);
       state = ssh_session_is_known_server(s);
       if ((state == SSH_KNOWN_HOSTS_UNKNOWN || state == SSH_KNOWN_HOSTS_NOT_FOUND) &&
           config.accept_new_host_keys) {
@@ -379,7 +380,8 @@ class LibsshConnector final : public SshConnector {
                             " [libssh: " + ssh_get_error(s) + "]");
   }
 
-  std::mutex known_hosts_mu_;  // serialises reading and appending known_hosts files
+  // Serialises reading and appending known_hosts files (libssh's, outside this object).
+  Mutex known_hosts_mu_;
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "agent/cpu_binding.h"
+#include "tests/agent_unit/read_all.h"
 
 namespace ringrun::agent {
 namespace {
@@ -80,15 +81,6 @@ TEST_CASE("a relative working directory and a relative command start the right p
   REQUIRE(::waitpid(p->pid, &status, 0) == p->pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-}
-
-// The output of a finished child, from its stdout pipe.
-std::string ReadAll(int fd) {
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  return out;
 }
 
 TEST_CASE("a process with cpus runs on those CPUs only", "[cpu_binding]") {

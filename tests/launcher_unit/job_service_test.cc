@@ -238,7 +238,7 @@ TEST_CASE("output routing tags whole lines and keeps the stderr tail", "[output]
   CHECK(text ==
         "[3]<stdout>:a\n[3]<stdout>:\n[3]<stdout>:b\n[3]<stderr>:e1\n[3]<stderr>:e2\n"
         "[3]<stderr>:e3\n[3]<stderr>:partial\n");
-  CHECK(router.StderrTail(3) == "e3\npartial\n");
+  CHECK(router.StderrTail(3) == "e3\npartial");
   CHECK(seen.size() == 7);
 }
 

@@ -76,7 +76,7 @@ TEST_CASE("job: every rank exiting 0 ends the job with 0", "[job_state]") {
 TEST_CASE("job: the first failure wins, reported once, and tears the job down", "[job_state]") {
   Fixture f;
   f.StartAll();
-  f.job.RankExited(1, 7, 0, "boom\nbang\n");
+  f.job.RankExited(1, 7, 0, "boom\nbang");
   auto commands = f.Take();
   auto reports = OfKind(commands, Kind::kReport);
   REQUIRE(reports.size() == 1);

@@ -179,6 +179,13 @@ Options JobOptions(const std::string& script) {
   return o;
 }
 
+// RunJob with the placement ringrun's main computes for `options`.
+int RunPlaced(const Options& options, const Starters& starters, const JobHooks& hooks) {
+  Result<std::vector<hosts::RankPlacement>> placed = hosts::PlaceRanks(options.hosts, options.np);
+  REQUIRE(placed.ok());
+  return RunJob(options, std::move(placed.value()), starters, hooks);
+}
+
 // Runs a job with thread agents; each rank's last output line goes to `lines`.
 int RunForLines(const Options& options, ThreadAgentStarter& starter,
                 std::map<int, std::string>* lines) {
@@ -190,7 +197,7 @@ int RunForLines(const Options& options, ThreadAgentStarter& starter,
     std::lock_guard<std::mutex> lock(mu);
     (*lines)[rank] = std::string(line);
   };
-  return RunJob(options, starters, hooks);
+  return RunPlaced(options, starters, hooks);
 }
 
 TEST_CASE("job in-process: every rank runs, its output arrives, the job exits 0", "[job]") {
@@ -229,7 +236,7 @@ TEST_CASE("job in-process: the first failing rank's code ends the job", "[job]")
   const Options options = JobOptions("fail=2:7");
   const auto t0 = std::chrono::steady_clock::now();
   StderrCapture err;
-  CHECK(RunJob(options, starters, hooks) == 7);
+  CHECK(RunPlaced(options, starters, hooks) == 7);
   // Well before agents are abandoned (grace + kAbandonAfterGraceMs): every agent was told, even
   // one whose Session opened after the failure.
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(3000));
@@ -246,7 +253,7 @@ TEST_CASE("job in-process: an agent that never registers fails the start timeout
   options.start_timeout_s = 1;
   const auto t0 = std::chrono::steady_clock::now();
   StderrCapture err;
-  CHECK(RunJob(options, starters, hooks) == 1);
+  CHECK(RunPlaced(options, starters, hooks) == 1);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   CHECK(err.Text() ==
         "ringrun: start timeout (1 s): rank 0 on host localhost did not start; rank 1 on host "

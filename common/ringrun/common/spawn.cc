@@ -55,6 +55,7 @@ struct ChildPlan {
   int death_signal;
   pid_t parent;
   bool reset_signals;
+  const sigset_t* caller_mask;  // the spawning thread's mask before fork blocked everything
   bool close_other_fds;
   const CpuMask* cpus;
   int status_fd;
@@ -73,6 +74,8 @@ struct ChildPlan {
     ::prctl(PR_SET_PDEATHSIG, plan.death_signal);
     if (::getppid() != plan.parent) ::_exit(128 + plan.death_signal);
   }
+  // Every signal is blocked here (the parent forked so): none can run one of the parent's
+  // handlers in this copy of its memory before the handlers are reset.
   if (plan.reset_signals) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -80,6 +83,8 @@ struct ChildPlan {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  } else {
+    ::sigprocmask(SIG_SETMASK, plan.caller_mask, nullptr);
   }
   // Every source is above 2 (the parent made it so), so no dup2 overwrites a later one.
   for (int target = 0; target < 3; ++target) {
@@ -190,9 +195,15 @@ Result<ChildProcess> SpawnProcess(const SpawnOptions& options) {
   plan.cpus = &mask;
   plan.status_fd = status->write.get();
 
+  sigset_t all, caller_mask;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &caller_mask);
+  plan.caller_mask = &caller_mask;
   const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus("fork", errno);
+  const int fork_errno = errno;
   if (pid == 0) RunChild(plan);
+  ::pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
+  if (pid < 0) return ErrnoStatus("fork", fork_errno);
   if (options.new_process_group) ::setpgid(pid, pid);
   for (UniqueFd& fd : child_end) fd.Reset();
   status->write.Reset();

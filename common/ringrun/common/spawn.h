@@ -57,7 +57,10 @@ struct SpawnOptions {
   // SpawnProcess ends, not only the process: call from a thread that lives as long as the child
   // should. A child whose parent died before it set the signal exits at once.
   int death_signal = 0;
-  bool reset_signals = false;    // default dispositions and an empty signal mask
+  // Default dispositions and an empty signal mask; otherwise the calling thread's mask. Either
+  // way no signal runs a handler of ours in the child before it execs (fork happens with every
+  // signal blocked).
+  bool reset_signals = false;
   bool close_other_fds = false;  // every fd above 2 close-on-exec, not only ours
   std::vector<int> cpus;         // sched_setaffinity to these CPUs; empty: inherit the mask
 };

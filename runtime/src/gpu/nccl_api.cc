@@ -121,8 +121,10 @@ bool CudaDriverLoaded() {
   struct Cache {
     unsigned long long adds = ~0ull, subs = ~0ull;
     bool loaded = false;
+    const Cache* older = nullptr;  // keeps every snapshot reachable: a reader may still hold one
   };
-  static std::atomic<Cache*> published{nullptr};  // immutable snapshots, leaked by design
+  // Immutable snapshots, one per change of the loaded set (a handful per process), never freed.
+  static std::atomic<const Cache*> published{nullptr};
   struct Walk {
     const Cache* last;
     Cache now;
@@ -153,8 +155,13 @@ bool CudaDriverLoaded() {
       &walk);
   if (walk.unchanged) return walk.last->loaded;
   if (walk.now.adds != ~0ull) {
-    Cache* snapshot = new Cache(walk.now);  // a handful per process: one per change of the set
-    published.store(snapshot, std::memory_order_release);
+    auto* snapshot = new Cache(walk.now);
+    snapshot->older = walk.last;
+    const Cache* expected = walk.last;
+    // Another thread published first: its snapshot is as good, and no one has seen ours.
+    if (!published.compare_exchange_strong(expected, snapshot, std::memory_order_acq_rel)) {
+      delete snapshot;
+    }
   }
   return walk.now.loaded;
 }

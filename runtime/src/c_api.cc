@@ -36,7 +36,7 @@ struct Process {
   // communicator, the timeline file), and a call still in it on another thread then fails
   // ("shutting down"). What is left of each (the objects and the controller's cache of names:
   // kilobytes) is kept here, one per ringrun_init, until the process exits; its doorbell's
-  // eventfd goes back to the engine's pool for the next runtime (engine.cc, TakeDoorbell).
+  // eventfd goes back to the engine's pool for the next runtime (engine/doorbell.h).
   std::atomic<Runtime*> current{nullptr};
   std::vector<std::unique_ptr<Runtime>> runtimes;  // every one initialized; guarded by init_mu
   uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu
@@ -288,13 +288,13 @@ ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   // 0 (or less) is ringrun_test: RINGRUN_IN_PROGRESS, without counting as a waiter (which
   // would end the engine's gathering of a burst of submissions).
   if (timeout_ms <= 0) return State(h)->done() ? State(h)->status : RINGRUN_IN_PROGRESS;
-  return ringrun::runtime::engine::Engine::Wait(*State(h), timeout_ms);
+  return ringrun::runtime::engine::WaitHandle(*State(h), timeout_ms);
 }
 ringrun_status ringrun_wait(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   HandleState& s = *State(h);
   if (s.done()) return s.status;  // the usual case when collecting a step's handles
-  return ringrun::runtime::engine::Engine::Wait(s, s.wait_ms);
+  return ringrun::runtime::engine::WaitHandle(s, s.wait_ms);
 }
 const char* ringrun_handle_message(ringrun_handle h) {
   if (!h) return "";

@@ -277,10 +277,10 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
   engine::HandleState& h = *raw;
   ringrun_status st;
   if (join) {
-    while ((st = engine::Engine::Wait(h, std::numeric_limits<int>::max())) == RINGRUN_ERR_TIMEOUT) {
+    while ((st = engine::WaitHandle(h, std::numeric_limits<int>::max())) == RINGRUN_ERR_TIMEOUT) {
     }
   } else {
-    st = engine::Engine::Wait(h, timeout_ms_);
+    st = engine::WaitHandle(h, timeout_ms_);
   }
   if (st == RINGRUN_ERR_TIMEOUT) {
     if (!h.done()) {
@@ -290,7 +290,7 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
     }
     // The engine fails it at once unless it is inside a collective, which is bounded by the
     // same timeout.
-    st = engine::Engine::Wait(h, std::numeric_limits<int>::max());
+    st = engine::WaitHandle(h, std::numeric_limits<int>::max());
   }
   *message = h.message;
   if (handle) {

@@ -343,7 +343,7 @@ TEST_CASE("device engine: fused work that cannot complete ends at the deadline o
     engine::SubmitResult g = SubmitStuckGroup(r, rt, api);
     if (!g.handle) return f.Add(r, "refused");
     const auto start = std::chrono::steady_clock::now();
-    ringrun_status st = engine::Engine::Wait(*g.handle, 20000);
+    ringrun_status st = engine::WaitHandle(*g.handle, 20000);
     const auto took = std::chrono::steady_clock::now() - start;
     const std::string msg = g.handle->done() ? g.handle->message : "(not done)";
     if (st != RINGRUN_ERR_TIMEOUT ||
@@ -355,7 +355,7 @@ TEST_CASE("device engine: fused work that cannot complete ends at the deadline o
     float* p = g_device[r][4];
     std::string again;
     auto h = Submit(rt, DeviceAllreduce("after", p, 2, RINGRUN_SUM), &again);
-    if (!h || engine::Engine::Wait(*h, 20000) == RINGRUN_OK) f.Add(r, "later device work ran");
+    if (!h || engine::WaitHandle(*h, 20000) == RINGRUN_OK) f.Add(r, "later device work ran");
     if (api.record().aborts != 1) f.Add(r, "aborts: " + std::to_string(api.record().aborts));
   });
   INFO(failures);
@@ -386,7 +386,7 @@ TEST_CASE(
         ++failed;
         continue;
       }
-      ringrun_status st = engine::Engine::Wait(*g.handle, 20000);
+      ringrun_status st = engine::WaitHandle(*g.handle, 20000);
       if (st != RINGRUN_OK) {
         ++failed;
         if (r == 0 && step == 0 && g.handle->message.find("cudaMalloc") == std::string::npos) {
@@ -430,7 +430,7 @@ TEST_CASE("device engine: shutdown aborts fused work in flight, nothing waits fo
   for (int r = 0; r < np; ++r) {
     INFO("rank " << r);
     REQUIRE(handles[r]);
-    ringrun_status st = engine::Engine::Wait(*handles[r], 0);
+    ringrun_status st = engine::WaitHandle(*handles[r], 0);
     CHECK(st == RINGRUN_ERR_ABORTED);
     CHECK(job.apis[r]->record().aborts == 1);
   }

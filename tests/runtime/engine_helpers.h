@@ -25,14 +25,14 @@ inline std::shared_ptr<engine::HandleState> Submit(Runtime& rt, engine::Entry e,
 // Waits (20 s at most) and returns "" or the handle's failure. The message is written before
 // the handle is done, and read only then.
 inline std::string WaitOk(engine::HandleState& h) {
-  ringrun_status st = engine::Engine::Wait(h, 20000);
+  ringrun_status st = engine::WaitHandle(h, 20000);
   if (st == RINGRUN_OK) return "";
   return h.name() + ": status " + std::to_string(st) + ": " + (h.done() ? h.message : "");
 }
 
 // Waits (20 s at most) and returns the status and the handle's message.
 inline std::pair<ringrun_status, std::string> WaitStatus(engine::HandleState& h) {
-  ringrun_status st = engine::Engine::Wait(h, 20000);
+  ringrun_status st = engine::WaitHandle(h, 20000);
   return {st, h.done() ? h.message : std::string()};
 }
 

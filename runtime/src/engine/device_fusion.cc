@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/src/engine/engine.h"
+#include "runtime/src/engine/handles.h"
 #include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::engine {

@@ -2,11 +2,11 @@
 // collectives that any thread submits (ringrun.h states the user contract; docs/engine.md the
 // design).
 //
-// Threads. Submit, Wait and Shutdown may be called from any thread. The engine thread is the
-// only one that touches the Transport, the controller, the fusion buffer and the device backend
-// (confined to it, not locked; only the backend's thread-safe Abort is called from Shutdown and
-// Abort, under device_mu_). mu_ guards the submission queue, the names in flight and the
-// failure state.
+// Threads. Submit, Abort and Shutdown may be called from any thread (WaitHandle, handles.h). The
+// engine thread is the only one that touches the Transport, the controller, the fusion buffer and
+// the device backend (confined to it, not locked; only the backend's thread-safe Abort is called
+// from Shutdown and Abort, under device_mu_). mu_ guards the submission queue, the names in flight
+// and the failure state.
 //
 // Idle. With nothing submitted and nothing arriving, the engine thread sleeps in
 // Transport::WaitForInput on its doorbell (an eventfd that a submission rings only when the
@@ -21,7 +21,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -35,6 +34,7 @@
 #include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/fusion_buffer.h"
+#include "runtime/src/engine/handles.h"
 #include "runtime/src/engine/mutex.h"
 #include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/request.h"
@@ -53,6 +53,10 @@ inline constexpr size_t kDefaultCacheCapacity = 1024;
 inline constexpr int64_t kDefaultBurstQuietNs = 2000;
 // The name of every join request (ringrun_join_submit); no other submission may take it.
 inline constexpr std::string_view kJoinName = "join";
+// Allreduces at least this large run straight from the caller's buffers instead of through
+// the fusion buffer: copying a tensor in and out costs more than the per-collective latency
+// that fusing it saves (measured: the copies were a quarter of a ResNet-50 step's time).
+inline constexpr size_t kDirectAllreduceBytes = 256 << 10;
 
 struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0;
@@ -83,53 +87,6 @@ struct EngineOptions {
   std::function<Result<std::shared_ptr<void>>(const void* buffer, void* stream)> record_event;
 };
 
-// The object behind a ringrun_handle.
-struct HandleState {
-  // Who is done with it, and whether someone sleeps on it; the object is recycled (see
-  // NewHandleState) by whichever of the engine (kEngineGone) and the user (kReleased:
-  // ringrun_release, or the last ShareHandle copy dropped) sets its bit second, so that the
-  // engine never touches a reference count that the user's thread owns. kDone is set once
-  // everything below is written: a waiter that finds it reads the results without a lock. A
-  // waiter that must sleep sets kWaiting under mu and sleeps on cv. The engine sets kDone and
-  // kEngineGone together, in one compare-and-swap that fails if kWaiting appears; when it
-  // finds kWaiting it sets kDone, locks and unlocks mu, notifies, and only then lets go.
-  static constexpr uint8_t kDone = 1, kWaiting = 2, kEngineGone = 4, kReleased = 8;
-  std::atomic<uint8_t> flags{0};
-  bool done() const { return flags.load(std::memory_order_acquire) & kDone; }
-  std::mutex mu;
-  std::condition_variable cv;
-  // Written by the engine thread before done; read after.
-  ringrun_status status = RINGRUN_OK;
-  std::string message;
-  int remaining = 0;  // entries not complete yet (the engine thread's)
-  // Constant after submission.
-  // A named tensor's handle points at the interned name (InternName), another's owns it.
-  const std::string* name_ptr = nullptr;
-  std::string name_;
-  const std::string& name() const { return name_ptr ? *name_ptr : name_; }
-  Kind kind = Kind::kAllreduce;
-  size_t elem = 0;
-  int wait_ms = 0;  // the collective timeout: ringrun_wait's bound
-  // Written by the engine before done is set; read after.
-  std::vector<char> output;
-  std::vector<size_t> rows;
-  int last_joined = -1;
-  // Device allgather/alltoall through a handle: the result, in device memory that the handle
-  // owns (freed with it), instead of `output`.
-  std::shared_ptr<void> device_output;
-  size_t device_output_bytes = 0;
-  HandleState* next_free = nullptr;  // in a thread's cache of released states
-};
-
-// A HandleState for a new submission. Released ones are kept for reuse, per thread (a training
-// step has hundreds in flight, more than malloc's per-thread cache holds). The user's reference
-// ends with ReleaseHandle (a ringrun_handle is the state itself: ringrun_release), the
-// engine's with EngineDone; neither touches h afterwards.
-HandleState* NewHandleState();
-void ReleaseHandle(HandleState* h);
-void EngineDone(HandleState* h);
-// Owns the user's reference of h (for C++ callers): ReleaseHandle when the last copy goes.
-std::shared_ptr<HandleState> ShareHandle(HandleState* h);
 // The process's copy of a tensor name, never freed: handles that outlive the runtime keep
 // naming their tensor, and a submission copies no string into its handle. Only names that are
 // kept in slots (Engine::kKeptSlots per runtime) are interned.
@@ -169,8 +126,6 @@ class Engine {
   bool SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
                            ringrun_dtype dtype, ringrun_op op, double prescale, double postscale,
                            uint32_t flags, HandleState** handle);
-  // Waits for `h` up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then.
-  static ringrun_status Wait(HandleState& h, int timeout_ms);
   int timeout_ms() const { return options_.timeout_ms; }
   // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
   // it, naming the ranks that have not submitted what is pending. For a blocking call that
@@ -184,7 +139,12 @@ class Engine {
   Status failure();
 
  private:
-  struct Batch;
+  // Ready responses that run as one: several fusable allreduces, or one collective.
+  struct Batch {
+    std::vector<const Response*> responses;
+    std::vector<Entry*> locals;  // this rank's entry of each response (nullptr: joined)
+    size_t bytes = 0;            // of the responses packed into the fusion buffer
+  };
   // Where a submitted tensor lives on this rank while in flight: one per name. A named tensor
   // keeps its slot after it completes (up to kKeptSlots of them), so that submitting the name
   // again costs one hash lookup and allocates nothing; an unnamed one (its name is made up
@@ -211,7 +171,12 @@ class Engine {
   bool ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, double prescale, double postscale, uint32_t flags) const;
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
-  void ReleaseSlot(Slot* s);                         // mu_ held: not in flight any more
+  void ReleaseSlot(Slot* s) {                        // mu_ held: not in flight any more
+    s->in_flight = false;
+    if (s->kept) return;
+    slots_.Erase(*s->name);
+    free_slots_.push_back(s);
+  }
   // e's arguments into s (mu_ held, s not in flight).
   static void MoveInto(Slot& s, Entry& e);
   // r's arguments (all but the name) into q, writing only fields that differ; whether any did.
@@ -241,7 +206,14 @@ class Engine {
   Status RunBatch(Batch& b);
   Status RunAllreduce(const Response& r, Entry* e);
   Status RunFused(Batch& b);
-  Status RunOther(const Response& r, Entry* e);
+  // One function per collective kind (host memory; e: this rank's entry, never null: these
+  // fail while a rank has joined).
+  Status RunBroadcast(const Response& r, Entry* e);
+  Status RunAllgather(const Response& r, Entry* e);
+  Status RunAlltoall(const Response& r, Entry* e);
+  Status RunReduceScatter(const Response& r, Entry* e);
+  // The timeline span of a collective that moved `bytes`, from t0 to now.
+  void SpanMoved(const Request& q, const char* phase, int64_t t0, size_t bytes);
   Status RunDevice(Batch& b);
   // Records e's ready event on its caller's stream (device entries, at submission).
   Status RecordReady(Entry& e);
@@ -251,7 +223,10 @@ class Engine {
   Status HostAllreduce(std::vector<Segment> segments, const Request& req, int contributors,
                        const char* span);
   // Whether an allreduce goes through the fusion buffer (small) rather than in place.
-  static bool Packed(const Request& req, size_t threshold);
+  static bool Packed(const Request& req, size_t threshold) {
+    const size_t bytes = req.count * req.ElemBytes();
+    return bytes <= threshold && bytes < kDirectAllreduceBytes;
+  }
   Result<gpu::DeviceBackend*> Device();
   // Finishes this rank's entry e (nullptr: none, the rank had joined); its handle is marked
   // done, and its name freed, by the NotifyCompleted that follows.

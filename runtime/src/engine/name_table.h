@@ -25,6 +25,29 @@ struct NameHash {
   size_t operator()(std::string_view s) const noexcept;
 };
 
+inline size_t NameHash::operator()(std::string_view s) const noexcept {
+  const char* p = s.data();
+  const size_t size = s.size();
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ size;
+  auto mix = [&h](uint64_t v) {
+    h = (h ^ v) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  };
+  uint64_t v = 0;
+  if (size >= 8) {
+    size_t i = 0;
+    for (; i + 8 < size; i += 8) {
+      std::memcpy(&v, p + i, 8);
+      mix(v);
+    }
+    std::memcpy(&v, p + size - 8, 8);  // the last 8 bytes (overlapping the previous ones)
+  } else {
+    for (size_t i = 0; i < size; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  }
+  h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
 template <typename V>
 class NameTable {
  public:

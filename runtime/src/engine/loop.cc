@@ -1,0 +1,298 @@
+// The engine thread: its sleep, the gathering of a burst of submissions, and the negotiation
+// rounds (engine.h says when a round starts; controller.h what a frame holds).
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ringrun/common/defaults.h"
+#include "runtime/src/engine/doorbell.h"
+#include "runtime/src/engine/engine.h"
+#include "runtime/src/engine/wire.h"
+
+namespace ringrun::runtime::engine {
+namespace {
+
+// A frame travels as a fixed-size head (its length and first bytes) and, when longer, a tail:
+// steady-state frames fit the head, so a round is one exchange.
+constexpr size_t kFrameHeadBytes = 1024;
+constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
+
+}  // namespace
+
+void Engine::CollectBurst(std::vector<Slot*>& fresh) {
+  // A step's tensors submitted back to back (a fraction of a microsecond apart) would otherwise
+  // be cut at whichever submission woke the engine: a first round with the few queued by the
+  // time the engine thread ran, a second with the rest, on a machine where the two threads run
+  // on different cores. The quiet window is far below the gaps between a framework's gradient
+  // hooks, so overlap with backward is kept; a waiter ends it at once, so a blocking call pays
+  // nothing for it.
+  const int64_t quiet = burst_quiet_ns_;
+  if (quiet <= 0 || fresh.empty()) return;
+  uint64_t seen = pushed_.load(std::memory_order_relaxed);
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  bool growing = false;
+  while (!SomeoneWaits()) {
+    for (int i = 0; i < 8; ++i) CpuRelax();
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t p = pushed_.load(std::memory_order_relaxed);
+    if (p != seen) {
+      seen = p, last = now, growing = true;
+    } else if (now - last >= std::chrono::nanoseconds(growing ? quiet : quiet / 8)) {
+      break;  // before any growth, an eighth: a lone submission is not held up
+    }
+    if (now - start >= std::chrono::nanoseconds(32 * quiet)) break;
+  }
+  std::lock_guard<Mutex> lock(mu_);
+  fresh.insert(fresh.end(), queue_.begin(), queue_.end());
+  queue_.clear();
+}
+
+void Engine::SleepOnDoorbell(Deadline deadline) {
+  pollfd p{doorbell(), POLLIN, 0};
+  int ms = -1;
+  if (deadline != Deadline::max()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    ms = std::max<int>(0, static_cast<int>(left.count()) + 1);
+  }
+  (void)::poll(&p, 1, ms);
+}
+
+void Engine::Loop() {
+  // A thread confined to one CPU (ranks bound to a core each) shares it with the submitting
+  // thread: nothing can be submitted while this thread spins, so a burst is never gathered.
+  burst_quiet_ns_ = options_.burst_quiet_ns;
+  cpu_set_t cpus;
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1) {
+    burst_quiet_ns_ = 0;
+  }
+  Status st = Hello();
+  if (!st.ok()) FailAll(ToRingrunStatus(st), st);
+  for (;;) {
+    std::vector<Slot*> fresh;
+    fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
+    bool failed;
+    Status abort;
+    {
+      std::lock_guard<Mutex> lock(mu_);
+      if (stop_) break;
+      fresh.swap(queue_);
+      failed = failed_code_ != RINGRUN_OK;
+      abort = std::exchange(abort_, Status::Ok());
+    }
+    if (!abort.ok() && !failed) {
+      // A blocking call gave up waiting: name who is missing, then break (no buffer of a
+      // returning call may stay in use).
+      std::string who = stall_.Report(controller_.Pending(), Now(), 0);
+      Status why(abort.code(), abort.message() + (who.empty() ? "" : ": " + who));
+      if (transport_) transport_->Break(why);
+      FailAll(ToRingrunStatus(why), why);  // fresh's slots are in flight: it fails them too
+      continue;
+    }
+    if (failed) {
+      // Broken: what was queued before the failure fails with it; then sleep until shutdown.
+      if (!fresh.empty()) {
+        std::string m;
+        ringrun_status c;
+        {
+          std::lock_guard<Mutex> lock(mu_);
+          c = failed_code_, m = failed_message_;
+        }
+        FailAll(c, Status(Code::kUnavailable, m));
+      }
+      SleepOnDoorbell(Deadline::max());
+      DrainDoorbell(doorbell());
+      continue;
+    }
+    bool peer_input = false;
+    if (fresh.empty()) {
+      sleeping_.store(true);
+      {
+        std::lock_guard<Mutex> lock(mu_);
+        if (stop_ || !queue_.empty() || !abort_.ok()) {
+          sleeping_.store(false);
+          continue;
+        }
+      }
+      // The full look at what is pending (it builds a list) only once a stall is possible.
+      int64_t check = stall_.EarliestCheckUs(controller_.OldestPendingUs());
+      if (check >= 0 && check <= Now()) check = stall_.NextCheckUs(controller_.Pending());
+      Deadline deadline = Deadline::max();
+      if (check >= 0) {
+        deadline = std::chrono::steady_clock::now() +
+                   std::chrono::microseconds(std::max<int64_t>(0, check - Now()));
+      }
+      Status wst;
+      if (transport_) {
+        wst = transport_->WaitForInput(doorbell(), deadline, &peer_input);
+      } else {
+        SleepOnDoorbell(deadline);
+      }
+      sleeping_.store(false);
+      DrainDoorbell(doorbell());
+      if (!wst.ok()) {
+        // As a failed round: the peers must see this rank's connections close, not wait for
+        // it until their timeout.
+        if (transport_) transport_->Break(wst);
+        FailAll(ToRingrunStatus(wst), wst);
+        continue;
+      }
+      if (check >= 0 && Now() >= check) {
+        Status sst = stall_.Check(controller_.Pending(), Now());
+        if (!sst.ok()) {
+          // Tell every rank in one more round, so that all fail with the report (not with
+          // "connection closed" by the first rank to give up), then break.
+          Status told = Round({}, sst.message());
+          Status why = told.code() == Code::kAborted ? told : sst;
+          if (transport_) transport_->Break(why);
+          FailAll(RINGRUN_ERR_ABORTED, why);
+          continue;
+        }
+      }
+      {
+        std::lock_guard<Mutex> lock(mu_);
+        if (stop_) break;
+        fresh.swap(queue_);
+      }
+      if (fresh.empty() && !peer_input) continue;
+    }
+    CollectBurst(fresh);
+    try {
+      st = Round(std::move(fresh));
+    } catch (const std::bad_alloc&) {
+      st = Internal("out of memory in the engine");
+    } catch (const std::exception& ex) {
+      st = Internal(std::string("unexpected exception in the engine: ") + ex.what());
+    }
+    if (!st.ok()) {
+      if (transport_) transport_->Break(st);
+      FailAll(ToRingrunStatus(st), st);
+    }
+  }
+  FailAll(RINGRUN_ERR_ABORTED, Aborted("ringrun_shutdown was called with the collective pending"));
+  if (timeline_) timeline_->Flush();
+}
+
+Status Engine::Hello() {
+  if (!transport_) return Status::Ok();
+  // Meets every peer once: connects all pairs (WaitForInput needs them) and checks that the
+  // settings every rank must share agree.
+  std::string mine;
+  Put<uint32_t>(&mine, kHelloMagic);
+  Put<uint64_t>(&mine, options_.fusion_threshold);
+  Put<uint64_t>(&mine, options_.cache_capacity);
+  Result<std::vector<std::string>> all = Exchange(mine);
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < options_.size; ++r) {
+    if ((*all)[r] != mine) {
+      return InvalidArgument(
+          "rank " + std::to_string(r) + " runs with other engine settings than rank " +
+          std::to_string(options_.rank) +
+          " (RINGRUN_FUSION_THRESHOLD and RINGRUN_CACHE_CAPACITY must be the same on every rank)");
+    }
+  }
+  return Status::Ok();
+}
+
+CollectiveContext Engine::Context() {
+  return CollectiveContext{transport_.get(), DeadlineAfter(options_.timeout_ms), &scratch_};
+}
+
+Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
+  const int n = options_.size, me = options_.rank;
+  std::vector<std::string> all(n);
+  all[me] = mine;
+  if (n == 1) return all;
+  std::string head(kFrameHeadBytes, '\0');
+  const uint32_t len = static_cast<uint32_t>(mine.size());
+  std::memcpy(head.data(), &len, 4);
+  std::memcpy(head.data() + 4, mine.data(), std::min(mine.size(), kFrameHeadBytes - 4));
+  std::vector<std::string> heads(n, std::string(kFrameHeadBytes, '\0'));
+  std::vector<transport::Op> ops;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    ops.push_back(transport::Op::Send(p, head.data(), kFrameHeadBytes));
+    ops.push_back(transport::Op::Recv(p, heads[p].data(), kFrameHeadBytes));
+  }
+  RINGRUN_RETURN_IF_ERROR(
+      transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
+  ops.clear();
+  const size_t inline_bytes = kFrameHeadBytes - 4;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    uint32_t plen;
+    std::memcpy(&plen, heads[p].data(), 4);
+    all[p].assign(heads[p].data() + 4, std::min<size_t>(plen, inline_bytes));
+    if (plen > inline_bytes) {
+      all[p].resize(plen);
+      ops.push_back(transport::Op::Recv(p, all[p].data() + inline_bytes, plen - inline_bytes));
+    }
+    if (mine.size() > inline_bytes) {
+      ops.push_back(transport::Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
+    }
+  }
+  if (!ops.empty()) {
+    RINGRUN_RETURN_IF_ERROR(
+        transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
+  }
+  return all;
+}
+
+Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
+  const int64_t start = Now();
+  announce_.clear();
+  announce_ids_.clear();
+  for (Slot* s : fresh) {
+    // The id it travelled under last time still fits if neither its arguments nor that cache
+    // entry changed since it was compared with it.
+    if (s->cache_id < 0 || s->args_changed ||
+        controller_.CacheVersion(static_cast<uint32_t>(s->cache_id)) != s->cache_version) {
+      const int64_t id = controller_.CachedId(s->req, s->cache_id);
+      if (s->cache_id != id) s->cache_id = id;  // written only when it changes
+      if (s->cache_id >= 0) {
+        s->cache_version = controller_.CacheVersion(static_cast<uint32_t>(s->cache_id));
+      }
+      s->args_changed = false;
+    }
+    if (s->cache_id >= 0) {
+      const size_t id = static_cast<size_t>(s->cache_id);
+      if (by_cache_id_.size() <= id) by_cache_id_.resize(std::max(id + 1, 2 * by_cache_id_.size()));
+      by_cache_id_[id] = s;
+    } else {
+      announced_full_.Insert(*s->name, s);
+    }
+    announce_.push_back(&s->req);
+    announce_ids_.push_back(s->cache_id);
+  }
+  // A frame: the abort report (usually empty), then the controller's part.
+  std::string frame;
+  PutString(&frame, abort);
+  frame += controller_.EncodeFrame(announce_, &announce_ids_);
+  Result<std::vector<std::string>> frames = Exchange(frame);
+  if (!frames.ok()) return frames.status();
+  for (std::string& f : *frames) {
+    size_t pos = 0;
+    std::string report;
+    if (!GetString(f, &pos, &report)) return Internal("malformed negotiation frame");
+    if (!report.empty()) return Aborted(report);
+    f.erase(0, pos);
+  }
+  const Response* responses = nullptr;
+  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_, &responses);
+  if (!ready.ok()) return ready.status();
+  if (timeline_) {
+    timeline_->Mark("ROUND", start,
+                    "\"round\": " + std::to_string(controller_.round()) + ", \"announced\": " +
+                        std::to_string(fresh.size()) + ", \"ready\": " + std::to_string(*ready));
+  }
+  Execute(responses, *ready, controller_.uniform(), controller_.repeated());
+  if (timeline_) timeline_->Flush();
+  fresh.clear();
+  spare_.swap(fresh);  // its capacity serves the submission queue again
+  return Status::Ok();
+}
+
+}  // namespace ringrun::runtime::engine

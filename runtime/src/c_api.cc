@@ -23,8 +23,38 @@ using ringrun::runtime::engine::Kind;
 
 namespace {
 
+using ringrun::Code;
 using ringrun::Status;
 using ringrun::runtime::Runtime;
+
+// The edge: the C API's status of a Status code (the runtime and the engine speak Code).
+ringrun_status ToC(Code code) {
+  switch (code) {
+    case Code::kOk:
+      return RINGRUN_OK;
+    case Code::kInvalidArgument:
+      return RINGRUN_ERR_INVALID_ARGUMENT;
+    case Code::kNotFound:
+      return RINGRUN_ERR_NOT_FOUND;
+    case Code::kTimeout:
+      return RINGRUN_ERR_TIMEOUT;
+    case Code::kUnavailable:
+      return RINGRUN_ERR_UNAVAILABLE;
+    case Code::kPermissionDenied:
+      return RINGRUN_ERR_PERMISSION_DENIED;
+    case Code::kAborted:
+      return RINGRUN_ERR_ABORTED;
+    case Code::kInternal:
+      return RINGRUN_ERR_INTERNAL;
+    case Code::kMismatch:
+      return RINGRUN_ERR_MISMATCH;
+    case Code::kDuplicate:
+      return RINGRUN_ERR_DUPLICATE_NAME;
+    case Code::kJoined:
+      return RINGRUN_ERR_JOINED;
+  }
+  return RINGRUN_ERR_INTERNAL;
+}
 
 struct Process {
   std::mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
@@ -55,7 +85,7 @@ Runtime* Current() { return TheProcess().current.load(std::memory_order_acquire)
 
 ringrun_status Fail(const Status& st) {
   t_error = st.message().empty() ? ringrun::CodeName(st.code()) : st.message();
-  return st.ok() ? RINGRUN_ERR_INTERNAL : static_cast<ringrun_status>(st.code());
+  return st.ok() ? RINGRUN_ERR_INTERNAL : ToC(st.code());
 }
 ringrun_status Fail(ringrun_status code, const std::string& message) {
   t_error = message;
@@ -94,21 +124,16 @@ ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail
 ringrun_status SubmitEntries(Runtime& rt, Entry* entries, size_t n, const char* name,
                              ringrun_handle* handle, bool group = false) {
   HandleState* h = nullptr;
-  std::string message;
-  const ringrun_status st = rt.engine().Submit(
-      entries, n, name ? std::string_view(name) : std::string_view(), group, &h, &message);
-  if (st != RINGRUN_OK) return Fail(st, message);
+  const Status st =
+      rt.engine().Submit(name ? std::string_view(name) : std::string_view(), entries, n, group, &h);
+  if (!st.ok()) return Fail(st);
   *handle = reinterpret_cast<ringrun_handle>(h);
   return RINGRUN_OK;
 }
 
 // Blocking: submit one entry and wait.
 ringrun_status Blocking(Entry e) {
-  return Call([&](Runtime& rt) {
-    std::string message;
-    ringrun_status st = rt.SubmitAndWait(std::move(e), &message);
-    return st == RINGRUN_OK ? st : Fail(st, message);
-  });
+  return Call([&](Runtime& rt) { return FromStatus(rt.SubmitAndWait(std::move(e))); });
 }
 
 Entry MakeEntry(Kind kind, const char* name, const void* send, void* recv, size_t count,
@@ -235,13 +260,12 @@ ringrun_status ringrun_barrier(void) {
 }
 ringrun_status ringrun_join(int* last_joined_rank) {
   return Call([&](Runtime& rt) {
-    std::string message;
     std::shared_ptr<HandleState> h;
-    ringrun_status st =
+    const Status st =
         rt.SubmitAndWait(MakeEntry(Kind::kJoin, ringrun::runtime::engine::kJoinName.data(), nullptr,
                                    nullptr, 0, RINGRUN_UINT8),
-                         &message, &h);
-    if (st != RINGRUN_OK) return Fail(st, message);
+                         &h);
+    if (!st.ok()) return Fail(st);
     if (last_joined_rank) *last_joined_rank = h->last_joined;
     return RINGRUN_OK;
   });
@@ -281,20 +305,20 @@ ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf, s
 
 ringrun_status ringrun_test(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
-  return State(h)->done() ? State(h)->status : RINGRUN_IN_PROGRESS;
+  return State(h)->done() ? ToC(State(h)->code) : RINGRUN_IN_PROGRESS;
 }
 ringrun_status ringrun_wait_for(ringrun_handle h, int timeout_ms) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   // 0 (or less) is ringrun_test: RINGRUN_IN_PROGRESS, without counting as a waiter (which
   // would end the engine's gathering of a burst of submissions).
-  if (timeout_ms <= 0) return State(h)->done() ? State(h)->status : RINGRUN_IN_PROGRESS;
-  return ringrun::runtime::engine::WaitHandle(*State(h), timeout_ms);
+  if (timeout_ms <= 0) return State(h)->done() ? ToC(State(h)->code) : RINGRUN_IN_PROGRESS;
+  return ToC(ringrun::runtime::engine::WaitHandle(*State(h), timeout_ms));
 }
 ringrun_status ringrun_wait(ringrun_handle h) {
   if (!h) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   HandleState& s = *State(h);
-  if (s.done()) return s.status;  // the usual case when collecting a step's handles
-  return ringrun::runtime::engine::WaitHandle(s, s.wait_ms);
+  if (s.done()) return ToC(s.code);  // the usual case when collecting a step's handles
+  return ToC(ringrun::runtime::engine::WaitHandle(s, s.wait_ms));
 }
 const char* ringrun_handle_message(ringrun_handle h) {
   if (!h) return "";
@@ -309,7 +333,7 @@ ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
                 s.name() + ": only allgather and alltoall have an output");
   }
-  if (!s.done() || s.status != RINGRUN_OK) {
+  if (!s.done() || s.code != Code::kOk) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (s.device_output) {  // device memory: a device submission's result
@@ -328,7 +352,7 @@ ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": only allgather and alltoall have rows");
   }
-  if (!s.done() || s.status != RINGRUN_OK) {
+  if (!s.done() || s.code != Code::kOk) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": has not completed successfully");
   }
   if (n != s.rows.size()) {
@@ -356,12 +380,6 @@ ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, v
   if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
-    HandleState* h = nullptr;
-    if (name != nullptr && rt.engine().SubmitAllreduceFast(name, sendbuf, recvbuf, count, dtype, op,
-                                                           prescale, postscale, flags, &h)) {
-      *handle = reinterpret_cast<ringrun_handle>(h);
-      return RINGRUN_OK;
-    }
     Entry e = MakeEntry(Kind::kAllreduce, nullptr, sendbuf, recvbuf, count, dtype);
     e.req.op = op, e.req.prescale = prescale, e.req.postscale = postscale, e.req.flags = flags;
     return SubmitEntries(rt, &e, 1, name, handle);

@@ -265,34 +265,27 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
 
 Runtime::~Runtime() = default;
 
-ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
-                                      std::shared_ptr<engine::HandleState>* handle) {
+Status Runtime::SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::HandleState>* handle) {
   const std::string name = entry.req.name;
   const bool join = entry.req.kind == engine::Kind::kJoin;
   engine::HandleState* raw = nullptr;
-  ringrun_status submitted = engine_->Submit(&entry, 1, name, /*group=*/false, &raw, message);
-  if (submitted != RINGRUN_OK) return submitted;
+  RINGRUN_RETURN_IF_ERROR(engine_->Submit(name, &entry, 1, /*group=*/false, &raw));
   std::shared_ptr<engine::HandleState> owned;
   if (handle) owned = engine::ShareHandle(raw);  // else released below
   engine::HandleState& h = *raw;
-  ringrun_status st;
   if (join) {
-    while ((st = engine::WaitHandle(h, std::numeric_limits<int>::max())) == RINGRUN_ERR_TIMEOUT) {
+    while (engine::WaitHandle(h, std::numeric_limits<int>::max()) == Code::kTimeout && !h.done()) {
     }
-  } else {
-    st = engine::WaitHandle(h, timeout_ms_);
-  }
-  if (st == RINGRUN_ERR_TIMEOUT) {
-    if (!h.done()) {
-      engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name() +
-                             " did not complete within " + std::to_string(timeout_ms_) +
-                             " ms (RINGRUN_TIMEOUT_MS)"));
-    }
+  } else if (engine::WaitHandle(h, timeout_ms_) == Code::kTimeout && !h.done()) {
+    engine_->Abort(Timeout("rank " + std::to_string(shape_.rank) + ": " + h.name() +
+                           " did not complete within " + std::to_string(timeout_ms_) +
+                           " ms (RINGRUN_TIMEOUT_MS)"));
     // The engine fails it at once unless it is inside a collective, which is bounded by the
     // same timeout.
-    st = engine::WaitHandle(h, std::numeric_limits<int>::max());
+    while (engine::WaitHandle(h, std::numeric_limits<int>::max()) == Code::kTimeout && !h.done()) {
+    }
   }
-  *message = h.message;
+  Status st = h.code == Code::kOk ? Status::Ok() : Status(h.code, h.message);
   if (handle) {
     *handle = std::move(owned);
   } else {
@@ -301,33 +294,13 @@ ringrun_status Runtime::SubmitAndWait(engine::Entry entry, std::string* message,
   return st;
 }
 
-namespace {
-Status ToStatus(ringrun_status st, const std::string& message) {
-  if (st == RINGRUN_OK) return Status::Ok();
-  if (st == RINGRUN_ERR_MISMATCH || st == RINGRUN_ERR_DUPLICATE_NAME || st == RINGRUN_ERR_JOINED ||
-      st == RINGRUN_ERR_NOT_INITIALIZED) {
-    return InvalidArgument(message);
-  }
-  if (st >= RINGRUN_ERR_INVALID_ARGUMENT && st <= RINGRUN_ERR_INTERNAL) {
-    return Status(static_cast<Code>(st), message);
-  }
-  return Internal(message);
-}
-}  // namespace
-
-Status Runtime::Blocking(engine::Entry entry) {
-  std::string message;
-  ringrun_status st = SubmitAndWait(std::move(entry), &message);
-  return ToStatus(st, message);
-}
-
 Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, void* stream) {
   engine::Entry e;
   e.req.kind = engine::Kind::kAllreduce;
   e.req.dtype = dtype, e.req.op = op, e.req.count = count;
   e.send = send, e.recv = recv, e.stream = stream;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream) {
@@ -335,7 +308,7 @@ Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root
   e.req.kind = engine::Kind::kBroadcast;
   e.req.dtype = dtype, e.req.count = count, e.req.root = root;
   e.send = buf, e.recv = buf, e.stream = stream;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
@@ -344,7 +317,7 @@ Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dt
   e.req.kind = engine::Kind::kAllgather;
   e.req.dtype = dtype, e.req.count = count, e.req.row_elems = 1, e.req.fixed = true;
   e.send = send, e.recv = recv, e.stream = stream;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
@@ -353,7 +326,7 @@ Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ri
   e.req.kind = engine::Kind::kReduceScatter;
   e.req.dtype = dtype, e.req.op = op, e.req.count = recvcount;
   e.send = send, e.recv = recv;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype) {
@@ -362,13 +335,13 @@ Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ri
   e.req.dtype = dtype, e.req.count = count_per_rank, e.req.row_elems = 1, e.req.fixed = true;
   e.req.send_rows.assign(shape_.size, count_per_rank);
   e.send = send, e.recv = recv;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 Status Runtime::Barrier() {
   engine::Entry e;
   e.req.kind = engine::Kind::kBarrier;
-  return Blocking(std::move(e));
+  return SubmitAndWait(std::move(e));
 }
 
 }  // namespace ringrun::runtime

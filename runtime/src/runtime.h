@@ -90,16 +90,12 @@ class Runtime {
   const Shape& shape() const { return shape_; }
   engine::Engine& engine() { return *engine_; }
 
-  // Submits named requests (ringrun_*_submit).
-  engine::SubmitResult Submit(std::vector<engine::Entry> entries, bool group = false) {
-    return engine_->Submit(std::move(entries), group);
-  }
-  // Submits and waits; a request that has not completed within the collective timeout breaks
-  // the runtime (naming the ranks that did not submit it) and fails. The ringrun_status is
-  // what the C API returns; the Status carries the message. A join waits without that bound:
-  // the other ranks may train for as long as they have data (a failure or shutdown ends it).
-  ringrun_status SubmitAndWait(engine::Entry entry, std::string* message,
-                               std::shared_ptr<engine::HandleState>* handle = nullptr);
+  // Submits one entry under its req.name (engine::Engine::Submit) and waits; a request that
+  // has not completed within the collective timeout breaks the runtime (naming the ranks that
+  // did not submit it) and fails. A join waits without that bound: the other ranks may train
+  // for as long as they have data (a failure or shutdown ends it). *handle (if given) keeps
+  // the completed handle (a join's last rank).
+  Status SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::HandleState>* handle = nullptr);
 
   // The blocking collectives. With a `stream` (a cudaStream_t), device memory only: enqueued
   // on it, returns once enqueued.
@@ -114,8 +110,6 @@ class Runtime {
   Status Barrier();
 
  private:
-  Status Blocking(engine::Entry entry);
-
   const Shape shape_;
   const int timeout_ms_;
   std::unique_ptr<engine::Engine> engine_;

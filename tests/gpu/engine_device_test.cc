@@ -137,8 +137,8 @@ TEST_CASE(
         for (int i = 0; i < 10 + t; ++i) p[i] = static_cast<float>(r + t + i);
         group.push_back(DeviceAllreduce("grad", p, 10 + t, RINGRUN_AVERAGE, 3.0, 0.5));
       }
-      engine::SubmitResult g = rt.Submit(std::move(group), /*group=*/true);
-      if (!g.handle) return f.Add(r, "refused: " + g.message);
+      Submitted g = SubmitGroup(rt, std::move(group));
+      if (!g.handle) return f.Add(r, "refused: " + g.status.message());
       std::string err = WaitOk(*g.handle);
       if (!err.empty()) return f.Add(r, err);
       // 0.5 * 3 * average over ranks of (r + t + i) = 1.5 * (t + i + 1)
@@ -328,11 +328,11 @@ TEST_CASE(
 // A grouped device allreduce (three tensors, fused) that cannot complete: rank 1's producer
 // never runs (a closed gate on its default stream), so its engine's stream never reaches the
 // allreduce, and every other rank's never completes either.
-engine::SubmitResult SubmitStuckGroup(int r, Runtime& rt, FakeNcclApi& api) {
+testing::Submitted SubmitStuckGroup(int r, Runtime& rt, FakeNcclApi& api) {
   if (r == 1) api.EnqueueGate(nullptr);
   std::vector<Entry> group;
   for (int t = 0; t < 3; ++t) group.push_back(DeviceAllreduce("w", g_device[r][t], 8, RINGRUN_SUM));
-  return rt.Submit(std::move(group), /*group=*/true);
+  return SubmitGroup(rt, std::move(group));
 }
 
 TEST_CASE("device engine: fused work that cannot complete ends at the deadline on every rank",
@@ -340,22 +340,21 @@ TEST_CASE("device engine: fused work that cannot complete ends at the deadline o
   const int np = 2;
   DeviceJob job(np, /*backend_timeout_ms=*/300);
   std::string failures = job.Run([&](int r, Runtime& rt, FakeNcclApi& api, Failures& f) {
-    engine::SubmitResult g = SubmitStuckGroup(r, rt, api);
+    Submitted g = SubmitStuckGroup(r, rt, api);
     if (!g.handle) return f.Add(r, "refused");
     const auto start = std::chrono::steady_clock::now();
-    ringrun_status st = engine::WaitHandle(*g.handle, 20000);
+    Code st = engine::WaitHandle(*g.handle, 20000);
     const auto took = std::chrono::steady_clock::now() - start;
     const std::string msg = g.handle->done() ? g.handle->message : "(not done)";
-    if (st != RINGRUN_ERR_TIMEOUT ||
-        msg.find("did not complete within 300 ms") == std::string::npos) {
-      f.Add(r, "status " + std::to_string(st) + ": " + msg);
+    if (st != Code::kTimeout || msg.find("did not complete within 300 ms") == std::string::npos) {
+      f.Add(r, std::string(CodeName(st)) + ": " + msg);
     }
     if (took > std::chrono::seconds(10)) f.Add(r, "took too long");
     // The communicator is aborted: later device work fails fast with the same reason.
     float* p = g_device[r][4];
     std::string again;
     auto h = Submit(rt, DeviceAllreduce("after", p, 2, RINGRUN_SUM), &again);
-    if (!h || engine::WaitHandle(*h, 20000) == RINGRUN_OK) f.Add(r, "later device work ran");
+    if (!h || engine::WaitHandle(*h, 20000) == Code::kOk) f.Add(r, "later device work ran");
     if (api.record().aborts != 1) f.Add(r, "aborts: " + std::to_string(api.record().aborts));
   });
   INFO(failures);
@@ -381,13 +380,13 @@ TEST_CASE(
         for (int i = 0; i < 4; ++i) p[i] = static_cast<float>(10 * step + r);
         group.push_back(DeviceAllreduce("s", p, 4, RINGRUN_SUM));
       }
-      engine::SubmitResult g = rt.Submit(std::move(group), /*group=*/true);
+      Submitted g = SubmitGroup(rt, std::move(group));
       if (!g.handle) {  // refused: the runtime has failed (that is allowed)
         ++failed;
         continue;
       }
-      ringrun_status st = engine::WaitHandle(*g.handle, 20000);
-      if (st != RINGRUN_OK) {
+      Code st = engine::WaitHandle(*g.handle, 20000);
+      if (st != Code::kOk) {
         ++failed;
         if (r == 0 && step == 0 && g.handle->message.find("cudaMalloc") == std::string::npos) {
           f.Add(r, "step 0 failed without naming the allocation: " + g.handle->message);
@@ -414,7 +413,7 @@ TEST_CASE("device engine: shutdown aborts fused work in flight, nothing waits fo
   DeviceJob job(np, /*backend_timeout_ms=*/60000);
   std::vector<std::shared_ptr<HandleState>> handles(np);
   std::string failures = job.Run([&](int r, Runtime& rt, FakeNcclApi& api, Failures& f) {
-    engine::SubmitResult g = SubmitStuckGroup(r, rt, api);
+    Submitted g = SubmitStuckGroup(r, rt, api);
     if (!g.handle) return f.Add(r, "refused");
     handles[r] = g.handle;
     // Wait until the device batch is in flight (the backend exists and has enqueued).
@@ -430,8 +429,8 @@ TEST_CASE("device engine: shutdown aborts fused work in flight, nothing waits fo
   for (int r = 0; r < np; ++r) {
     INFO("rank " << r);
     REQUIRE(handles[r]);
-    ringrun_status st = engine::WaitHandle(*handles[r], 0);
-    CHECK(st == RINGRUN_ERR_ABORTED);
+    Code st = engine::WaitHandle(*handles[r], 0);
+    CHECK(st == Code::kAborted);
     CHECK(job.apis[r]->record().aborts == 1);
   }
 }

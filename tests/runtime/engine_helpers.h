@@ -12,28 +12,42 @@
 
 namespace ringrun::runtime::testing {
 
-// Submits one entry; nullptr (and *err set) when the submission is refused.
+// Submits one entry under its req.name; nullptr (and *err set) when the submission is refused.
 inline std::shared_ptr<engine::HandleState> Submit(Runtime& rt, engine::Entry e,
                                                    std::string* err = nullptr) {
-  std::vector<engine::Entry> v;
-  v.push_back(std::move(e));
-  engine::SubmitResult r = rt.Submit(std::move(v));
-  if (err) *err = r.message;
-  return r.handle;
+  engine::HandleState* h = nullptr;
+  const std::string name = e.req.name;
+  Status st = rt.engine().Submit(name, &e, 1, /*group=*/false, &h);
+  if (err) *err = st.message();
+  return h ? engine::ShareHandle(h) : nullptr;
+}
+
+// Submits a grouped allreduce named after entries[0]'s req.name.
+struct Submitted {
+  Status status;
+  std::shared_ptr<engine::HandleState> handle;
+};
+inline Submitted SubmitGroup(Runtime& rt, std::vector<engine::Entry> entries) {
+  engine::HandleState* h = nullptr;
+  const std::string name = entries.empty() ? std::string() : entries[0].req.name;
+  Submitted out;
+  out.status = rt.engine().Submit(name, entries.data(), entries.size(), /*group=*/true, &h);
+  if (h) out.handle = engine::ShareHandle(h);
+  return out;
 }
 
 // Waits (20 s at most) and returns "" or the handle's failure. The message is written before
 // the handle is done, and read only then.
 inline std::string WaitOk(engine::HandleState& h) {
-  ringrun_status st = engine::WaitHandle(h, 20000);
-  if (st == RINGRUN_OK) return "";
-  return h.name() + ": status " + std::to_string(st) + ": " + (h.done() ? h.message : "");
+  Code code = engine::WaitHandle(h, 20000);
+  if (code == Code::kOk) return "";
+  return h.name() + ": " + CodeName(code) + ": " + (h.done() ? h.message : "");
 }
 
-// Waits (20 s at most) and returns the status and the handle's message.
-inline std::pair<ringrun_status, std::string> WaitStatus(engine::HandleState& h) {
-  ringrun_status st = engine::WaitHandle(h, 20000);
-  return {st, h.done() ? h.message : std::string()};
+// Waits (20 s at most) and returns the code and the handle's message.
+inline std::pair<Code, std::string> WaitStatus(engine::HandleState& h) {
+  Code code = engine::WaitHandle(h, 20000);
+  return {code, h.done() ? h.message : std::string()};
 }
 
 }  // namespace ringrun::runtime::testing

@@ -230,9 +230,9 @@ TEST_CASE("engine: fused tensors of every small byte size are copied in and out 
       e.send = bufs[t].data(), e.recv = bufs[t].data();
       entries.push_back(std::move(e));
     }
-    engine::SubmitResult r = rt.engine().Submit(std::move(entries), /*group=*/true);
+    Submitted r = SubmitGroup(rt, std::move(entries));
     if (!r.handle) {
-      f.Add(rank, r.message);
+      f.Add(rank, r.status.message());
       return;
     }
     std::string err = WaitOk(*r.handle);
@@ -306,8 +306,8 @@ TEST_CASE("engine: between hosts, a batch of large and small allreduces runs as 
                                   counts[t], RINGRUN_AVERAGE));
         group.back().req.postscale = 2.0;
       }
-      engine::SubmitResult h = rt.Submit(std::move(group), /*group=*/true);
-      if (!h.handle) return f.Add(rank, "submit: " + h.message);
+      Submitted h = SubmitGroup(rt, std::move(group));
+      if (!h.handle) return f.Add(rank, "submit: " + h.status.message());
       std::string err = WaitOk(*h.handle);
       if (!err.empty()) return f.Add(rank, err);
       for (size_t t = 0; t < counts.size(); ++t) {
@@ -341,7 +341,7 @@ TEST_CASE("engine: every collective", "[engine]") {
     std::vector<std::vector<float>> g(4, std::vector<float>(5, 1.0f));
     std::vector<Entry> group;
     for (int i = 0; i < 4; ++i) group.push_back(Allreduce("grp", g[i].data(), g[i].data(), 5));
-    engine::SubmitResult hg = rt.Submit(std::move(group), /*group=*/true);
+    Submitted hg = SubmitGroup(rt, std::move(group));
     // broadcast from rank 1
     std::vector<int32_t> bc(7, rank == 1 ? 42 : -1);
     Entry eb;
@@ -449,7 +449,7 @@ void CheckMismatch(const std::string& field, const std::function<void(Entry&)>& 
     auto h = Submit(rt, std::move(e));
     if (!h) return f.Add(rank, "refused");
     auto [st, msg] = WaitStatus(*h);
-    if (st != RINGRUN_ERR_MISMATCH) f.Add(rank, "status " + std::to_string(st) + ": " + msg);
+    if (st != Code::kMismatch) f.Add(rank, std::string(CodeName(st)) + ": " + msg);
     for (const std::string& part : {std::string("tensor 'w'"), "disagree on the " + field,
                                     std::string("ranks 0, 2 sent"), std::string("rank 1 sent")}) {
       if (msg.find(part) == std::string::npos) f.Add(rank, "'" + msg + "' lacks '" + part + "'");
@@ -476,20 +476,20 @@ TEST_CASE("engine: a cached name: staggered ranks, then a mismatch, then the cac
     auto step = [&](size_t count) {
       std::fill(buf.begin(), buf.end(), 1.0f);
       auto h = Submit(rt, Allreduce("w", buf.data(), buf.data(), count));
-      return h ? WaitStatus(*h) : std::make_pair(RINGRUN_ERR_INTERNAL, std::string("refused"));
+      return h ? WaitStatus(*h) : std::make_pair(Code::kInternal, std::string("refused"));
     };
     for (int s = 0; s < 4; ++s) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20 * rank * (s % 2)));
       auto [st, msg] = step(8);
-      if (st != RINGRUN_OK || buf[0] != np) return f.Add(rank, "step " + std::to_string(s) + msg);
+      if (st != Code::kOk || buf[0] != np) return f.Add(rank, "step " + std::to_string(s) + msg);
     }
     auto [st, msg] = step(rank == 1 ? 4 : 8);
-    if (st != RINGRUN_ERR_MISMATCH || msg.find("disagree on the count") == std::string::npos) {
-      return f.Add(rank, "mismatch: status " + std::to_string(st) + ": " + msg);
+    if (st != Code::kMismatch || msg.find("disagree on the count") == std::string::npos) {
+      return f.Add(rank, "mismatch: " + std::string(CodeName(st)) + ": " + msg);
     }
     for (int s = 0; s < 2; ++s) {
       auto [st2, msg2] = step(8);
-      if (st2 != RINGRUN_OK || buf[0] != np) return f.Add(rank, "after: " + msg2);
+      if (st2 != Code::kOk || buf[0] != np) return f.Add(rank, "after: " + msg2);
     }
   });
   INFO(failures);
@@ -514,7 +514,7 @@ TEST_CASE("engine: mismatches fail on every rank naming tensor, field and ranks"
     e.req.count = 1, e.req.root = rank == 1 ? 2 : 0, e.send = &v, e.recv = &v;
     auto h = Submit(rt, std::move(e));
     auto [st, msg] = WaitStatus(*h);
-    if (st != RINGRUN_ERR_MISMATCH || msg.find("root") == std::string::npos ||
+    if (st != Code::kMismatch || msg.find("root") == std::string::npos ||
         msg.find("rank 1 sent 2") == std::string::npos) {
       f.Add(rank, msg);
     }
@@ -546,7 +546,7 @@ TEST_CASE("engine: a blocking allgather and a submitted one under one name are a
       if (!h) return f.Add(rank, "refused");
       if (h->name() != "allgather.noname.0") f.Add(rank, "named " + h->name());
       auto [st, msg] = WaitStatus(*h);
-      if (st != RINGRUN_ERR_MISMATCH || msg.find("rank 0 sent blocking") == std::string::npos) {
+      if (st != Code::kMismatch || msg.find("rank 0 sent blocking") == std::string::npos) {
         f.Add(rank, "submitted: " + msg);
       }
     }
@@ -644,8 +644,8 @@ TEST_CASE("engine: join with uneven steps", "[engine][join]") {
           auto hb = Submit(rt, std::move(b));
           auto [st, msg] = WaitStatus(*hb);
           // Rank 0 has joined, rank 1 perhaps too.
-          if (st != RINGRUN_ERR_JOINED || (msg.find("(rank 0)") == std::string::npos &&
-                                           msg.find("(ranks 0, 1)") == std::string::npos)) {
+          if (st != Code::kJoined || (msg.find("(rank 0)") == std::string::npos &&
+                                      msg.find("(ranks 0, 1)") == std::string::npos)) {
             f.Add(rank, "broadcast while joined: " + msg);
           }
         }
@@ -713,10 +713,9 @@ TEST_CASE("engine: a blocking join outlasts the collective timeout and the stall
         }
         Entry j;
         j.req.name = "join", j.req.kind = Kind::kJoin;
-        std::string message;
         std::shared_ptr<HandleState> h;
-        ringrun_status st = rt.SubmitAndWait(std::move(j), &message, &h);
-        if (st != RINGRUN_OK) return f.Add(rank, "join: " + message);
+        Status st = rt.SubmitAndWait(std::move(j), &h);
+        if (!st.ok()) return f.Add(rank, "join: " + st.message());
         if (h->last_joined != 1) f.Add(rank, "last joined " + std::to_string(h->last_joined));
       },
       s);
@@ -776,7 +775,7 @@ TEST_CASE("engine: stall warning names the missing rank, stall shutdown fails th
         }
         auto h = Submit(rt, Allreduce("late", &x, &x, 1));
         auto [st, msg] = WaitStatus(*h);
-        if (st != RINGRUN_ERR_ABORTED || msg.find("stall shutdown") == std::string::npos ||
+        if (st != Code::kAborted || msg.find("stall shutdown") == std::string::npos ||
             msg.find("rank 1 has not submitted 1 tensor: late") == std::string::npos) {
           f.Add(rank, msg);
         }
@@ -931,10 +930,10 @@ TEST_CASE("engine: a peer that leaves mid-step fails every pending handle, namin
       for (int t = 10; t < 20; ++t) {
         auto [st, msg] = WaitStatus(*hs[r][t]);
         INFO(msg);
-        CHECK(st != RINGRUN_OK);
-        CHECK(st != RINGRUN_ERR_TIMEOUT);
+        CHECK(st != Code::kOk);
+        CHECK(st != Code::kTimeout);
         CHECK(msg.find("rank 2") != std::string::npos);
-        failed += st != RINGRUN_OK;
+        failed += st != Code::kOk;
       }
     }
     CHECK(failed == 20);
@@ -956,7 +955,7 @@ TEST_CASE("engine: shutdown fails pending handles, released handles are harmless
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   rts[0]->engine().Shutdown();
   auto [st, msg] = WaitStatus(*h);
-  CHECK(st == RINGRUN_ERR_ABORTED);
+  CHECK(st == Code::kAborted);
   CHECK(msg.find("ringrun_shutdown") != std::string::npos);
   std::string err;
   CHECK_FALSE(Submit(*rts[0], Allreduce("after", &x, &x, 1), &err));
@@ -1158,7 +1157,7 @@ TEST_CASE(
       float* dev = device_mem[r] + 16;
       auto h = Submit(rt, Allreduce("mixed", r == 1 ? &host : dev, r == 1 ? &host : dev, 1));
       auto [st, msg] = WaitStatus(*h);
-      if (st != RINGRUN_ERR_MISMATCH || msg.find("device") == std::string::npos ||
+      if (st != Code::kMismatch || msg.find("device") == std::string::npos ||
           msg.find("rank 1 sent CPU") == std::string::npos) {
         f.Add(r, "mixed: " + msg);
       }
@@ -1239,8 +1238,8 @@ TEST_CASE(
       e.req.prescale = 0.5, e.req.postscale = 4.0;
       group.push_back(std::move(e));
     }
-    engine::SubmitResult g = rt.Submit(std::move(group), /*group=*/true);
-    if (!g.handle) return f.Add(r, "group refused: " + g.message);
+    Submitted g = SubmitGroup(rt, std::move(group));
+    if (!g.handle) return f.Add(r, "group refused: " + g.status.message());
     std::string err = WaitOk(*g.handle);
     if (!err.empty()) f.Add(r, err);
     // 256 KiB and more: straight from the caller's buffers, no copies.

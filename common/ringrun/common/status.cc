@@ -23,6 +23,12 @@ const char* CodeName(Code code) {
       return "aborted";
     case Code::kInternal:
       return "internal";
+    case Code::kMismatch:
+      return "mismatch";
+    case Code::kDuplicate:
+      return "duplicate name";
+    case Code::kJoined:
+      return "joined";
   }
   return "unknown";
 }

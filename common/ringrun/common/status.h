@@ -17,6 +17,10 @@ enum class Code {
   kPermissionDenied,  // authentication or host-key refusal
   kAborted,           // the job was torn down under us
   kInternal,          // a bug or an unexpected system failure
+  // The collective engine's (runtime/src/engine/):
+  kMismatch,   // ranks submitted one name with different arguments
+  kDuplicate,  // a name submitted again while it is still in flight on this rank
+  kJoined,     // not possible while a rank has joined (ringrun_join)
 };
 
 const char* CodeName(Code code);

@@ -350,7 +350,7 @@ void Controller::FillFast(uint32_t id, Response* out) {
     resp.copied_from = id, resp.copied_version = version;
   }
   resp.by_rank.clear();
-  resp.error_code = RINGRUN_OK;
+  resp.error_code = Code::kOk;
   resp.error.clear();
   resp.contributors = size_ - joined_count_;
   resp.last_joined = -1;
@@ -387,7 +387,7 @@ std::optional<Response> Controller::JoinedError(const Request& req) const {
   resp.req = req;
   resp.contributors = size_ - joined_count_;
   resp.type = Response::kError;
-  resp.error_code = RINGRUN_ERR_JOINED;
+  resp.error_code = Code::kJoined;
   resp.error = "tensor '" + req.name + "': " + KindName(req.kind) +
                (req.device ? " of device memory" : "") +
                " is not possible while ranks have joined (" + RankList(joined) +
@@ -430,7 +430,7 @@ Response Controller::Build(Slot& s) {
     for (const auto& [v, ranks] : groups)
       detail += (detail.empty() ? "" : "; ") + RankList(ranks) + " sent " + v;
     resp.type = Response::kError;
-    resp.error_code = RINGRUN_ERR_MISMATCH;
+    resp.error_code = Code::kMismatch;
     resp.error = "tensor '" + name + "': ranks disagree on the " + field + ": " + detail;
     return resp;
   }
@@ -449,7 +449,7 @@ Response Controller::Build(Slot& s) {
       for (int r = 0; r < size_; ++r) {
         if (s.by_rank[r]->send_rows.size() != static_cast<size_t>(size_)) {
           resp.type = Response::kError;
-          resp.error_code = RINGRUN_ERR_MISMATCH;
+          resp.error_code = Code::kMismatch;
           resp.error = "tensor '" + name + "': rank " + std::to_string(r) + " sent " +
                        std::to_string(s.by_rank[r]->send_rows.size()) + " splits for " +
                        std::to_string(size_) + " ranks";

@@ -33,7 +33,7 @@ struct Response {
   // allgather, alltoall: every rank's request (rows differ); empty for other kinds. A joined
   // rank's slot holds nothing.
   std::vector<std::optional<Request>> by_rank;
-  ringrun_status error_code = RINGRUN_OK;
+  Code error_code = Code::kOk;
   std::string error;
   int contributors = 0;   // ranks that had not joined when it became ready
   int64_t cache_id = -1;  // the response cache's id of its name, if it has one

@@ -13,14 +13,9 @@
 
 namespace ringrun::runtime::engine {
 
-ringrun_status ToRingrunStatus(const Status& st) {
-  return st.ok() ? RINGRUN_OK : static_cast<ringrun_status>(st.code());
-}
-
 Status Engine::failure() {
   std::lock_guard<Mutex> lock(mu_);
-  if (failed_code_ == RINGRUN_OK) return Status::Ok();
-  return Status(static_cast<Code>(failed_code_), failed_message_);
+  return failed_;
 }
 
 Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions options)
@@ -50,8 +45,7 @@ Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions op
     Status why = Internal("rank " + std::to_string(options_.rank) +
                           ": cannot make the engine's eventfd: " + std::strerror(-bell) +
                           (-bell == EMFILE ? " (the process's open-file limit, ulimit -n)" : ""));
-    failed_code_ = ToRingrunStatus(why);
-    failed_message_ = why.message();
+    failed_ = why;
     if (transport_) transport_->Break(why);
     return;
   }
@@ -115,7 +109,7 @@ void Engine::Shutdown() {
 void Engine::Abort(const Status& st) {
   {
     std::lock_guard<Mutex> lock(mu_);
-    if (failed_code_ != RINGRUN_OK || !abort_.ok()) return;
+    if (!failed_.ok() || !abort_.ok()) return;
     abort_ = st;
   }
   AbortDevice(st.message());

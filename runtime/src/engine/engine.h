@@ -92,12 +92,6 @@ struct EngineOptions {
 // kept in slots (Engine::kKeptSlots per runtime) are interned.
 const std::string* InternName(std::string_view name);
 
-struct SubmitResult {
-  ringrun_status status = RINGRUN_OK;
-  std::string message;
-  std::shared_ptr<HandleState> handle;
-};
-
 class Engine {
  public:
   // transport may be null (a job of one). Starts the engine thread, which first meets every
@@ -107,31 +101,23 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues entries atomically (one handle for all of them); an empty name gets
-  // the default. A group's entries (group: a grouped allreduce) are named
-  // "<name>.<i>of<n>" after entries[0]'s name. Never waits for other ranks.
-  SubmitResult Submit(std::vector<Entry> entries, bool group = false);
-  // The same for n entries at `entries` (moved from), named `name` (the group's base name
-  // for a group; else n is 1) whatever their req.name: the C API's path, which builds no
-  // string for a name seen before. On success *handle is the caller's reference (ReleaseHandle
-  // drops it); on failure *message says why.
-  ringrun_status Submit(Entry* entries, size_t n, std::string_view name, bool group,
-                        HandleState** handle, std::string* message);
-  // One named allreduce of host memory (the commonest submission of training), queued as
-  // Submit would queue it but without building an Entry, when the name has a kept slot that is
-  // not in flight and the arguments are valid: *handle is then the caller's reference, and the
-  // result true. Otherwise it does nothing and returns false, and the caller takes Submit,
-  // which also says what is wrong (a new name, a duplicate, device memory, a bad argument, a
-  // runtime that is shutting down or broken).
-  bool SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
-                           ringrun_dtype dtype, ringrun_op op, double prescale, double postscale,
-                           uint32_t flags, HandleState** handle);
+  // The one way in: validates and queues the n entries at `entries` (moved from) under one
+  // handle, all or none, and never waits for other ranks. `name` names them whatever their
+  // req.name: a lone entry's name, or a group's base name (group: a grouped allreduce, whose
+  // entries are "<name>.<i>of<n>"); empty: a default that is the same on every rank (the k-th
+  // unnamed submission of its kind). Several entries must be a group. On success *handle is
+  // the caller's reference (ReleaseHandle drops it). Refused: kInvalidArgument (a bad
+  // argument, named), kDuplicate (a name still in flight on this rank), kAborted (shutting
+  // down), or the failure that broke the engine. A named allreduce of host memory whose name
+  // has a kept slot (the commonest submission of training) is queued without a lookup of its
+  // buffers or a string built (QueueKept).
+  Status Submit(std::string_view name, Entry* entries, size_t n, bool group, HandleState** handle);
   int timeout_ms() const { return options_.timeout_ms; }
   // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
   // it, naming the ranks that have not submitted what is pending. For a blocking call that
   // gave up waiting.
   void Abort(const Status& st);
-  // Stops the engine thread; pending handles fail with RINGRUN_ERR_ABORTED. Idempotent.
+  // Stops the engine thread; pending handles fail with kAborted. Idempotent.
   void Shutdown();
   const EngineOptions& options() const { return options_; }
   // OK until the engine fails for good (a broken transport, a stall shutdown, no doorbell at
@@ -162,14 +148,23 @@ class Engine {
     // Set by MoveInto when an argument changed (mu_), cleared by the engine once it has
     // compared the request with the cache again.
     bool args_changed = true;
-    // mu_: the slot holds a host allreduce that SubmitAllreduceFast checked (arguments and
+    // mu_: the slot holds a host allreduce that QueueKept checked (arguments and
     // buffers) and wrote, unchanged since (MoveInto clears it).
     bool fast_ok = false;
   };
   static constexpr size_t kKeptSlots = 16384;
+  // Submit's short path for e, a lone named allreduce: queues it when its name has a kept
+  // slot that is not in flight and e is host memory with valid arguments (true: *handle is the
+  // caller's). Otherwise it does nothing and returns false, and Submit takes its general path,
+  // which also says what is wrong. Builds no string; checks nothing again when the arguments
+  // and buffers are those of the name's last submission through here.
+  bool QueueKept(std::string_view name, const Entry& e, HandleState** handle);
   // Whether Validate would accept these arguments for an allreduce of host memory.
   bool ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, double prescale, double postscale, uint32_t flags) const;
+  // Submit's path for everything else, which says what is wrong with a refused submission.
+  Status SubmitGeneral(std::string_view name, Entry* entries, size_t n, bool group,
+                       HandleState** handle);
   Slot* NewSlot(std::string_view name, bool named);  // mu_ held
   void ReleaseSlot(Slot* s) {                        // mu_ held: not in flight any more
     s->in_flight = false;
@@ -230,10 +225,10 @@ class Engine {
   Result<gpu::DeviceBackend*> Device();
   // Finishes this rank's entry e (nullptr: none, the rank had joined); its handle is marked
   // done, and its name freed, by the NotifyCompleted that follows.
-  void Complete(Entry* e, ringrun_status st, const std::string& message);
+  void Complete(Entry* e, Code code, const std::string& message);
   void NotifyCompleted();
   // Fails everything pending and queued with st; later submissions fail with it too.
-  void FailAll(ringrun_status code, const Status& st);
+  void FailAll(const Status& st);
   // Appends to `fresh` what is submitted while a burst goes on (see burst_quiet_ns).
   void CollectBurst(std::vector<Slot*>& fresh);
   CollectiveContext Context();
@@ -251,15 +246,14 @@ class Engine {
   Mutex mu_;                  // not std::mutex: see mutex.h
   std::vector<Slot*> queue_;  // guarded by mu_
   // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
-  NameTable<Slot> slots_;                    // mu_
-  std::deque<Slot> slot_store_;              // mu_ (grows; never moves a slot)
-  std::vector<Slot*> free_slots_;            // mu_
-  size_t kept_slots_ = 0;                    // mu_
-  std::vector<uint64_t> noname_counter_;     // by Kind; mu_
-  bool stop_ = false;                        // mu_
-  Status abort_;                             // mu_
-  ringrun_status failed_code_ = RINGRUN_OK;  // mu_
-  std::string failed_message_;               // mu_
+  NameTable<Slot> slots_;                 // mu_
+  std::deque<Slot> slot_store_;           // mu_ (grows; never moves a slot)
+  std::vector<Slot*> free_slots_;         // mu_
+  size_t kept_slots_ = 0;                 // mu_
+  std::vector<uint64_t> noname_counter_;  // by Kind; mu_
+  bool stop_ = false;                     // mu_
+  Status abort_;                          // mu_
+  Status failed_;                         // mu_
   std::atomic<bool> sleeping_{false};
   // Submissions pushed so far: written under mu_, read by CollectBurst without it.
   std::atomic<uint64_t> pushed_{0};
@@ -296,8 +290,5 @@ class Engine {
 
   std::thread thread_;
 };
-
-// The ringrun_status of a Status (Code values 1..7 are the same numbers).
-ringrun_status ToRingrunStatus(const Status& st);
 
 }  // namespace ringrun::runtime::engine

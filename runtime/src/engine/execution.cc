@@ -15,11 +15,10 @@ void Engine::RunPlan(Plan& p) {
     }
     Status st = RunBatch(b);
     if (!st.ok() && transport_ && !transport_->status().ok()) {
-      FailAll(ToRingrunStatus(transport_->status()), transport_->status());  // notifies all
+      FailAll(transport_->status());  // notifies all
       return;
     }
-    const ringrun_status code = ToRingrunStatus(st);
-    for (Entry* e : b.locals) Complete(e, code, st.message());
+    for (Entry* e : b.locals) Complete(e, st.code(), st.message());
   }
   NotifyCompleted();
 }
@@ -67,7 +66,7 @@ Status Engine::RunBatch(Batch& b) {
   return Internal("unknown collective kind");
 }
 
-inline void Engine::Complete(Entry* e, ringrun_status st, const std::string& message) {
+inline void Engine::Complete(Entry* e, Code code, const std::string& message) {
   if (!e) return;  // joined: this rank had nothing under that name
   Slot* s = static_cast<Slot*>(e);
   if (!s->handle) return;  // completed already (a failure after part of a round)
@@ -79,8 +78,8 @@ inline void Engine::Complete(Entry* e, ringrun_status st, const std::string& mes
   }
   if (s->ready) s->ready.reset();
   HandleState* h = s->handle;
-  if (st != RINGRUN_OK && h->status == RINGRUN_OK) {
-    h->status = st;
+  if (code != Code::kOk && h->code == Code::kOk) {
+    h->code = code;
     h->message = message;
   }
   if (--h->remaining == 0) completed_.push_back(h);
@@ -102,22 +101,19 @@ void Engine::NotifyCompleted() {
   completed_.clear();
 }
 
-void Engine::FailAll(ringrun_status code, const Status& st) {
+void Engine::FailAll(const Status& st) {
   // Every slot in flight belongs to the engine: queued, announced, or taken from the queue by
   // a round that did not announce it.
   std::vector<Slot*> pending;
   {
     std::lock_guard<Mutex> lock(mu_);
-    if (failed_code_ == RINGRUN_OK) {
-      failed_code_ = code;
-      failed_message_ = st.message();
-    }
+    if (failed_.ok()) failed_ = st;
     queue_.clear();
     for (Slot& s : slot_store_) {
       if (s.in_flight && s.handle) pending.push_back(&s);
     }
   }
-  for (Slot* s : pending) Complete(s, code, st.message());
+  for (Slot* s : pending) Complete(s, st.code(), st.message());
   NotifyCompleted();
 }
 

@@ -39,7 +39,7 @@ void Recycle(HandleState* h, bool cache) {
   }
   h->flags.store(0, std::memory_order_relaxed);
   h->name_ptr = nullptr;
-  h->status = RINGRUN_OK;
+  h->code = Code::kOk;
   if (!h->message.empty()) h->message.clear();
   h->remaining = 0;
   h->kind = Kind::kAllreduce;
@@ -94,8 +94,8 @@ std::shared_ptr<HandleState> ShareHandle(HandleState* h) {
   return std::shared_ptr<HandleState>(h, ReleaseHandle);
 }
 
-ringrun_status WaitHandle(HandleState& h, int timeout_ms) {
-  if (h.done()) return h.status;
+Code WaitHandle(HandleState& h, int timeout_ms) {
+  if (h.done()) return h.code;
   // Counted process-wide (an engine may be gone by the time a waiter leaves).
   internal::waiters.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(h.mu);
@@ -103,7 +103,7 @@ ringrun_status WaitHandle(HandleState& h, int timeout_ms) {
   const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                                   [&] { return (h.flags.load() & HandleState::kDone) != 0; });
   internal::waiters.fetch_sub(1, std::memory_order_relaxed);
-  return done ? h.status : RINGRUN_ERR_TIMEOUT;
+  return done ? h.code : Code::kTimeout;
 }
 
 }  // namespace ringrun::runtime::engine

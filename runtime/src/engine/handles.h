@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "ringrun/ringrun.h"
+#include "ringrun/common/status.h"
 #include "runtime/src/engine/request.h"
 
 namespace ringrun::runtime::engine {
@@ -45,8 +45,8 @@ struct HandleState {
   bool done() const { return flags.load(std::memory_order_acquire) & kDone; }
   std::mutex mu;
   std::condition_variable cv;
-  // Written by the engine thread before done; read after.
-  ringrun_status status = RINGRUN_OK;
+  // Written by the engine thread before done; read after: how it ended, and why (a failure).
+  Code code = Code::kOk;
   std::string message;
   int remaining = 0;  // entries not complete yet (the engine thread's)
   // Constant after submission.
@@ -81,9 +81,9 @@ std::shared_ptr<HandleState> ShareHandle(HandleState* h);
 // Engine thread.
 inline void CompleteHandle(HandleState* h);
 
-// Waits for h up to timeout_ms; RINGRUN_ERR_TIMEOUT if it has not completed by then, else its
-// status. Any thread.
-ringrun_status WaitHandle(HandleState& h, int timeout_ms);
+// Waits for h up to timeout_ms: its code once done, or kTimeout if it has not completed by
+// then (h.done() tells the two timeouts apart). Any thread.
+Code WaitHandle(HandleState& h, int timeout_ms);
 // Whether some thread of the process is inside WaitHandle, on any engine's handle (the engine
 // stops gathering a burst of submissions as soon as anyone waits).
 inline bool SomeoneWaits();

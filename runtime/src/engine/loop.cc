@@ -70,7 +70,7 @@ void Engine::Loop() {
     burst_quiet_ns_ = 0;
   }
   Status st = Hello();
-  if (!st.ok()) FailAll(ToRingrunStatus(st), st);
+  if (!st.ok()) FailAll(st);
   for (;;) {
     std::vector<Slot*> fresh;
     fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
@@ -80,7 +80,7 @@ void Engine::Loop() {
       std::lock_guard<Mutex> lock(mu_);
       if (stop_) break;
       fresh.swap(queue_);
-      failed = failed_code_ != RINGRUN_OK;
+      failed = !failed_.ok();
       abort = std::exchange(abort_, Status::Ok());
     }
     if (!abort.ok() && !failed) {
@@ -89,19 +89,18 @@ void Engine::Loop() {
       std::string who = stall_.Report(controller_.Pending(), Now(), 0);
       Status why(abort.code(), abort.message() + (who.empty() ? "" : ": " + who));
       if (transport_) transport_->Break(why);
-      FailAll(ToRingrunStatus(why), why);  // fresh's slots are in flight: it fails them too
+      FailAll(why);  // fresh's slots are in flight: it fails them too
       continue;
     }
     if (failed) {
       // Broken: what was queued before the failure fails with it; then sleep until shutdown.
       if (!fresh.empty()) {
-        std::string m;
-        ringrun_status c;
+        Status failure;
         {
           std::lock_guard<Mutex> lock(mu_);
-          c = failed_code_, m = failed_message_;
+          failure = failed_;
         }
-        FailAll(c, Status(Code::kUnavailable, m));
+        FailAll(failure);
       }
       SleepOnDoorbell(Deadline::max());
       DrainDoorbell(doorbell());
@@ -137,7 +136,7 @@ void Engine::Loop() {
         // As a failed round: the peers must see this rank's connections close, not wait for
         // it until their timeout.
         if (transport_) transport_->Break(wst);
-        FailAll(ToRingrunStatus(wst), wst);
+        FailAll(wst);
         continue;
       }
       if (check >= 0 && Now() >= check) {
@@ -148,7 +147,7 @@ void Engine::Loop() {
           Status told = Round({}, sst.message());
           Status why = told.code() == Code::kAborted ? told : sst;
           if (transport_) transport_->Break(why);
-          FailAll(RINGRUN_ERR_ABORTED, why);
+          FailAll(Aborted(why.message()));
           continue;
         }
       }
@@ -169,10 +168,10 @@ void Engine::Loop() {
     }
     if (!st.ok()) {
       if (transport_) transport_->Break(st);
-      FailAll(ToRingrunStatus(st), st);
+      FailAll(st);
     }
   }
-  FailAll(RINGRUN_ERR_ABORTED, Aborted("ringrun_shutdown was called with the collective pending"));
+  FailAll(Aborted("ringrun_shutdown was called with the collective pending"));
   if (timeline_) timeline_->Flush();
 }
 

@@ -99,20 +99,6 @@ const std::string* InternName(std::string_view name) {
   return &*names->emplace(name).first;
 }
 
-SubmitResult Engine::Submit(std::vector<Entry> entries, bool group) {
-  SubmitResult out;
-  const std::string name = entries.empty() ? std::string() : entries[0].req.name;
-  if (!group && entries.size() > 1) {
-    out.status = RINGRUN_ERR_INVALID_ARGUMENT;
-    out.message = "several entries in one submission must be a group";
-    return out;
-  }
-  HandleState* h = nullptr;
-  out.status = Submit(entries.data(), entries.size(), name, group, &h, &out.message);
-  if (h) out.handle = ShareHandle(h);
-  return out;
-}
-
 namespace {
 
 // Writes value into field if it differs; whether it did.
@@ -148,7 +134,7 @@ inline bool Engine::UpdateArgs(Request& q, const R& r) {
 }
 
 void Engine::MoveInto(Slot& s, Entry& e) {
-  s.fast_ok = false;  // written by the general path: SubmitAllreduceFast checks again
+  s.fast_ok = false;  // written by the general path: QueueKept checks again
   Request& q = s.req;
   bool changed = UpdateArgs(q, e.req);
   if (q.send_rows != e.req.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
@@ -182,13 +168,20 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   return s;
 }
 
-ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, bool group,
-                              HandleState** handle, std::string* message) {
+Status Engine::Submit(std::string_view name, Entry* entries, size_t n, bool group,
+                      HandleState** handle) {
   *handle = nullptr;
-  if (n == 0) {
-    *message = "nothing to submit";
-    return RINGRUN_ERR_INVALID_ARGUMENT;
+  if (n == 1 && !group && entries[0].req.kind == Kind::kAllreduce &&
+      QueueKept(name, entries[0], handle)) {
+    return Status::Ok();
   }
+  return SubmitGeneral(name, entries, n, group, handle);
+}
+
+Status Engine::SubmitGeneral(std::string_view name, Entry* entries, size_t n, bool group,
+                             HandleState** handle) {
+  if (n == 0) return InvalidArgument("nothing to submit");
+  if (n > 1 && !group) return InvalidArgument("several entries in one submission must be a group");
   const int64_t now = timeline_ ? Now() : 0;  // submit_us: for the timeline only
   for (size_t i = 0; i < n; ++i) {
     Entry& e = entries[i];
@@ -201,25 +194,23 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
                     : Validate(e, options_.size, send_device, recv_device);
     if (st.ok() && e.req.device) st = RecordReady(e);
     if (!st.ok()) {
-      *message = (name.empty() ? std::string(KindName(e.req.kind)) : std::string(name)) + ": " +
-                 st.message();
-      return RINGRUN_ERR_INVALID_ARGUMENT;
+      return InvalidArgument(
+          (name.empty() ? std::string(KindName(e.req.kind)) : std::string(name)) + ": " +
+          st.message());
     }
     e.submit_us = now;
   }
   if (name == kJoinName && !group && entries[0].req.kind != Kind::kJoin) {
     // Every rank's controller counts a rank that announces "join" as joined as soon as it sees
     // the announcement, before any mismatch is found.
-    *message = "'join' is the name of ringrun_join's request; choose another name";
-    return RINGRUN_ERR_INVALID_ARGUMENT;
+    return InvalidArgument("'join' is the name of ringrun_join's request; choose another name");
   }
   HandleState* h = NewHandleState();
   // Refused after this point: the engine never saw the handle, and the caller never gets it.
-  auto refuse = [&](ringrun_status st, std::string why) {
+  auto refuse = [&](Status why) {
     h->flags.store(HandleState::kDone | HandleState::kEngineGone);
     ReleaseHandle(h);
-    *message = std::move(why);
-    return st;
+    return why;
   };
   const Kind kind = entries[0].req.kind;
   h->kind = kind;
@@ -228,8 +219,8 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   h->wait_ms = options_.timeout_ms;
   {
     std::lock_guard<Mutex> lock(mu_);
-    if (stop_) return refuse(RINGRUN_ERR_ABORTED, "ringrun is shutting down");
-    if (failed_code_ != RINGRUN_OK) return refuse(failed_code_, failed_message_);
+    if (stop_) return refuse(Aborted("ringrun is shutting down"));
+    if (!failed_.ok()) return refuse(failed_);
     // Names: a group's entries are "<base>.<i>of<n>"; an unnamed submission gets a default
     // that is the same on every rank (the n-th unnamed one of its kind).
     const bool named = !name.empty();
@@ -260,9 +251,9 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
       if (s && s->in_flight) {
         for (size_t j = 0; j < i; ++j) ReleaseSlot(taken[j]);
         return refuse(
-            RINGRUN_ERR_DUPLICATE_NAME,
-            "tensor '" + std::string(nm) +
-                "' is still in flight on this rank (submitted again before it completed)");
+            Status(Code::kDuplicate,
+                   "tensor '" + std::string(nm) +
+                       "' is still in flight on this rank (submitted again before it completed)"));
       }
       if (!s) s = NewSlot(nm, named);
       s->in_flight = true;
@@ -288,7 +279,7 @@ ringrun_status Engine::Submit(Entry* entries, size_t n, std::string_view name, b
   // our push, so the load sees it.
   if (sleeping_.load() && sleeping_.exchange(false)) RingDoorbell(doorbell());
   *handle = h;
-  return RINGRUN_OK;
+  return Status::Ok();
 }
 
 bool Engine::ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
@@ -313,10 +304,21 @@ bool Engine::ValidHostAllreduce(const void* send, void* recv, size_t count, ring
   return !device(send) && (recv == send || !device(recv));
 }
 
-bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* recv, size_t count,
-                                 ringrun_dtype dtype, ringrun_op op, double prescale,
-                                 double postscale, uint32_t flags, HandleState** handle) {
+bool Engine::QueueKept(std::string_view name, const Entry& e, HandleState** handle) {
+  // Fields that a plain allreduce leaves at their defaults, set otherwise (or a stream): the
+  // general path stores them as given.
+  if (e.stream != nullptr || e.ready || e.req.root != 0 || e.req.row_elems != 1 || e.req.fixed ||
+      !e.req.send_rows.empty()) {
+    return false;
+  }
   if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES || name == kJoinName) return false;
+  const void* const send = e.send;
+  void* const recv = e.recv;
+  const uint64_t count = e.req.count;
+  const ringrun_dtype dtype = e.req.dtype;
+  const ringrun_op op = e.req.op;
+  const double prescale = e.req.prescale, postscale = e.req.postscale;
+  const uint32_t flags = e.req.flags;
   const int64_t now = timeline_ ? Now() : 0;
   const size_t hash = NameHash{}(name);
   HandleState* h = nullptr;
@@ -324,7 +326,7 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
   for (;;) {
     {
       std::lock_guard<Mutex> lock(mu_);
-      if (stop_ || failed_code_ != RINGRUN_OK) return false;
+      if (stop_ || !failed_.ok()) return false;
       // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
       Slot* s = slots_.Find(name, hash);
       if (s == nullptr || !s->kept || s->in_flight) return false;
@@ -343,8 +345,8 @@ bool Engine::SubmitAllreduceFast(std::string_view name, const void* send, void* 
         h->name_ptr = s->name;
         s->in_flight = true;
         if (!same) {
-          // The arguments as Submit's caller would have built the request (the name stays the
-          // slot's own; no string or vector is built).
+          // The arguments as the general path would store them (the name stays the slot's
+          // own; no string or vector is built).
           struct {
             Kind kind = Kind::kAllreduce;
             ringrun_dtype dtype;

@@ -5,12 +5,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "ringrun/common/gpu_info.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/ringrun.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
@@ -57,7 +57,7 @@ ringrun_status ToC(Code code) {
 }
 
 struct Process {
-  std::mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
+  ringrun::Mutex init_mu;  // serializes ringrun_init and ringrun_shutdown (held through a join)
   // The runtime that ringrun_init published (null after ringrun_shutdown). A C call reads it
   // with one load, without a count or a lock (a submission is made hundreds of times a step,
   // and counting each call cost two atomic read-modify-writes, about a tenth of a small
@@ -68,8 +68,8 @@ struct Process {
   // kilobytes) is kept here, one per ringrun_init, until the process exits; its doorbell's
   // eventfd goes back to the engine's pool for the next runtime (engine/doorbell.h).
   std::atomic<Runtime*> current{nullptr};
-  std::vector<std::unique_ptr<Runtime>> runtimes;  // every one initialized; guarded by init_mu
-  uint32_t joins = 0;  // rendezvous rounds joined so far; guarded by init_mu
+  std::vector<std::unique_ptr<Runtime>> runtimes GUARDED_BY(init_mu);  // every one initialized
+  uint32_t joins GUARDED_BY(init_mu) = 0;  // rendezvous rounds joined so far
 };
 inline Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -160,7 +160,7 @@ ringrun_status Init(int spin) {
                 "ringrun_init_with_spin: spin " + std::to_string(spin) + " is not -1, 0 or 1");
   }
   Process& p = TheProcess();
-  std::lock_guard<std::mutex> init_lock(p.init_mu);
+  ringrun::MutexLock init_lock(&p.init_mu);
   if (Current()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
@@ -201,7 +201,7 @@ ringrun_status ringrun_init_with_spin(int spin) { return Init(spin); }
 
 void ringrun_shutdown(void) {
   Process& p = TheProcess();
-  std::lock_guard<std::mutex> init_lock(p.init_mu);
+  ringrun::MutexLock init_lock(&p.init_mu);
   Runtime* rt = p.current.exchange(nullptr);
   // Stops the engine now (pending handles fail) and releases what it holds, even while another
   // thread is still in a call on it (that call fails).
@@ -328,7 +328,7 @@ const char* ringrun_handle_name(ringrun_handle h) { return h ? State(h)->name().
 ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t* count) {
   if (!h || !data || !count) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
   HandleState& s = *State(h);
-  std::lock_guard<std::mutex> lock(s.mu);
+  ringrun::MutexLock lock(&s.mu);
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
                 s.name() + ": only allgather and alltoall have an output");
@@ -348,7 +348,7 @@ ringrun_status ringrun_handle_output(ringrun_handle h, const void** data, size_t
 ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
   if (!h || (!rows && n)) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "NULL argument");
   HandleState& s = *State(h);
-  std::lock_guard<std::mutex> lock(s.mu);
+  ringrun::MutexLock lock(&s.mu);
   if (s.kind != Kind::kAllgather && s.kind != Kind::kAlltoall) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, s.name() + ": only allgather and alltoall have rows");
   }

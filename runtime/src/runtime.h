@@ -65,7 +65,7 @@ struct EngineSettings {
   engine::StallOptions stall;
   std::string timeline;  // path; "" for none
   std::function<void(const std::string&)> log;
-  const engine::EngineClock* clock = nullptr;
+  const Clock* clock = nullptr;
   // The GPU seam (engine::EngineOptions).
   std::function<bool(const void*)> is_device;
   std::function<std::string()> make_nccl_id;

@@ -42,14 +42,14 @@ Result<gpu::DeviceBackend*> Engine::Device() {
   }
   device_ = std::move(made.value());
   {
-    std::lock_guard<std::mutex> lock(device_mu_);
+    MutexLock lock(&device_mu_);
     device_live_ = device_.get();
   }
   return device_.get();
 }
 
 void Engine::AbortDevice(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(device_mu_);
+  MutexLock lock(&device_mu_);
   if (device_abort_.empty()) device_abort_ = reason;
   // Only work in progress is aborted: an idle communicator is finalized cleanly at the end.
   if (device_busy_ && device_live_ != nullptr) device_live_->Abort(reason);
@@ -71,7 +71,7 @@ Status Engine::RunDevice(Batch& b) {
   std::vector<DeviceItem> items;
   for (size_t i = 0; i < b.responses.size(); ++i) items.push_back({b.responses[i], b.locals[i]});
   {
-    std::lock_guard<std::mutex> lock(device_mu_);
+    MutexLock lock(&device_mu_);
     if (!device_abort_.empty()) return Aborted(device_abort_);
     device_busy_ = true;
   }
@@ -84,7 +84,7 @@ Status Engine::RunDevice(Batch& b) {
     AbortDevice("rank " + std::to_string(options_.rank) +
                 ": an earlier device collective failed here: " + st.message());
   }
-  std::lock_guard<std::mutex> lock(device_mu_);
+  MutexLock lock(&device_mu_);
   device_busy_ = false;
   return st;
 }

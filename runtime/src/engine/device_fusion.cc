@@ -194,7 +194,7 @@ void DeviceScaleAndOp(const Request& r, int size, double* scale, ringrun_op* op)
 
 Status RunDeviceBatch(const DeviceBatchContext& ctx, const std::vector<DeviceItem>& batch) {
   gpu::DeviceBackend& dev = *ctx.backend;
-  const int64_t t0 = ctx.clock->NowMicros();
+  const int64_t t0 = NowMicros(*ctx.clock);
   std::vector<void*> streams;
   bool wait = false;
   for (const DeviceItem& it : batch) {
@@ -211,7 +211,7 @@ Status RunDeviceBatch(const DeviceBatchContext& ctx, const std::vector<DeviceIte
                                            : RunOne(dev, ctx.rank, ctx.size, batch[0], &moved));
   RINGRUN_RETURN_IF_ERROR(dev.Finish(streams, wait));
   if (ctx.timeline) {
-    const int64_t t1 = ctx.clock->NowMicros();
+    const int64_t t1 = NowMicros(*ctx.clock);
     const std::string args = "\"bytes\": " + std::to_string(moved) +
                              ", \"tensors\": " + std::to_string(batch.size()) +
                              ", \"waited\": " + (wait ? "true" : "false");

@@ -35,7 +35,7 @@ struct DeviceBatchContext {
   gpu::DeviceBackend* backend;
   int rank = 0, size = 1;
   Timeline* timeline = nullptr;  // null: no timeline
-  const EngineClock* clock = nullptr;
+  const Clock* clock = nullptr;
 };
 
 // Runs one batch as above. Returns once the work is enqueued and, when a handle waits for it,

@@ -14,13 +14,13 @@
 namespace ringrun::runtime::engine {
 
 Status Engine::failure() {
-  std::lock_guard<Mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return failed_;
 }
 
 Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock ? options_.clock : &steady_),
+      clock_(options_.clock ? options_.clock : &SteadyClock()),
       world_([&] {
         Group g;
         for (int r = 0; r < options_.size; ++r) g.ranks.push_back(r);
@@ -72,7 +72,7 @@ Engine::~Engine() { Shutdown(); }
 
 void Engine::Shutdown() {
   {
-    std::lock_guard<Mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   AbortDevice("ringrun_shutdown was called with device collectives pending");
@@ -86,7 +86,7 @@ void Engine::Shutdown() {
   ReturnDoorbell(doorbell_.exchange(-1));
   if (timeline_) timeline_->Close();
   {
-    std::lock_guard<std::mutex> lock(device_mu_);
+    MutexLock lock(&device_mu_);
     device_live_ = nullptr;
   }
   device_.reset();
@@ -99,7 +99,7 @@ void Engine::Shutdown() {
   std::vector<Response>().swap(responses_);
   uniform_plan_ = Plan();
   general_plan_ = Plan();
-  std::lock_guard<Mutex> lock(mu_);  // submissions see stop_ first and touch no slot
+  MutexLock lock(&mu_);  // submissions see stop_ first and touch no slot
   std::vector<Slot*>().swap(queue_);
   slots_.Clear();
   std::vector<Slot*>().swap(free_slots_);
@@ -108,7 +108,7 @@ void Engine::Shutdown() {
 
 void Engine::Abort(const Status& st) {
   {
-    std::lock_guard<Mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!failed_.ok() || !abort_.ok()) return;
     abort_ = st;
   }

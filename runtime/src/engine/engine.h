@@ -24,18 +24,17 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "ringrun/common/clock.h"
+#include "ringrun/common/thread_annotations.h"
 #include "runtime/src/collectives.h"
-#include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/fusion_buffer.h"
 #include "runtime/src/engine/handles.h"
-#include "runtime/src/engine/mutex.h"
 #include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
@@ -72,7 +71,7 @@ struct EngineOptions {
   std::string timeline_path;  // "": no timeline
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
-  const EngineClock* clock = nullptr;  // default: the steady clock
+  const Clock* clock = nullptr;  // default: SteadyClock()
   // The GPU seam (tests inject fakes): whether a pointer is device memory, and the backend's
   // factory, called on the engine thread at the first device collective with the NCCL id that
   // rank 0 made (make_nccl_id, rank 0 only) and broadcast over the CPU transport. Unset: the
@@ -165,8 +164,8 @@ class Engine {
   // Submit's path for everything else, which says what is wrong with a refused submission.
   Status SubmitGeneral(std::string_view name, Entry* entries, size_t n, bool group,
                        HandleState** handle);
-  Slot* NewSlot(std::string_view name, bool named);  // mu_ held
-  void ReleaseSlot(Slot* s) {                        // mu_ held: not in flight any more
+  Slot* NewSlot(std::string_view name, bool named) REQUIRES(mu_);
+  void ReleaseSlot(Slot* s) REQUIRES(mu_) {  // not in flight any more
     s->in_flight = false;
     if (s->kept) return;
     slots_.Erase(*s->name);
@@ -232,28 +231,29 @@ class Engine {
   // Appends to `fresh` what is submitted while a burst goes on (see burst_quiet_ns).
   void CollectBurst(std::vector<Slot*>& fresh);
   CollectiveContext Context();
-  int64_t Now() const { return clock_->NowMicros(); }
+  int64_t Now() const { return NowMicros(*clock_); }
 
   const EngineOptions options_;
-  SteadyClock steady_;
-  const EngineClock* const clock_;
+  const Clock* const clock_;
   const Group world_;
   const std::function<bool(const void*)> is_device_;
   // An eventfd from a process-wide pool (never closed); -1 once Shutdown put it back.
   std::atomic<int> doorbell_;
   int doorbell() const { return doorbell_.load(std::memory_order_relaxed); }
 
-  Mutex mu_;                  // not std::mutex: see mutex.h
-  std::vector<Slot*> queue_;  // guarded by mu_
+  // Guarded by mu_ (taken once per submission: the futex Mutex, one compare-and-swap). The
+  // fields of a Slot marked "mu_" are guarded by it too.
+  Mutex mu_;
+  std::vector<Slot*> queue_ GUARDED_BY(mu_);
   // Slots by name (their keys view *Slot::name), unnamed tensors' made-up names included.
-  NameTable<Slot> slots_;                 // mu_
-  std::deque<Slot> slot_store_;           // mu_ (grows; never moves a slot)
-  std::vector<Slot*> free_slots_;         // mu_
-  size_t kept_slots_ = 0;                 // mu_
-  std::vector<uint64_t> noname_counter_;  // by Kind; mu_
-  bool stop_ = false;                     // mu_
-  Status abort_;                          // mu_
-  Status failed_;                         // mu_
+  NameTable<Slot> slots_ GUARDED_BY(mu_);
+  std::deque<Slot> slot_store_ GUARDED_BY(mu_);  // grows; never moves a slot
+  std::vector<Slot*> free_slots_ GUARDED_BY(mu_);
+  size_t kept_slots_ GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> noname_counter_ GUARDED_BY(mu_);  // by Kind
+  bool stop_ GUARDED_BY(mu_) = false;
+  Status abort_ GUARDED_BY(mu_);
+  Status failed_ GUARDED_BY(mu_);
   std::atomic<bool> sleeping_{false};
   // Submissions pushed so far: written under mu_, read by CollectBurst without it.
   std::atomic<uint64_t> pushed_{0};
@@ -274,10 +274,10 @@ class Engine {
   Status device_error_;
   // Shutdown and Abort (other threads) abort the device backend while a device batch runs, so
   // that its wait ends at once instead of at the collective timeout.
-  std::mutex device_mu_;
-  gpu::DeviceBackend* device_live_ = nullptr;  // device_mu_: device_.get() once made
-  bool device_busy_ = false;                   // device_mu_: a device batch is running
-  std::string device_abort_;                   // device_mu_: why later device batches fail
+  Mutex device_mu_;
+  gpu::DeviceBackend* device_live_ GUARDED_BY(device_mu_) = nullptr;  // device_.get() once made
+  bool device_busy_ GUARDED_BY(device_mu_) = false;                   // a device batch is running
+  std::string device_abort_ GUARDED_BY(device_mu_);  // why later device batches fail
   std::vector<char> zeros_;
   std::vector<HandleState*> completed_;   // done, waiters not yet woken
   std::vector<Slot*> spare_;              // an empty vector whose capacity the queue reuses

@@ -93,7 +93,7 @@ void Engine::NotifyCompleted() {
   // work: a thread waiting on one handle after another then finds the next ones done instead
   // of being woken, and preempting the engine, once per handle.
   if (!finished_.empty()) {
-    std::lock_guard<Mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (Slot* s : finished_) ReleaseSlot(s);
   }
   finished_.clear();
@@ -106,7 +106,7 @@ void Engine::FailAll(const Status& st) {
   // a round that did not announce it.
   std::vector<Slot*> pending;
   {
-    std::lock_guard<Mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (failed_.ok()) failed_ = st;
     queue_.clear();
     for (Slot& s : slot_store_) {

@@ -1,6 +1,6 @@
 #include "runtime/src/engine/handles.h"
 
-#include <chrono>
+#include "ringrun/common/clock.h"
 
 namespace ringrun::runtime::engine {
 namespace internal {
@@ -64,8 +64,8 @@ void WakeWaiter(HandleState* h) {
   // The waiter holds mu from setting kWaiting until it sleeps: once we have held it, the
   // waiter sleeps (and is woken below) or sees kDone. Notified after unlocking, a waiter does
   // not wake only to block on the mutex we hold. Our share keeps h alive meanwhile.
-  { std::lock_guard<std::mutex> lock(h->mu); }
-  h->cv.notify_all();
+  { MutexLock lock(&h->mu); }
+  h->cv.SignalAll();
   EngineDone(h);
 }
 
@@ -98,10 +98,18 @@ Code WaitHandle(HandleState& h, int timeout_ms) {
   if (h.done()) return h.code;
   // Counted process-wide (an engine may be gone by the time a waiter leaves).
   internal::waiters.fetch_add(1, std::memory_order_relaxed);
-  std::unique_lock<std::mutex> lock(h.mu);
-  h.flags.fetch_or(HandleState::kWaiting);
-  const bool done = h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                  [&] { return (h.flags.load() & HandleState::kDone) != 0; });
+  const Deadline deadline = DeadlineAfter(timeout_ms);
+  bool done;
+  {
+    MutexLock lock(&h.mu);
+    h.flags.fetch_or(HandleState::kWaiting);
+    while (!(done = (h.flags.load() & HandleState::kDone) != 0)) {
+      if (!h.cv.WaitUntil(&h.mu, deadline)) {
+        done = (h.flags.load() & HandleState::kDone) != 0;
+        break;
+      }
+    }
+  }
   internal::waiters.fetch_sub(1, std::memory_order_relaxed);
   return done ? h.code : Code::kTimeout;
 }

@@ -20,15 +20,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ringrun/common/status.h"
+#include "ringrun/common/thread_annotations.h"
 #include "runtime/src/engine/request.h"
 
 namespace ringrun::runtime::engine {
@@ -43,8 +42,8 @@ struct HandleState {
   static constexpr uint8_t kDone = 1, kWaiting = 2, kEngineGone = 4, kReleased = 8;
   std::atomic<uint8_t> flags{0};
   bool done() const { return flags.load(std::memory_order_acquire) & kDone; }
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   // Written by the engine thread before done; read after: how it ended, and why (a failure).
   Code code = Code::kOk;
   std::string message;

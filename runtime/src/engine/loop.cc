@@ -45,7 +45,7 @@ void Engine::CollectBurst(std::vector<Slot*>& fresh) {
     }
     if (now - start >= std::chrono::nanoseconds(32 * quiet)) break;
   }
-  std::lock_guard<Mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fresh.insert(fresh.end(), queue_.begin(), queue_.end());
   queue_.clear();
 }
@@ -77,7 +77,7 @@ void Engine::Loop() {
     bool failed;
     Status abort;
     {
-      std::lock_guard<Mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) break;
       fresh.swap(queue_);
       failed = !failed_.ok();
@@ -97,7 +97,7 @@ void Engine::Loop() {
       if (!fresh.empty()) {
         Status failure;
         {
-          std::lock_guard<Mutex> lock(mu_);
+          MutexLock lock(&mu_);
           failure = failed_;
         }
         FailAll(failure);
@@ -110,7 +110,7 @@ void Engine::Loop() {
     if (fresh.empty()) {
       sleeping_.store(true);
       {
-        std::lock_guard<Mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_ || !queue_.empty() || !abort_.ok()) {
           sleeping_.store(false);
           continue;
@@ -152,7 +152,7 @@ void Engine::Loop() {
         }
       }
       {
-        std::lock_guard<Mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_) break;
         fresh.swap(queue_);
       }

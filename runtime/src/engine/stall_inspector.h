@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/engine/clock.h"
 #include "runtime/src/engine/controller.h"
 
 namespace ringrun::runtime::engine {

@@ -2,7 +2,6 @@
 // engine thread takes them from (engine.h, Engine::Submit).
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <unordered_set>
 
 #include "runtime/src/engine/buffers.h"
@@ -93,9 +92,9 @@ Status Validate(const Entry& e, int size, bool send_device, bool recv_device) {
 }  // namespace
 
 const std::string* InternName(std::string_view name) {
-  static std::mutex mu;
+  static Mutex mu;
   static auto* names = new std::unordered_set<std::string, std::hash<std::string>>;  // never freed
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   return &*names->emplace(name).first;
 }
 
@@ -119,9 +118,15 @@ inline bool Engine::UpdateArgs(Request& q, const R& r) {
   // Field by field, writing only what changed, and never the name (the slot keeps its own):
   // the engine thread read this slot last step, and a field left alone stays in both cores'
   // caches instead of moving back and forth each step.
-  bool changed = Update(q.kind, r.kind) | Update(q.dtype, r.dtype) | Update(q.op, r.op);
-  changed |= Update(q.device, r.device) | Update(q.root, r.root) | Update(q.count, r.count);
-  changed |= Update(q.row_elems, r.row_elems) | Update(q.flags, r.flags);
+  // Every field is updated: no short-circuit.
+  bool changed = Update(q.kind, r.kind);
+  changed |= Update(q.dtype, r.dtype);
+  changed |= Update(q.op, r.op);
+  changed |= Update(q.device, r.device);
+  changed |= Update(q.root, r.root);
+  changed |= Update(q.count, r.count);
+  changed |= Update(q.row_elems, r.row_elems);
+  changed |= Update(q.flags, r.flags);
   changed |= Update(q.fixed, r.fixed);
   // Bit for bit, as the response cache compares them (-0.0 == 0.0).
   if (std::memcmp(&q.prescale, &r.prescale, sizeof(double)) != 0) {
@@ -218,7 +223,7 @@ Status Engine::SubmitGeneral(std::string_view name, Entry* entries, size_t n, bo
   h->remaining = static_cast<int>(n);
   h->wait_ms = options_.timeout_ms;
   {
-    std::lock_guard<Mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return refuse(Aborted("ringrun is shutting down"));
     if (!failed_.ok()) return refuse(failed_);
     // Names: a group's entries are "<base>.<i>of<n>"; an unnamed submission gets a default
@@ -325,7 +330,7 @@ bool Engine::QueueKept(std::string_view name, const Entry& e, HandleState** hand
   bool validated = false;
   for (;;) {
     {
-      std::lock_guard<Mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_ || !failed_.ok()) return false;
       // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
       Slot* s = slots_.Find(name, hash);

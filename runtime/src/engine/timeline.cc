@@ -22,14 +22,14 @@ std::string JsonString(const std::string& s) {
 }
 
 Result<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int rank,
-                                                 const EngineClock* clock) {
+                                                 const Clock* clock) {
   std::FILE* f = std::fopen(path.c_str(), "we");
   if (!f) return ErrnoStatus("timeline: open " + path, errno);
   return std::unique_ptr<Timeline>(new Timeline(f, rank, clock));
 }
 
-Timeline::Timeline(std::FILE* f, int rank, const EngineClock* clock)
-    : f_(f), rank_(rank), origin_us_(clock->NowMicros()) {
+Timeline::Timeline(std::FILE* f, int rank, const Clock* clock)
+    : f_(f), rank_(rank), origin_us_(NowMicros(*clock)) {
   std::fprintf(f_,
                "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
                "{\"name\": \"rank %d\"}},\n",

@@ -6,22 +6,30 @@
 // viewers accept. Off (a null Timeline*) it costs one pointer test per event site.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <unordered_map>
 
+#include "ringrun/common/clock.h"
 #include "ringrun/common/status.h"
-#include "runtime/src/engine/clock.h"
 
 namespace ringrun::runtime::engine {
+
+// The engine's timestamps (the timeline's, the stall inspector's, a submission's): microseconds
+// on `clock`.
+inline int64_t NowMicros(const Clock& clock) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(clock.Now().time_since_epoch())
+      .count();
+}
 
 class Timeline {
  public:
   // Opens `path` for writing (truncating it). rank is the trace's pid.
   static Result<std::unique_ptr<Timeline>> Open(const std::string& path, int rank,
-                                                const EngineClock* clock);
+                                                const Clock* clock);
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
@@ -38,7 +46,7 @@ class Timeline {
   void Close();
 
  private:
-  Timeline(std::FILE* f, int rank, const EngineClock* clock);
+  Timeline(std::FILE* f, int rank, const Clock* clock);
   int Row(const std::string& tensor);
 
   std::FILE* f_;

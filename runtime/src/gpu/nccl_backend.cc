@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "ringrun/common/clock.h"
@@ -354,7 +353,7 @@ class NcclBackend final : public DeviceBackend {
   // is returned, not fatal to the communicator.
   template <typename Call>
   Status Cuda(const char* what, Call call) {
-    std::lock_guard<std::mutex> serial(call_mu_);
+    MutexLock serial(&call_mu_);
     {
       MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
@@ -382,7 +381,7 @@ class NcclBackend final : public DeviceBackend {
   // gets in between polls.
   template <typename Enqueue>
   Status Collective(const char* what, size_t count, Enqueue enqueue) {
-    std::lock_guard<std::mutex> serial(call_mu_);
+    MutexLock serial(&call_mu_);
     {
       MutexLock lock(&mu_);
       if (comm_ == nullptr) return broken_;
@@ -474,7 +473,7 @@ class NcclBackend final : public DeviceBackend {
   void* fusion_ = nullptr;
   size_t fusion_bytes_ = 0;
 
-  std::mutex call_mu_;  // held for a whole call: one at a time on the communicator
+  Mutex call_mu_;  // held for a whole call: one at a time on the communicator
 
   Mutex mu_;
   ncclComm_t comm_ GUARDED_BY(mu_) = nullptr;  // nullptr once aborted or destroyed

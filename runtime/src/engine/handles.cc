@@ -26,6 +26,8 @@ struct HandleCacheOwner {
 
 }  // namespace
 
+HandleState* AllocateHandleState() { return new HandleState; }
+
 void Recycle(HandleState* h, bool cache) {
   HandleCache& c = t_handles;
   if (!cache || c.gone || c.count >= kHandleCacheMax) {

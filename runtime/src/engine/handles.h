@@ -107,6 +107,8 @@ struct HandleCache {
 // dlopen (Python loads this one so).
 extern __thread HandleCache t_handles __attribute__((tls_model("initial-exec")));
 
+// A new state, for an empty cache (out of line: the inline path stays a few instructions).
+HandleState* AllocateHandleState();
 // Resets h and keeps it in this thread's cache (cache: the thread submits), or frees it.
 void Recycle(HandleState* h, bool cache);
 // CompleteHandle's path when a waiter sleeps on h.
@@ -123,7 +125,7 @@ inline HandleState* NewHandleState() {
     --c.count;
     return h;
   }
-  return new HandleState;
+  return internal::AllocateHandleState();
 }
 
 inline void CompleteHandle(HandleState* h) {

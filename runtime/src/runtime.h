@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/ringrun.h"
@@ -44,6 +45,14 @@ struct JobEnv {
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
   std::string timeline;
+  // Logging (RINGRUN_LOG_LEVEL or HOROVOD_LOG_LEVEL, as spdlog names it; "" leaves it).
+  std::string log_level;
+  bool log_hide_time = false;  // HOROVOD_LOG_HIDE_TIME
+  // HOROVOD_HIERARCHICAL_ALLREDUCE: -1 unset, 0 flat, 1 hierarchical where the layout allows.
+  int hierarchical_allreduce = -1;
+  // Horovod variables that are set and mean something else here, or nothing (knobs.h): rank 0
+  // logs them at init.
+  std::vector<std::string> knob_notes;
   // Not from the environment: how many times this process joined before (set by
   // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
   uint32_t generation = 0;

@@ -63,6 +63,10 @@
  *                                     is reported, per missing rank (default 60)
  *   RINGRUN_STALL_SHUTDOWN_SECONDS    ... and fails the job after this long (default: never)
  *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md)
+ *   RINGRUN_LOG_LEVEL                 trace, debug, info, warn, err, critical or off
+ * Horovod's runtime variables (HOROVOD_CYCLE_TIME, HOROVOD_STALL_CHECK_DISABLE, HOROVOD_TIMELINE,
+ * HOROVOD_LOG_LEVEL, ...) are read too, with Horovod's units, where ringrun's own is unset; one
+ * that means nothing here is logged once by rank 0 (README.md, "Horovod's variables").
  *
  * Buffers may be host or CUDA device memory (device memory is routed to the GPU backend when
  * this build has one); both buffers of a call are of the same kind. A device submission reads

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from .. import _engine, _lib
+from .. import _engine
 from . import mpi_ops
 from .compression import Compression
 
@@ -41,6 +41,8 @@ class _Bucket:
         self.wire = None
         self.ctx = None
         self.sparse = {}  # p -> sparse_dim, for gradients that arrived sparse (sparse_as_dense)
+        self.gathered = {}  # p -> the wait of its sparse allreduce (without sparse_as_dense)
+        self.after = None  # what the reduction leaves to do once the engine is done
 
 
 def _auto_buckets(params, cap):
@@ -73,6 +75,8 @@ def _split_by_key(group):
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    _ringrun_distributed = True  # step() reduces (see functions._initialize_state)
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False):
@@ -196,8 +200,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = view
             elif g.is_sparse:  # before data_ptr(): a sparse tensor has none
                 if not self.sparse_as_dense:
-                    raise NotImplementedError("sparse gradients: pass sparse_as_dense=True to "
-                                              "DistributedOptimizer")
+                    # As Horovod: every rank's indices and values, allgathered. Its slot in
+                    # the bucket travels as zeros.
+                    view.zero_()
+                    b.gathered[p] = mpi_ops.sparse_allreduce_async(
+                        g, f"DistributedOptimizer{self._instance}.sparse."
+                        f"{self._parameter_names[p]}", self.op)
+                    continue
                 b.sparse[p] = g.sparse_dim()
                 view.copy_(g.to_dense())
                 p.grad = view
@@ -208,15 +217,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         b.wire, b.ctx = wire, ctx
         f = self.gradient_predivide_factor
         pre, post = (1.0 / f, f) if f != 1.0 else (1.0, 1.0)
-        dtype = mpi_ops._dtype(wire)
-        op = self.op
-        integer_average = op == mpi_ops.Average and dtype not in _lib.FLOATING
-        if integer_average:
-            op = mpi_ops.Sum
-        mpi_ops._prepare_device(wire)
+        send, recv, dtype, op, pre, post, b.after = mpi_ops._reduction(
+            wire, wire, self.op, pre, post, mpi_ops.size())
+        mpi_ops._prepare_device(send, recv)
         b.handle = mpi_ops._submit(lambda: _engine.allreduce(
-            wire.data_ptr(), wire.data_ptr(), wire.numel(), dtype, op,
-            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post, keep=(wire,)))
+            send.data_ptr(), recv.data_ptr(), send.numel(), dtype, op,
+            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post,
+            keep=(send, recv)))
 
     def synchronize(self):
         """Waits for every gradient's allreduce (starting those not started: gradients that were
@@ -230,12 +237,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if b.handle is not None:
                     mpi_ops._internal(lambda: _engine.wait(b.handle))
                     b.handle = None
+                    if b.after is not None:
+                        b.after()
                     if b.wire is not b.flat:
                         b.flat.copy_(self._compression.decompress(b.wire, b.ctx))
-                    if self.op == mpi_ops.Average and b.flat.dtype in (torch.int8, torch.uint8,
-                                                                       torch.int32, torch.int64):
-                        b.flat.copy_(torch.div(b.flat, mpi_ops.size(), rounding_mode="floor"))
-                    b.wire = b.ctx = None
+                    b.wire = b.ctx = b.after = None
+                    for p, wait in b.gathered.items():
+                        p.grad = mpi_ops._internal(wait)
+                    b.gathered = {}
                     # Horovod's sparse_as_dense: reduced dense, handed back sparse (SparseAdam
                     # and other sparse-only optimizers refuse a dense gradient).
                     for p, sparse_dim in b.sparse.items():
@@ -271,10 +280,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if b.handle is not None:
                     h, b.handle = b.handle, None
                     mpi_ops._internal(lambda: _engine.wait(h))
+                gathered, b.gathered = b.gathered, {}
+                for wait in gathered.values():
+                    mpi_ops._internal(wait)
         finally:
             with self._lock:
                 for b in self._buckets:
-                    b.ready, b.wire, b.ctx, b.sparse = 0, None, None, {}
+                    b.ready, b.wire, b.ctx, b.sparse, b.after = 0, None, None, {}, None
+                    b.gathered = {}
                 for p in self._allreduce_delay:
                     self._allreduce_delay[p] = self.backward_passes_per_step
                 self._next_launch = 0

@@ -1,7 +1,9 @@
 """SyncBatchNorm (horovod/torch/sync_batch_norm.py): batch statistics over every rank's batch.
 
-Unlike Horovod's, it runs on CPU tensors too: the statistics are per-channel sums reduced with
-one allreduce in forward and one in backward.
+Unlike Horovod's, it runs on CPU tensors too (torch 1.13 has batch_norm_stats and its family on
+CUDA only, so both devices take the path of _SyncBatchNorm): one allgather of per-channel
+statistics in forward, one allreduce of per-channel sums in backward, and the passes over the
+batch made by torch's own kernels, in the input's dtype.
 """
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -42,46 +44,70 @@ class SyncBatchNorm(_BatchNorm):
                                     self.running_var, self.eps, exponential_average_factor)
 
 
+def _stats_dtype(dtype):
+    """Per-channel statistics of 16-bit inputs are kept in float (as torch's own kernels keep
+    them); the others in the input's dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class _SyncBatchNorm(torch.autograd.Function):
+    """Batch normalization with the statistics of every rank's batch.
+
+    Forward: torch.var_mean over this rank's batch, one allgather of (count, mean, var) per
+    channel, the job's mean and variance combined from them, then one pass of torch's own
+    batch_norm kernel in inference form with those as its statistics (it normalizes, scales and
+    shifts in the input's dtype). Backward: torch's native_batch_norm_backward gives this
+    rank's per-channel sums of dy and dy * xhat in one pass, one allreduce sums them over the
+    job, and the input's gradient is a per-channel a * dy + b * x + c (two passes)."""
+
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum):
         input = input.contiguous()
         c = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
-        x = input.to(torch.float64) if input.dtype != torch.float64 else input
-        count = torch.tensor([input.numel() // c], dtype=torch.float64, device=input.device)
-        stats = torch.cat([count, x.sum(dims), (x * x).sum(dims)])
-        stats = mpi_ops.allreduce(stats, op=mpi_ops.Sum, name=None)
-        n = stats[0]
-        mean = stats[1:1 + c] / n
-        var = (stats[1 + c:] / n - mean * mean).clamp_min(0)
-        invstd = torch.rsqrt(var + eps)
+        sdt = _stats_dtype(input.dtype)
+        x = input if sdt == input.dtype else input.to(sdt)
+        var, mean = torch.var_mean(x, dims, unbiased=False)
+        count = torch.full((1,), input.numel() // c, dtype=sdt, device=input.device)
+        rows = mpi_ops.allgather(torch.cat([count, mean, var]).unsqueeze(0))
+        counts, means, vars_ = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
+        n = counts.sum()
+        mean = (counts * means).sum(0) / n
+        var = (counts * (vars_ + (means - mean) ** 2)).sum(0) / n
         if running_mean is not None:
-            unbiased = var * n / (n - 1) if n > 1 else var
-            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-        shape = [1, c] + [1] * (input.dim() - 2)
-        xhat = (x - mean.view(shape)) * invstd.view(shape)
-        out = xhat
-        if weight is not None:
-            out = out * weight.to(torch.float64).view(shape) + bias.to(torch.float64).view(shape)
-        ctx.save_for_backward(xhat, invstd, weight)
-        ctx.n, ctx.dims, ctx.shape, ctx.dtype = n, dims, shape, input.dtype
-        return out.to(input.dtype)
+            with torch.no_grad():
+                unbiased = var * (n / (n - 1)) if n > 1 else var
+                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype),
+                                                    alpha=momentum)
+        pdt = input.dtype if weight is None else weight.dtype
+        out = torch.batch_norm(input, weight, bias, mean.to(pdt), var.to(pdt), False, 0.0, eps,
+                               torch.backends.cudnn.enabled)
+        invstd = torch.rsqrt(var + eps)
+        ctx.save_for_backward(input, weight, mean, invstd)
+        ctx.n, ctx.eps = n, eps
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
-        xhat, invstd, weight = ctx.saved_tensors
-        dims, shape, n = ctx.dims, ctx.shape, ctx.n
-        dy = grad_output.contiguous().to(torch.float64)
-        local = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
-        c = xhat.shape[1]
-        grad_weight = local[c:].to(ctx.dtype) if weight is not None else None
-        grad_bias = local[:c].to(ctx.dtype) if weight is not None else None
+        input, weight, mean, invstd = ctx.saved_tensors
+        dy = grad_output.contiguous()
+        c = input.shape[1]
+        # This rank's sum(dy * xhat) and sum(dy), per channel, in one pass of torch's kernel.
+        _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+            dy, input, None, None, None, mean, invstd, True, ctx.eps, [False, True, True])
+        local = torch.cat([sum_dy.to(mean.dtype), sum_dy_xhat.to(mean.dtype)])
         total = mpi_ops.allreduce(local, op=mpi_ops.Sum)
-        sum_dy, sum_dy_xhat = total[:c].view(shape), total[c:].view(shape)
-        scale = invstd.view(shape)
-        if weight is not None:
-            scale = scale * weight.to(torch.float64).view(shape)
-        grad_input = scale * (dy - sum_dy / n - xhat * sum_dy_xhat / n)
-        return grad_input.to(ctx.dtype), grad_weight, grad_bias, None, None, None, None
+        mean_dy, mean_dy_xhat = total[:c] / ctx.n, total[c:] / ctx.n
+        w = invstd if weight is None else invstd * weight.to(invstd.dtype)
+        # grad = w * (dy - mean_dy - xhat * mean_dy_xhat), xhat = (x - mean) * invstd
+        a = w
+        b = -w * invstd * mean_dy_xhat
+        k = -w * mean_dy - b * mean
+        shape = [1, c] + [1] * (input.dim() - 2)
+        dt = input.dtype
+        grad = torch.addcmul(k.to(dt).view(shape), input, b.to(dt).view(shape))
+        grad.addcmul_(dy, a.to(dt).view(shape))
+        grad_weight = sum_dy_xhat if weight is not None else None
+        grad_bias = sum_dy if weight is not None else None
+        return grad, grad_weight, grad_bias, None, None, None, None

@@ -217,8 +217,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         b.wire, b.ctx = wire, ctx
         f = self.gradient_predivide_factor
         pre, post = (1.0 / f, f) if f != 1.0 else (1.0, 1.0)
+        op = mpi_ops.Sum if self.op == mpi_ops.Adasum else self.op  # Adasum: at size() 1 only
         send, recv, dtype, op, pre, post, b.after = mpi_ops._reduction(
-            wire, wire, self.op, pre, post, mpi_ops.size())
+            wire, wire, op, pre, post, mpi_ops.size())
         mpi_ops._prepare_device(send, recv)
         b.handle = mpi_ops._submit(lambda: _engine.allreduce(
             send.data_ptr(), recv.data_ptr(), send.numel(), dtype, op,
@@ -338,6 +339,106 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer: once a parameter's gradients of backward_passes_per_step
+    passes are in, the wrapped optimizer steps that parameter alone, and the change it made is
+    combined over the ranks with Adasum (adasum.py); step() waits and applies each combined
+    change to the parameter's value before the local step."""
+    _ringrun_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is None:
+            named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+        named_parameters = list(named_parameters)
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._instance = next(_instances)
+        self._delay = {}
+        self._handles = {}
+        self._starts = {}
+        self._grad_accs = []
+        for p in params:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                self._delay[p] = backward_passes_per_step
+                self._starts[p] = torch.zeros_like(p, requires_grad=False)
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(acc)
+
+    def _start(self, p):
+        """The wrapped optimizer's step on p alone; p then holds the change, reduced with
+        Adasum in place."""
+        start = self._starts[p]
+        stashed = [g["params"] for g in self.param_groups]
+        for g in self.param_groups:
+            g["params"] = [p] if any(p is q for q in g["params"]) else []
+        try:
+            start.copy_(p.data)
+            super(self.__class__, self).step()
+            p.data.sub_(start)
+        finally:
+            for g, ps in zip(self.param_groups, stashed):
+                g["params"] = ps
+        wire, ctx = self._compression.compress(p.data)
+        name = f"DistributedAdasumOptimizer{self._instance}.{self._parameter_names.get(p)}"
+        return mpi_ops.allreduce_async_(wire, name=name, op=mpi_ops.Adasum), ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._handles[p] = self._start(p)
+        return hook
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for p in self._delay:  # in the same order on every rank
+            if p not in self._handles:
+                self._handles[p] = self._start(p)
+        try:
+            for p, (h, ctx) in self._handles.items():
+                delta = self._compression.decompress(mpi_ops.synchronize(h), ctx)
+                start = self._starts[p]
+                start.add_(delta.data)
+                p.data.copy_(start)
+                self._delay[p] = self.backward_passes_per_step
+        finally:
+            self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=mpi_ops.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -348,9 +449,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (Compression.none, .fp16, .bf16), backward_passes_per_step (local accumulation passes per
     step), op (Average, Sum, Min, Max, Product), gradient_predivide_factor (Average only: divide
     by it before the sum and multiply after), groups (an int, or lists of parameters that are
-    reduced together)."""
+    reduced together). op=Adasum at size() > 1 is Horovod's Adasum optimizer (see
+    _DistributedAdasumOptimizer)."""
     mpi_ops._check_op(op)
-    mpi_ops._check_process_set(process_set)
+    mpi_ops._check_process_set(process_set, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -358,6 +460,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == mpi_ops.Adasum and mpi_ops.size() > 1:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -44,36 +44,37 @@ class SyncBatchNorm(_BatchNorm):
                                     self.running_var, self.eps, exponential_average_factor)
 
 
-def _stats_dtype(dtype):
-    """Per-channel statistics of 16-bit inputs are kept in float (as torch's own kernels keep
-    them); the others in the input's dtype."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+def _channel_sums(dy, x, mean, invstd, eps):
+    """Per channel: sum(dy * (x - mean) * invstd) and sum(dy), in one pass of torch's own
+    native_batch_norm_backward (which accumulates in double on CPU)."""
+    _, dot, total = torch.ops.aten.native_batch_norm_backward(
+        dy, x, None, None, None, mean, invstd, True, eps, [False, True, True])
+    return dot, total
 
 
 class _SyncBatchNorm(torch.autograd.Function):
     """Batch normalization with the statistics of every rank's batch.
 
-    Forward: torch.var_mean over this rank's batch, one allgather of (count, mean, var) per
-    channel, the job's mean and variance combined from them, then one pass of torch's own
-    batch_norm kernel in inference form with those as its statistics (it normalizes, scales and
-    shifts in the input's dtype). Backward: torch's native_batch_norm_backward gives this
-    rank's per-channel sums of dy and dy * xhat in one pass, one allreduce sums them over the
-    job, and the input's gradient is a per-channel a * dy + b * x + c (two passes)."""
+    Forward: this rank's per-channel sum(x) and sum(x * x) in one pass of torch's
+    native_batch_norm_backward (dy = x, mean 0, invstd 1), one allreduce of (count, sums) over
+    the job, the mean and variance from them (per channel, in float64), then one pass of
+    torch's batch_norm kernel in inference form with those as its statistics: it normalizes,
+    scales and shifts in the input's dtype. Backward: the same reduction kernel for this rank's
+    sum(dy) and sum(dy * xhat), one allreduce, and the input's gradient as a per-channel
+    a * dy + b * x + k (two passes)."""
 
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum):
         input = input.contiguous()
         c = input.shape[1]
-        dims = [0] + list(range(2, input.dim()))
-        sdt = _stats_dtype(input.dtype)
-        x = input if sdt == input.dtype else input.to(sdt)
-        var, mean = torch.var_mean(x, dims, unbiased=False)
-        count = torch.full((1,), input.numel() // c, dtype=sdt, device=input.device)
-        rows = mpi_ops.allgather(torch.cat([count, mean, var]).unsqueeze(0))
-        counts, means, vars_ = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
-        n = counts.sum()
-        mean = (counts * means).sum(0) / n
-        var = (counts * (vars_ + (means - mean) ** 2)).sum(0) / n
+        sdt = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+        zero = torch.zeros(c, dtype=sdt, device=input.device)
+        sq, sm = _channel_sums(input, input, zero, torch.ones_like(zero), eps)
+        count = torch.full((1,), input.numel() // c, dtype=torch.float64, device=input.device)
+        total = mpi_ops.allreduce(torch.cat([count, sm.double(), sq.double()]), op=mpi_ops.Sum)
+        n = total[0]
+        mean = total[1:1 + c] / n
+        var = (total[1 + c:] / n - mean * mean).clamp_min(0)
         if running_mean is not None:
             with torch.no_grad():
                 unbiased = var * (n / (n - 1)) if n > 1 else var
@@ -84,7 +85,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         out = torch.batch_norm(input, weight, bias, mean.to(pdt), var.to(pdt), False, 0.0, eps,
                                torch.backends.cudnn.enabled)
         invstd = torch.rsqrt(var + eps)
-        ctx.save_for_backward(input, weight, mean, invstd)
+        ctx.save_for_backward(input, weight, mean.to(sdt), invstd.to(sdt))
         ctx.n, ctx.eps = n, eps
         return out
 
@@ -93,21 +94,20 @@ class _SyncBatchNorm(torch.autograd.Function):
         input, weight, mean, invstd = ctx.saved_tensors
         dy = grad_output.contiguous()
         c = input.shape[1]
-        # This rank's sum(dy * xhat) and sum(dy), per channel, in one pass of torch's kernel.
-        _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-            dy, input, None, None, None, mean, invstd, True, ctx.eps, [False, True, True])
-        local = torch.cat([sum_dy.to(mean.dtype), sum_dy_xhat.to(mean.dtype)])
-        total = mpi_ops.allreduce(local, op=mpi_ops.Sum)
+        sum_dy_xhat, sum_dy = _channel_sums(dy, input, mean, invstd, ctx.eps)
+        total = mpi_ops.allreduce(torch.cat([sum_dy.double(), sum_dy_xhat.double()]),
+                                  op=mpi_ops.Sum)
         mean_dy, mean_dy_xhat = total[:c] / ctx.n, total[c:] / ctx.n
-        w = invstd if weight is None else invstd * weight.to(invstd.dtype)
+        m, inv = mean.double(), invstd.double()
+        w = inv if weight is None else inv * weight.double()
         # grad = w * (dy - mean_dy - xhat * mean_dy_xhat), xhat = (x - mean) * invstd
-        a = w
-        b = -w * invstd * mean_dy_xhat
-        k = -w * mean_dy - b * mean
+        b = -w * inv * mean_dy_xhat
+        k = -w * mean_dy - b * m
         shape = [1, c] + [1] * (input.dim() - 2)
         dt = input.dtype
         grad = torch.addcmul(k.to(dt).view(shape), input, b.to(dt).view(shape))
-        grad.addcmul_(dy, a.to(dt).view(shape))
-        grad_weight = sum_dy_xhat if weight is not None else None
-        grad_bias = sum_dy if weight is not None else None
-        return grad, grad_weight, grad_bias, None, None, None, None
+        grad.addcmul_(dy, w.to(dt).view(shape))
+        if weight is None:
+            return grad, None, None, None, None, None, None
+        return (grad, sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype), None, None, None,
+                None)

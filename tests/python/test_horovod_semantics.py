@@ -415,5 +415,20 @@ def test_broadcast_object_with_the_global_process_set():
     assert got == {"r": 0}
 
 
+def test_init_with_process_sets():
+    """Last: it leaves the job and joins it again, as Horovod's init(process_sets=...)."""
+    n = hvd.size()
+    hvd.shutdown()
+    subset, whole = hvd.ProcessSet([0]), hvd.ProcessSet(range(n))
+    hvd.init(process_sets=[subset, whole])
+    assert subset.process_set_id == 1 and subset.size() == 1
+    assert whole.process_set_id is None  # the global set's ranks: invalidated, as Horovod's
+    hvd.init()  # a second call changes nothing
+    assert subset.process_set_id == 1
+    with pytest.raises(NotImplementedError, match="subset of ranks"):
+        hvd.allreduce(torch.ones(1), process_set=subset)
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))

@@ -31,6 +31,8 @@ def init(comm=None, process_sets=None):
     if comm is not None and not (isinstance(comm, (list, tuple)) and not comm):
         raise ValueError("ringrun.torch.init: comm= (an MPI communicator or a list of ranks) is "
                          "not supported; ringrun runs every rank of the job")
+    if ringrun.is_initialized():
+        return  # a second call does nothing; registered process sets stay
     try:
         ringrun.init()
     except _lib.RingrunError as e:

@@ -15,7 +15,8 @@ import ringrun
 from .. import _engine, _lib
 from . import process_sets as _ps
 from .compression import Compression
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+                           remove_process_set)
 
 # ---- Process functions -----------------------------------------------------------------------
 

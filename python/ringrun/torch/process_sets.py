@@ -57,7 +57,8 @@ class ProcessSet:
         return ringrun.rank() in self.ranks
 
     def __str__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm=None)"
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                "mpi_comm=None)")
 
     __repr__ = __str__
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import ringrun.torch as hvd
+from ringrun.torch import mpi_ops
 
 hvd.init()  # every rank runs this module's tests in the same order
 
@@ -366,6 +367,28 @@ def test_a_failed_collective_while_a_rank_has_joined_does_not_desynchronize():
         assert torch.equal(hvd.reducescatter(torch.ones(n), op=hvd.Sum), torch.full((1,), n * 1.))
     assert torch.equal(hvd.broadcast(torch.full((2,), float(r)), 1, name="named.while.joined"),
                        torch.ones(2))
+
+
+def test_an_argument_refused_on_one_rank_keeps_the_names_aligned():
+    """A call refused before submission on some ranks still takes its automatic name there,
+    so the next unnamed collectives pair up as they should."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    h = name = None
+    if r == 0:
+        h = hvd.allreduce_async(torch.ones(2), op=hvd.Sum)  # the other ranks refuse theirs
+        name = mpi_ops._handle_map[h].handles[0].name
+    else:
+        with pytest.raises(ValueError, match="not supported"):
+            hvd.allreduce_async(torch.ones(2, dtype=torch.bool), op=hvd.Sum)
+    out = hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum)
+    assert torch.equal(out, torch.full((3,), n * (n - 1) / 2))
+    name = hvd.broadcast_object(name, 0)
+    if r == 0:
+        assert torch.equal(hvd.synchronize(h), torch.full((2,), float(n)))
+    else:  # the refused tensor, submitted under its name, for rank 0's to complete
+        hvd.allreduce(torch.ones(2), name=name, op=hvd.Sum)
 
 
 def test_a_mismatch_fails_everywhere_and_later_collectives_run():

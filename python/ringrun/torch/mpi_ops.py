@@ -150,6 +150,13 @@ def _check_op(op):
                          "Product")
 
 
+def _reserve(kind, name):
+    """name, or this rank's next automatic name of kind (_engine.auto_name), taken before any
+    check of the arguments: a call that one rank refuses still takes its name there, so the
+    names of later unnamed collectives stay the same on every rank."""
+    return _engine.auto_name(kind, name)
+
+
 def _check_process_set(process_set, what="collective"):
     _ps.check(process_set, what)
 
@@ -360,6 +367,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts averaging (or op) of tensor over all ranks into a new tensor; returns a handle."""
+    name = _reserve("allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
     _check_process_set(process_set, "allreduce")
     return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
@@ -369,6 +377,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce_async."""
+    name = _reserve("allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
     _check_process_set(process_set, "allreduce")
     if not tensor.is_contiguous():
@@ -471,6 +480,7 @@ def _groups(keys, name):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of a list of tensors into new tensors; returns a handle."""
+    name = _reserve("grouped_allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
     _check_process_set(process_set, "grouped_allreduce")
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
@@ -480,6 +490,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
+    name = _reserve("grouped_allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
     _check_process_set(process_set, "grouped_allreduce")
     return _grouped_allreduce_async(list(tensors), list(tensors), name, op, prescale_factor,
@@ -552,6 +563,7 @@ def _allgather_async(tensor, name):
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's tensor on the first dimension; returns a handle."""
+    name = _reserve("allgather", name)
     _check_process_set(process_set, "allgather")
     h, _ = _allgather_async(tensor, name)
     return _register([h], lambda results: results[0])
@@ -568,6 +580,7 @@ def _gather_grad(grads, counts_per_tensor):
 class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
+        name = _reserve("allgather", name)
         _check_process_set(process_set, "allgather")
         h, counts = _allgather_async(tensor, name)
         out = synchronize(_register([h], lambda results: results[0]))
@@ -606,6 +619,7 @@ def _grouped_allgather_async(tensors, name):
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts allgathers of a list of tensors; synchronize() returns the list of results.
     Each member is its own submission, named "<name>.<i>of<n>"."""
+    name = _reserve("grouped_allgather", name)
     _check_process_set(process_set, "grouped_allgather")
     handles, _ = _grouped_allgather_async(list(tensors), name)
     return _register(handles, list)
@@ -614,6 +628,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 class HorovodGroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
+        name = _reserve("grouped_allgather", name)
         _check_process_set(process_set, "grouped_allgather")
         handles, counts = _grouped_allgather_async(list(tensors), name)
         outs = synchronize(_register(handles, list))
@@ -652,12 +667,14 @@ def _broadcast_async(tensor, output, root_rank, name):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    name = _reserve("broadcast", name)
     _check_process_set(process_set, "broadcast")
     return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
                             root_rank, name)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    name = _reserve("broadcast", name)
     _check_process_set(process_set, "broadcast")
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -737,6 +754,7 @@ def _alltoall_async(tensor, splits, name):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    name = _reserve("alltoall", name)
     _check_process_set(process_set, "alltoall")
     h = _alltoall_async(tensor, splits, name)
     return _register([h], lambda results: results[0] if splits is not None else results[0][0])
@@ -747,6 +765,7 @@ class HorovodAlltoall(torch.autograd.Function):
     received splits as splits (as Horovod's)."""
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
+        name = _reserve("alltoall", name)
         _check_process_set(process_set, "alltoall")
         output, received = synchronize(_register([_alltoall_async(tensor, splits, name)],
                                                  lambda results: results[0]))
@@ -828,6 +847,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter (see reducescatter); returns a handle. Arguments in Horovod's
     order (no compression)."""
+    name = _reserve("reducescatter", name)
     _check_process_set(process_set, "reducescatter")
     h, finish, keep = _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor)
     return _register([h], finish, keep)
@@ -882,6 +902,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducescatters of a list of tensors; synchronize() returns the list of shares.
     Each member is its own submission, named "<name>.<i>of<n>"."""
+    name = _reserve("grouped_reducescatter", name)
     _check_process_set(process_set, "grouped_reducescatter")
     return _grouped_reducescatter_async(list(tensors), name, op, prescale_factor,
                                         postscale_factor)
@@ -917,6 +938,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Horovod's reduction of a sparse tensor: every rank's indices and values allgathered
     ("<name>.indices", "<name>.values"), values divided by size() for Average. Returns a
     function that waits and returns the reduced (uncoalesced) sparse tensor, as Horovod's."""
+    name = _reserve("sparse_allreduce", name)
     _check_process_set(process_set, "sparse_allreduce")
     if op not in (Sum, Average):
         raise NotImplementedError("sparse_allreduce_async supports Sum and Average")

@@ -369,6 +369,29 @@ def test_a_failed_collective_while_a_rank_has_joined_does_not_desynchronize():
                        torch.ones(2))
 
 
+@pytest.mark.parametrize("case", ["dtype", "op", "trailing", "root", "collective"])
+def test_arguments_that_differ_between_ranks_fail_on_every_rank(case):
+    """Horovod's error cases: every rank raises, and the job goes on."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    name = f"differ.{case}"
+    with pytest.raises(hvd.HorovodInternalError):
+        if case == "dtype":
+            hvd.allreduce(torch.ones(3, dtype=torch.float32 if r else torch.float64), name=name)
+        elif case == "op":
+            hvd.allreduce(torch.ones(3), name=name, op=hvd.Sum if r else hvd.Max)
+        elif case == "trailing":
+            hvd.allgather(torch.ones(2, 2 + r), name=name)
+        elif case == "root":
+            hvd.broadcast(torch.ones(3), root_rank=0 if r else 1, name=name)
+        elif r:
+            hvd.allreduce(torch.ones(3), name=name)
+        else:
+            hvd.allgather(torch.ones(3), name=name)
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
+
+
 def test_an_argument_refused_on_one_rank_keeps_the_names_aligned():
     """A call refused before submission on some ranks still takes its automatic name there,
     so the next unnamed collectives pair up as they should."""

@@ -153,8 +153,14 @@ def _check_op(op, dtype):
         raise ValueError(f"ringrun: unknown op {op!r} (supported: Sum, Average, Min, Max, Product)")
 
 
+def _truncating_average(out, n):
+    """Integer Average as Horovod computes it: the Sum times 1/n in double, truncated toward
+    zero (-7 / 2 is -3)."""
+    np.copyto(out, (out.astype(np.float64) * (1.0 / n)).astype(out.dtype), casting="unsafe")
+
+
 def _reduce_into(arr, out, op, name):
-    """out = op over ranks of arr. Integer Average is the floor of Sum / size."""
+    """out = op over ranks of arr. Integer Average truncates (see _truncating_average)."""
     _check_op(op, arr.dtype)
     dtype = _NP_DTYPES[arr.dtype]
     integer_average = op == Average and dtype not in _lib.FLOATING
@@ -162,7 +168,7 @@ def _reduce_into(arr, out, op, name):
     _engine.wait(_engine.allreduce(_ptr(arr), _ptr(out), arr.size, dtype, c_op, name,
                                    keep=(arr, out)))
     if integer_average:
-        np.floor_divide(out, size(), out=out)
+        _truncating_average(out, size())
     return out
 
 
@@ -252,7 +258,7 @@ def reducescatter(x, op=Average, name=None):
     _engine.wait(_engine.reducescatter(_ptr(arr), _ptr(out), rows, row_elems, dtype,
                                        Sum if integer_average else op, name, keep=(arr, out)))
     if integer_average:
-        np.floor_divide(out, n, out=out)
+        _truncating_average(out, n)
     return out
 
 

@@ -109,7 +109,8 @@ const std::vector<HorovodVariable>& HorovodVariables() {
       {"HOROVOD_ENABLE_XLA_OPS", "TensorFlow only", false},
       {"HOROVOD_THREAD_AFFINITY", "the engine thread is not pinned (use --bind-to)", false},
       {"HOROVOD_DISABLE_GROUP_FUSION", "grouped collectives fuse like others", false},
-      {"HOROVOD_DYNAMIC_PROCESS_SETS", "collectives run on the global process set only", false},
+      {"HOROVOD_DYNAMIC_PROCESS_SETS",
+       "1: ringrun.torch allows add_process_set; collectives run on the global set only", true},
       {"HOROVOD_ELASTIC", "elastic jobs are not supported", false},
   };
   return v;

@@ -438,8 +438,8 @@ const std::vector<FlagGroup>& FlagGroups() {
            {"--timeline-filename", "FILE",
             SetsVar("RINGRUN_TIMELINE",
                     [](const FlagUse& u) -> Result<std::string> { return u.values[0]; }),
-            "Write a Chrome trace per rank: FILE with the rank before its extension (t.json -> "
-            "t.0.json)."},
+            "Write a Chrome trace: FILE is rank 0's, with every rank's negotiation, as Horovod's; "
+            "rank r's beside it (t.json -> t.1.json, ...)."},
        }},
       {"Diagnostics",
        {

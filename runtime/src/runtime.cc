@@ -115,9 +115,10 @@ EngineSettings Settings(const JobEnv& env) {
   return s;
 }
 
-// "t.json" -> "t.<rank>.json" (rank files side by side; see docs/engine.md).
+// Rank 0 writes the file named, as Horovod's coordinator does; rank r > 0 writes
+// "t.<r>.json" beside "t.json" (docs/engine.md, "Timeline").
 std::string TimelinePath(const std::string& path, int rank, int size) {
-  if (path.empty() || size == 1) return path;
+  if (path.empty() || size == 1 || rank == 0) return path;
   const size_t slash = path.rfind('/');
   const size_t dot = path.rfind('.');
   const std::string r = std::to_string(rank);

@@ -247,17 +247,23 @@ PY
 }
 
 t_engine_under_ringrun() {
-  # The engine through the launcher: named submissions, the timeline flag (one strict-JSON
-  # Chrome trace per rank), and the stall flags (a rank that never submits fails the job).
-  local worker="$BIN/runtime_test_worker" r rc
+  # The engine through the launcher: named submissions, the timeline flag (the file named is
+  # rank 0's strict-JSON Chrome trace, with every rank's announcements; tl.<r>.json rank r's),
+  # and the stall flags (a rank that never submits fails the job).
+  local worker="$BIN/runtime_test_worker" r rc f
   "$RINGRUN" -np 3 --timeline-filename "$WORK/tl.json" --fusion-threshold-mb 1 "$worker" engine \
     >"$WORK/out" 2>"$WORK/err" || fail "engine mode: $(tail -5 "$WORK/err")"
+  [[ ! -e $WORK/tl.0.json ]] || fail "rank 0 wrote tl.0.json, not the file named"
   for r in 0 1 2; do
     expect_contains "$WORK/out" "[$r]<stdout>:ok rank=$r size=3"
-    [[ -s $WORK/tl.$r.json ]] || fail "no timeline for rank $r"
+    f=$WORK/tl.$r.json
+    [[ $r != 0 ]] || f=$WORK/tl.json
+    [[ -s $f ]] || fail "no timeline for rank $r"
     /usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); n={x["name"] for x in e}; assert {"NEGOTIATE","ALLREDUCE","ROUND"} <= n, n' \
-      "$WORK/tl.$r.json" || fail "timeline of rank $r is not the expected JSON"
+      "$f" || fail "timeline of rank $r is not the expected JSON"
   done
+  /usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); a=[x["args"]["announced_after_us"] for x in e if x["name"]=="NEGOTIATE"]; assert any(len(x)==3 for x in a), a[:3]' \
+    "$WORK/tl.json" || fail "rank 0's timeline does not show every rank's announcements"
   "$RINGRUN" -np 2 --stall-check-warning-time-seconds 0.5 --stall-check-shutdown-time-seconds 1 \
     "$worker" stall >"$WORK/out" 2>"$WORK/err"
   rc=$?

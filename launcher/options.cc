@@ -20,6 +20,7 @@
 #include "launcher/hosts/scheduler_hosts.h"
 #include "launcher/hosts/slurm.h"
 #include "launcher/job/environment.h"
+#include "launcher/job/job_state_machine.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
@@ -172,6 +173,7 @@ struct Given {
   std::optional<FlagUse> host_flag;  // -H or --hostfile, once given
   std::string starter;               // --starter; "" for auto
   bool log_level_given = false;      // --log-level, which wins over --verbose
+  bool start_timeout_given = false;  // --start-timeout, which wins over HOROVOD_START_TIMEOUT
   std::vector<std::pair<std::string, std::string>> engine_vars;  // set after -x: the flags win
   void Note(const FlagUse& u, const std::string& text) {
     std::string line = u.spelling + ": " + text;
@@ -404,6 +406,15 @@ Kind LogTimestamps(bool with) {
   });
 }
 
+// --start-timeout, or (`u.spelling` "HOROVOD_START_TIMEOUT") horovodrun's variable for it.
+Status ApplyStartTimeout(const FlagUse& u, Given& g) {
+  Result<int> s = ParseIntFlag(u, 1, 7 * 24 * 3600, " of seconds");
+  if (s.ok()) g.o.start_timeout_s = *s, g.start_timeout_given = true;
+  return s.status();
+}
+
+static_assert(job::kTimeoutExitCode == 124, "--help and the README say --timeout exits 124");
+
 constexpr char kElastic[] =
     "elastic jobs are not supported yet; ringrun runs a fixed number of ranks (-np) on fixed "
     "hosts (-H, --hostfile)";
@@ -436,11 +447,12 @@ const std::vector<FlagGroup>& FlagGroups() {
             "Horovod's YAML settings (params, autotune, timeline, stall_check, "
             "library_options, logging); flags on the command line win."},
            {"--start-timeout", "SECONDS",
-            Int(&Options::start_timeout_s, 1, 7 * 24 * 3600, " of seconds"),
-            "Time for every agent and rank to come up.", std::to_string(kDefaultStartTimeoutS)},
+            Value([](const FlagUse& u, Given& g) { return ApplyStartTimeout(u, g); }),
+            "Time for every agent and rank to come up; else HOROVOD_START_TIMEOUT, as in "
+            "horovodrun.",
+            std::to_string(kDefaultStartTimeoutS)},
            {"--timeout", "SECONDS", Int(&Options::timeout_s, 1, 365 * 24 * 3600, " of seconds"),
-            "End the job when it runs longer than this: exit 124 (job::kTimeoutExitCode). "
-            "Default: no limit."},
+            "End the job when it runs longer than this: exit 124. Default: no limit."},
            {"--grace-period", "SECONDS", Value([](const FlagUse& u, Given& g) {
               Result<double> s = ParseDecimalFlag(u, 0, 3600);
               if (s.ok()) g.o.grace_ms = static_cast<int>(std::llround(*s * 1000.0));
@@ -740,6 +752,15 @@ ParseOutcome UsageError(std::string message) {
 // After every flag: the combinations, then the hosts, the starter and np.
 Status Settle(Given& g) {
   Options& o = g.o;
+  if (!g.start_timeout_given) {  // horovodrun's variable, the first as getenv would find it
+    const std::string prefix = "HOROVOD_START_TIMEOUT=";
+    for (const std::string& kv : g.environ_vars) {
+      if (kv.compare(0, prefix.size(), prefix) != 0 || kv.size() == prefix.size()) continue;
+      RINGRUN_RETURN_IF_ERROR(
+          ApplyStartTimeout(FlagUse{0, "HOROVOD_START_TIMEOUT", {kv.substr(prefix.size())}}, g));
+      break;
+    }
+  }
   if (!o.network_interfaces.empty()) {
     std::string list;
     for (const std::string& name : o.network_interfaces) list += (list.empty() ? "" : ",") + name;
@@ -897,45 +918,6 @@ const std::vector<std::vector<std::string>>& ExclusiveFlags() {
   return kGroups;
 }
 
-// A key of Horovod's config file and the flag it stands for: `flag` takes the value, or, for
-// a yes/no key, `flag` means yes and `if_false` no.
-struct ConfigKey {
-  const char* key;
-  const char* flag;
-  const char* if_false = nullptr;
-};
-
-// horovod/runner/common/util/config_parser.py, set_args_from_config. "controller: gloo|mpi"
-// stands for --gloo or --mpi.
-const std::vector<ConfigKey>& ConfigKeys() {
-  static const std::vector<ConfigKey> kKeys = {
-      {"params.fusion_threshold_mb", "--fusion-threshold-mb"},
-      {"params.cycle_time_ms", "--cycle-time-ms"},
-      {"params.cache_capacity", "--cache-capacity"},
-      {"params.hierarchical_allreduce", "--hierarchical-allreduce", "--no-hierarchical-allreduce"},
-      {"params.hierarchical_allgather", "--hierarchical-allgather", "--no-hierarchical-allgather"},
-      {"autotune.enabled", "--autotune", "--no-autotune"},
-      {"autotune.log_file", "--autotune-log-file"},
-      {"autotune.warmup_samples", "--autotune-warmup-samples"},
-      {"autotune.steps_per_sample", "--autotune-steps-per-sample"},
-      {"autotune.bayes_opt_max_samples", "--autotune-bayes-opt-max-samples"},
-      {"autotune.gaussian_process_noise", "--autotune-gaussian-process-noise"},
-      {"timeline.filename", "--timeline-filename"},
-      {"timeline.mark_cycles", "--timeline-mark-cycles", "--no-timeline-mark-cycles"},
-      {"stall_check.enabled", "--stall-check", "--no-stall-check"},
-      {"stall_check.warning_time_seconds", "--stall-check-warning-time-seconds"},
-      {"stall_check.shutdown_time_seconds", "--stall-check-shutdown-time-seconds"},
-      {"library_options.mpi_threads_disable", "--mpi-threads-disable", "--no-mpi-threads-disable"},
-      {"library_options.num_nccl_streams", "--num-nccl-streams"},
-      {"library_options.ccl_bgt_affinity", "--thread-affinity"},
-      {"library_options.gloo_timeout_seconds", "--gloo-timeout-seconds"},
-      {"logging.level", "--log-level"},
-      {"logging.with_timestamp", "--log-with-timestamp", "--log-without-timestamp"},
-      {"controller", "--gloo", "--mpi"},
-  };
-  return kKeys;
-}
-
 // The flag named `name` exactly (a name of the table).
 size_t FlagNamed(const std::vector<FlagSyntax>& syntax, const std::string& name) {
   for (size_t i = 0; i < syntax.size(); ++i) {
@@ -945,48 +927,22 @@ size_t FlagNamed(const std::vector<FlagSyntax>& syntax, const std::string& name)
   return syntax.size();
 }
 
-Result<bool> ConfigBool(const std::string& where, const std::string& value) {
-  std::string v = value;
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v == "true" || v == "yes" || v == "on") return true;
-  if (v == "false" || v == "no" || v == "off") return false;
-  return InvalidArgument(where + " " + value + ": not true or false");
-}
-
 // The settings of --config-file `path` as flag uses, spelled "FILE:LINE: KEY", leaving out
-// those whose flags `given` holds. Keys Horovod does not know become notes.
+// those that a flag `given` on the command line overrides.
 Result<std::vector<FlagUse>> ConfigUses(const std::string& path,
                                         const std::vector<FlagSyntax>& syntax,
                                         const std::vector<bool>& given, Given& g) {
-  Result<std::vector<ConfigSetting>> settings = ReadConfigFile(path);
-  if (!settings.ok()) return InvalidArgument("--config-file " + settings.status().message());
+  Result<ConfigFlags> file = ReadConfigFlags(path);
+  if (!file.ok()) return file.status();
+  g.o.notes.insert(g.o.notes.end(), file->notes.begin(), file->notes.end());
   std::vector<FlagUse> uses;
-  for (const ConfigSetting& s : *settings) {
-    const std::string where = path + ":" + std::to_string(s.line) + ": " + s.key;
-    auto key = std::find_if(ConfigKeys().begin(), ConfigKeys().end(),
-                            [&](const ConfigKey& k) { return s.key == k.key; });
-    if (key == ConfigKeys().end()) {
-      g.o.notes.push_back(where + ": not a horovodrun setting; ignored, as horovodrun does");
+  for (const ConfigFlag& f : file->flags) {
+    if (std::any_of(f.overridden_by.begin(), f.overridden_by.end(),
+                    [&](const std::string& n) { return given[FlagNamed(syntax, n)]; })) {
       continue;
     }
-    const size_t flag = FlagNamed(syntax, key->flag);
-    const size_t if_false = key->if_false ? FlagNamed(syntax, key->if_false) : syntax.size();
-    if (given[flag] || (if_false < given.size() && given[if_false])) continue;
-    FlagUse use{flag, where, {}};
-    if (s.key == "controller") {
-      std::string v = s.value;
-      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (v != "gloo" && v != "mpi") {
-        return InvalidArgument(where + " " + s.value + ": not gloo or mpi");
-      }
-      use.flag = v == "gloo" ? flag : if_false;
-    } else if (key->if_false) {
-      Result<bool> yes = ConfigBool(where, s.value);
-      if (!yes.ok()) return yes.status();
-      use.flag = *yes ? flag : if_false;
-    } else {
-      use.values.push_back(s.value);
-    }
+    FlagUse use{FlagNamed(syntax, f.flag), f.where, {}};
+    if (f.value) use.values.push_back(*f.value);
     uses.push_back(std::move(use));
   }
   return uses;

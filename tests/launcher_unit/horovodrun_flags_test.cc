@@ -19,12 +19,12 @@ namespace {
 using Catch::Matchers::Contains;
 using Pairs = std::vector<std::pair<std::string, std::string>>;
 
-ParseOutcome Parse(std::vector<std::string> args) {
+ParseOutcome Parse(std::vector<std::string> args, std::vector<std::string> env = {}) {
   args.insert(args.begin(), "ringrun");
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
   argv.push_back(nullptr);
-  return ParseCommandLine(static_cast<int>(args.size()), argv.data(), {});
+  return ParseCommandLine(static_cast<int>(args.size()), argv.data(), env);
 }
 
 Options Ok(std::vector<std::string> args) {
@@ -406,6 +406,21 @@ TEST_CASE("network interfaces: the first listed that has an address", "[options]
   auto here = ListInterfaces();
   REQUIRE(here.ok());
   CHECK(*FirstInterfaceAddress(*here, {"lo"}) == "127.0.0.1");
+}
+
+TEST_CASE("horovodrun: HOROVOD_START_TIMEOUT when --start-timeout is not given",
+          "[options][horovodrun]") {
+  const std::vector<std::string> env = {"HOROVOD_START_TIMEOUT=75"};
+  ParseOutcome out = Parse({"-np", "1", "prog"}, env);
+  REQUIRE(out.kind == ParseOutcome::kRun);
+  CHECK(out.options.start_timeout_s == 75);
+  out = Parse({"-np", "1", "--start-timeout", "9", "prog"}, env);
+  REQUIRE(out.kind == ParseOutcome::kRun);
+  CHECK(out.options.start_timeout_s == 9);
+  out = Parse({"-np", "1", "prog"}, {"HOROVOD_START_TIMEOUT=soon"});
+  CHECK(out.exit_code == 2);
+  CHECK(out.message == "HOROVOD_START_TIMEOUT soon: not a whole number of seconds");
+  CHECK(Ok({"-np", "1", "prog"}).start_timeout_s == 30);
 }
 
 TEST_CASE("mpirun habits: -wdir, --timeout, --report-bindings, --oversubscribe",

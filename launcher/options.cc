@@ -928,17 +928,17 @@ size_t FlagNamed(const std::vector<FlagSyntax>& syntax, const std::string& name)
 }
 
 // The settings of --config-file `path` as flag uses, spelled "FILE:LINE: KEY", leaving out
-// those that a flag `given` on the command line overrides.
+// those that a flag on the command line overrides.
 Result<std::vector<FlagUse>> ConfigUses(const std::string& path,
                                         const std::vector<FlagSyntax>& syntax,
-                                        const std::vector<bool>& given, Given& g) {
+                                        const std::vector<bool>& on_command_line, Given& g) {
   Result<ConfigFlags> file = ReadConfigFlags(path);
   if (!file.ok()) return file.status();
   g.o.notes.insert(g.o.notes.end(), file->notes.begin(), file->notes.end());
   std::vector<FlagUse> uses;
   for (const ConfigFlag& f : file->flags) {
     if (std::any_of(f.overridden_by.begin(), f.overridden_by.end(),
-                    [&](const std::string& n) { return given[FlagNamed(syntax, n)]; })) {
+                    [&](const std::string& n) { return on_command_line[FlagNamed(syntax, n)]; })) {
       continue;
     }
     FlagUse use{FlagNamed(syntax, f.flag), f.where, {}};
@@ -973,8 +973,8 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
       return outcome;
     }
   }
-  std::vector<bool> given(syntax.size(), false);
-  for (const FlagUse& use : matched->uses) given[use.flag] = true;
+  std::vector<bool> on_command_line(syntax.size(), false);
+  for (const FlagUse& use : matched->uses) on_command_line[use.flag] = true;
   for (const auto& group : ExclusiveFlags()) {
     const FlagUse* first = nullptr;
     for (const FlagUse& use : matched->uses) {
@@ -991,11 +991,15 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
 
   Given given_flags(environ_vars);
   given_flags.o.command = std::move(matched->command);
+  // --config-file's settings come first, so that the command line's flags win.
   std::vector<FlagUse> uses;
-  const size_t config_flag = FlagNamed(syntax, "--config-file");
+  const FlagUse* config = nullptr;
   for (const FlagUse& use : matched->uses) {
-    if (use.flag != config_flag) continue;  // the last one counts, as in horovodrun
-    Result<std::vector<FlagUse>> from_file = ConfigUses(use.values[0], syntax, given, given_flags);
+    if (use.flag == FlagNamed(syntax, "--config-file")) config = &use;  // the last, as argparse
+  }
+  if (config != nullptr) {
+    Result<std::vector<FlagUse>> from_file =
+        ConfigUses(config->values[0], syntax, on_command_line, given_flags);
     if (!from_file.ok()) return UsageError(from_file.status().message());
     uses = std::move(from_file.value());
   }

@@ -572,6 +572,9 @@ TEST_CASE("config file: errors name the file and the line", "[options][horovodru
                           ":2: params.fusion_threshold: not a horovodrun setting; ignored, "
                           "as horovodrun does");
   CHECK(Ok({"-np", "1", "--config-file", "/dev/null", "p"}).exports.empty());
+  // Given twice, the last file counts; the first is not read.
+  CHECK(Ok({"-np", "1", "--config-file", "/nonexistent/c.yaml", "--config-file", "/dev/null", "p"})
+            .notes.empty());
 }
 
 TEST_CASE("config file: ReadConfigFile keeps scalars as written, with their lines",

@@ -64,7 +64,7 @@ class StoreJobClient final : public JobClient {
     }
     if (!published.empty() && published[0] == kFailure) {
       const size_t colon = published.find(':');
-      const int code = std::atoi(published.substr(1, colon).c_str());
+      const int code = std::atoi(published.substr(1, colon - 1).c_str());
       const bool known = code > 0 && code <= static_cast<int>(Code::kInternal);
       return Status(known ? static_cast<Code>(code) : Code::kInternal,
                     colon == std::string::npos ? published : published.substr(colon + 1));

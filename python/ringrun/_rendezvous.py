@@ -207,4 +207,4 @@ def _check_local_numbering(environ):
         warnings.warn(f"ringrun: local_rank() {ours[0]} of local_size() {ours[1]} counts the ranks "
                       f"on this host (by address); torchrun's LOCAL_RANK {theirs[0]} of "
                       f"LOCAL_WORLD_SIZE {theirs[1]} counts its node's: several torchrun nodes "
-                      "run on this host", stacklevel=3)
+                      "run on this host", stacklevel=4)  # ringrun.init()'s caller

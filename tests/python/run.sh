@@ -13,6 +13,8 @@
 #   torchrun         torchrun --nproc_per_node 2 (static and c10d rendezvous): ringrun.torch
 #                    joins through torch's store, checks the shape, allreduces
 #   torchrun_kill    under torchrun, rank 1 is killed after the join: rank 0 fails naming it
+#   torchrun_nodes   torchrun --nnodes 2 --nproc_per_node 2, both nodes on this host: one host of
+#                    4 ranks to ringrun, with a warning that torchrun's LOCAL_RANK differs
 #   refuse_size1     torchrun's variables of a job of 2 without a reachable store: init() fails
 #                    naming torchrun and the variables, within the join timeout
 set -uo pipefail
@@ -103,7 +105,7 @@ install)
     >"$WORK/job.out" 2>&1 || { cat "$WORK/job.out"; fail "job with the venv"; }
   [[ $(grep -c ':2.0$' "$WORK/job.out") == 2 ]] || fail "venv job: $(cat "$WORK/job.out")"
   echo "installed and imported: $site, $vsite" ;;
-torchrun|torchrun_kill)
+torchrun|torchrun_kill|torchrun_nodes)
   # Debian's torchrun (torch 1.13, Python 3.11) fails at start without --redirects 1 --tee 1.
   if command -v torchrun >/dev/null; then tr=(torchrun); else tr=($PY -m torch.distributed.run); fi
   port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -115,6 +117,19 @@ torchrun|torchrun_kill)
     cat "$WORK/out"
     [[ $rc != 0 && $rc != 124 ]] || fail "torchrun exited $rc"
     grep -q 'rank 0 failed: .*rank 1' "$WORK/out" || fail "rank 0 did not fail naming rank 1"
+    exit 0
+  fi
+  if [[ $1 == torchrun_nodes ]]; then
+    for node in 0 1; do
+      timeout 120 "${tr[@]}" --nnodes 2 --node_rank $node --nproc_per_node 2 --redirects 1 --tee 1 \
+        --master_addr 127.0.0.1 --master_port "$port" "$job" nodes >"$WORK/out$node" 2>&1 &
+    done
+    wait %1; rc0=$?
+    wait %2; rc1=$?
+    cat "$WORK/out0" "$WORK/out1"
+    ((rc0 == 0 && rc1 == 0)) || fail "torchrun nodes exited $rc0 and $rc1"
+    [[ $(cat "$WORK/out0" "$WORK/out1" | grep -c 'of 4: local [0-3] of 4, allreduce 10.0') == 4 ]] || fail "every rank must allreduce"
+    [[ $(cat "$WORK/out0" "$WORK/out1" | grep -c 'several torchrun nodes run on this host') == 4 ]] || fail "no warning"
     exit 0
   fi
   for rdzv in static c10d; do

@@ -25,19 +25,22 @@ from . import _lib
 WAIT_SLICE_S = 0.05
 
 
-def init(spin=0):
+def init(spin=0, call=None):
     """Starts the names of unnamed collectives afresh (see auto_name), then
-    ringrun_init_with_spin(spin) (ringrun.h; RINGRUN_SPIN, when set, still wins), on a
-    thread of its own, waited for in slices: the join waits for every rank, and Ctrl-C
-    interrupts that wait. An interrupted join goes on in the library; a later init() waits
-    for it and finds the runtime initialized."""
+    ringrun_init_with_spin(spin) (ringrun.h; RINGRUN_SPIN, when set, still wins), or call() ->
+    status when given (another ringrun_init), on a thread of its own, waited for in slices: the
+    join waits for every rank, and Ctrl-C interrupts that wait. An interrupted join goes on in
+    the library; a later init() waits for it and finds the runtime initialized."""
     _reset_names()
     failed = []
     done = threading.Event()
+    if call is None:
+        def call():
+            return _lib.lib.ringrun_init_with_spin(spin)
 
     def join():
         try:  # check() reads the message of this thread's call
-            _lib.check(_lib.lib.ringrun_init_with_spin(spin), "init")
+            _lib.check(call(), "init")
         except BaseException as e:  # noqa: B902 - raised by the caller's thread
             failed.append(e)
         finally:

@@ -165,7 +165,9 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
   if (*got) e->stall.shutdown_us = static_cast<int64_t>(x * 1e6);
   got = number({"HOROVOD_GLOO_TIMEOUT_SECONDS"}, 0.001, 1e6, &x);
   if (!got.ok()) return got.status();
-  if (*got) e->join_timeout_ms = static_cast<int>(x * 1000);
+  if (*got && Set(getenv, "RINGRUN_JOIN_TIMEOUT_MS") == nullptr) {
+    e->join_timeout_ms = static_cast<int>(x * 1000);
+  }
   if (const char* t = First(getenv, {"RINGRUN_TIMELINE", "HOROVOD_TIMELINE"}, &which)) {
     if (std::string(t) == "DYNAMIC") {
       e->knob_notes.push_back(std::string(which) +

@@ -56,8 +56,12 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
   }
   if (const char* spin = getenv("RINGRUN_SPIN")) e.spin = spin[0] != '0' ? 1 : 0;
+  RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_JOIN_TIMEOUT_MS", 1, 1 << 30, &e.join_timeout_ms));
   RINGRUN_RETURN_IF_ERROR(ReadKnobs(getenv, &e));
-  if (rank == nullptr && size == nullptr) return e;  // not under ringrun
+  if (rank == nullptr && size == nullptr) {  // not under ringrun
+    e.foreign = rendezvous::DetectForeignJob(getenv);
+    return e;
+  }
   if (rank == nullptr || size == nullptr) {
     return InvalidArgument(std::string("only one of ") + env::kRank + " and " + env::kSize +
                            " is set");
@@ -148,6 +152,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
       std::fprintf(stderr, "ringrun: %s\n", note.c_str());
   }
   Shape shape;
+  if (!env.in_job && env.foreign) return rendezvous::RefuseForeignJob(*env.foreign);
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
     return Started(std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env)));
@@ -186,6 +191,13 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (env.local_size >= 0) shape.local_size = env.local_size;
   if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
   if (env.cross_size >= 0) shape.cross_size = env.cross_size;
+  spdlog::log(env.source.empty() ? spdlog::level::debug : spdlog::level::info,
+              "ringrun: rank {} of {} found its peers through {}: local rank {} of {}, cross rank "
+              "{} of {}, data plane at {}:{}",
+              env.rank, env.size,
+              env.source.empty() ? "the ringrun job service at " + env.job_service : env.source,
+              shape.local_rank, shape.local_size, shape.cross_rank, shape.cross_size, env.host_addr,
+              info.port);
   Result<std::unique_ptr<transport::Transport>> t = transport::MakeSocketTransport(
       env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();

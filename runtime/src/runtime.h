@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
+#include "runtime/src/rendezvous/foreign_job.h"
 #include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
@@ -32,7 +34,13 @@ struct JobEnv {
   std::string host_addr = "127.0.0.1";  // where this rank listens and what it advertises
   std::string job_id;
   int timeout_ms = kDefaultCollectiveTimeoutMs;
-  int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
+  int join_timeout_ms = 0;  // RINGRUN_JOIN_TIMEOUT_MS; 0: kJoinTimeoutMs
+  // Not in a ringrun job: another launcher's job of size > 1 that the environment shows
+  // (rendezvous/foreign_job.h). Runtime::Join refuses to run such a process as size 1.
+  std::optional<rendezvous::ForeignJob> foreign;
+  // What found the peers, for the log line at the join ("torch's store (torchrun)"); empty:
+  // the ringrun job service (logged at debug level only).
+  std::string source;
   bool use_shm = true;
   bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see transport::TransportOptions::allow_nat
   int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
@@ -59,7 +67,8 @@ struct JobEnv {
 };
 
 // Parses the environment through `getenv` (injectable for tests). Malformed values are
-// kInvalidArgument naming the variable.
+// kInvalidArgument naming the variable. Without RINGRUN_RANK and RINGRUN_SIZE, `foreign` says
+// whether another launcher started this process as one of several.
 Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv);
 
 struct Shape {
@@ -85,8 +94,9 @@ struct EngineSettings {
 class Runtime {
  public:
   // Binds the data-plane listener, joins through `client` (unused when !env.in_job), and
-  // builds the transport. *joined (if given) says whether the job service's Join succeeded,
-  // that is whether this round of the rendezvous is used up, even when a later step fails.
+  // builds the transport. Outside a job, env.foreign is refused (RefuseForeignJob). *joined (if
+  // given) says whether the job service's Join succeeded, that is whether this round of the
+  // rendezvous is used up, even when a later step fails.
   static Result<std::unique_ptr<Runtime>> Join(const JobEnv& env, JobClient* client,
                                                bool* joined = nullptr);
   // Over an existing transport (tests). Shape fields < 0 are derived from the peer table.

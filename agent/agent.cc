@@ -17,6 +17,7 @@
 #include "agent/agent_loop.h"
 #include "agent/cpu_binding.h"
 #include "agent/launcher_link.h"
+#include "ringrun/common/interfaces.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/version.h"
 
@@ -144,6 +145,15 @@ int RunAgent(const AgentConfig& config, Spawner& spawner) {
   req.set_version(RINGRUN_VERSION_STRING);
   req.set_free_port(FindFreePort());
   req.set_service_target(config.launcher_target);
+  if (Result<std::vector<NetInterface>> nics = ListInterfaces(); nics.ok()) {
+    for (const NetInterface& n : *nics) {
+      auto* i = req.add_interfaces();
+      i->set_name(n.name);
+      i->set_address(n.address);
+    }
+  } else {
+    spdlog::warn("{}: {}", host, nics.status().message());  // --network-interfaces will say more
+  }
   Result<v1::RegisterReply> reply = link->Register(req, config.register_timeout_ms);
   if (!reply.ok()) {
     // kAborted: the job was torn down before this host's turn; the launcher says why.

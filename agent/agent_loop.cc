@@ -95,6 +95,7 @@ void AgentLoop::Start(const v1::RegisterReply& reply,
       r.fds[1] = std::move(p->err);
       ev.mutable_started()->set_rank(r.rank);
       ev.mutable_started()->set_pid(r.pid);
+      if (!req.cpus.empty()) ev.mutable_started()->set_cpus(CpuListText(req.cpus));
     }
     link_.Send(std::move(ev));
   }

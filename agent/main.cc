@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   auto* slurm_opt = app.add_option("--slurm-hosts", slurm_hosts,
                                    "under srun: the job's host names by index (comma-separated)");
   index_opt->excludes(slurm_opt);
-  app.add_option("--log-level", level, "trace|debug|info|warn|error|off");
+  app.add_option("--log-level", level, "trace|debug|info|warn|error|critical|off");
   app.add_option("--start-timeout", start_timeout_s, "seconds to wait for registration");
   app.set_version_flag("--version", std::string("ringrun-agent ") + RINGRUN_VERSION_STRING);
   CLI11_PARSE(app, argc, argv);

@@ -28,7 +28,7 @@ starters::SlurmStarterConfig SlurmConfigFor(const Options& options,
   c.active_hosts.assign(active.begin(), active.end());
   c.overlap = options.srun_overlap;
   c.launcher_address = options.launcher_address;
-  c.network_interface = options.network_interface;
+  c.network_interfaces = options.network_interfaces;
   return c;
 }
 
@@ -76,11 +76,13 @@ int Main(int argc, char** argv) {
     return parsed.exit_code;
   }
   const Options& options = parsed.options;
-  InitLogging("ringrun", options.log_level);
+  InitLogging("ringrun", options.log_level, options.log_timestamps);
+  for (const std::string& note : options.notes) std::fprintf(stderr, "ringrun: %s\n", note.c_str());
   if (options.check_build) return RunCheckBuild();
   // The one placement of the job: the dry run prints it, the srun step's nodes come from it, and
   // the job runs it. (--check-gpu places its own jobs, one rank per host or per GPU.)
-  Result<std::vector<hosts::RankPlacement>> placed = hosts::PlaceRanks(options.hosts, options.np);
+  Result<std::vector<hosts::RankPlacement>> placed =
+      hosts::PlaceRanks(options.hosts, options.np, options.oversubscribe);
   if (!placed.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", placed.status().message().c_str());
     return 2;

@@ -12,12 +12,15 @@
 #include <functional>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <sstream>
 
+#include "launcher/config_file.h"
 #include "launcher/hosts/placement.h"
 #include "launcher/hosts/scheduler_hosts.h"
 #include "launcher/hosts/slurm.h"
 #include "launcher/job/environment.h"
+#include "launcher/job/job_state_machine.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
@@ -36,7 +39,8 @@ struct Reading {
 
 // Every flag `word` may be, by argparse's rules (options.h); nullopt when it is not a flag.
 std::optional<std::vector<Reading>> ReadWord(const std::vector<FlagSyntax>& flags,
-                                             const std::string& word) {
+                                             const std::string& word,
+                                             const std::set<std::string>& preferred) {
   if (word.size() < 2 || word[0] != '-') return std::nullopt;
   const size_t eq = word.find('=');
   const std::string head = word.substr(0, eq);
@@ -66,11 +70,22 @@ std::optional<std::vector<Reading>> ReadWord(const std::vector<FlagSyntax>& flag
     prefixes.erase(std::remove_if(prefixes.begin(), prefixes.end(), switch_with_text),
                    prefixes.end());
   }
+  auto is_preferred = [&](const Reading& r) {
+    const auto& names = flags[r.flag].names;
+    return std::any_of(names.begin(), names.end(),
+                       [&](const std::string& n) { return preferred.count(n) > 0; });
+  };
+  if (std::count_if(prefixes.begin(), prefixes.end(), is_preferred) == 1) {
+    prefixes.erase(std::remove_if(prefixes.begin(), prefixes.end(),
+                                  [&](const Reading& r) { return !is_preferred(r); }),
+                   prefixes.end());
+  }
   return prefixes;
 }
 
-bool IsFlag(const std::vector<FlagSyntax>& flags, const std::string& word) {
-  auto readings = ReadWord(flags, word);
+bool IsFlag(const std::vector<FlagSyntax>& flags, const std::string& word,
+            const std::set<std::string>& preferred) {
+  auto readings = ReadWord(flags, word, preferred);
   return readings && !readings->empty();
 }
 
@@ -90,7 +105,8 @@ std::string Suggest(const std::vector<FlagSyntax>& flags, const std::string& wor
 }  // namespace
 
 Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
-                              const std::vector<std::string>& args) {
+                              const std::vector<std::string>& args,
+                              const std::set<std::string>& preferred) {
   MatchedArgs out;
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -99,7 +115,7 @@ Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
       ++i;
       break;
     }
-    std::optional<std::vector<Reading>> readings = ReadWord(flags, word);
+    std::optional<std::vector<Reading>> readings = ReadWord(flags, word, preferred);
     if (!readings) break;  // the command starts here
     if (readings->empty()) {
       return InvalidArgument("unknown flag " + word + Suggest(flags, word) +
@@ -125,7 +141,7 @@ Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
     while (use.values.size() < nargs) {
       if (i + 1 == args.size()) return InvalidArgument(needs);
       const std::string& next = args[i + 1];
-      if (next == "--" || IsFlag(flags, next)) {
+      if (next == "--" || IsFlag(flags, next, preferred)) {
         return InvalidArgument(needs + ", but " + next + " follows it");
       }
       use.values.push_back(next);
@@ -157,7 +173,12 @@ struct Given {
   std::optional<FlagUse> host_flag;  // -H or --hostfile, once given
   std::string starter;               // --starter; "" for auto
   bool log_level_given = false;      // --log-level, which wins over --verbose
+  bool start_timeout_given = false;  // --start-timeout, which wins over HOROVOD_START_TIMEOUT
   std::vector<std::pair<std::string, std::string>> engine_vars;  // set after -x: the flags win
+  void Note(const FlagUse& u, const std::string& text) {
+    std::string line = u.spelling + ": " + text;
+    if (std::find(o.notes.begin(), o.notes.end(), line) == o.notes.end()) o.notes.push_back(line);
+  }
 };
 
 using Apply = std::function<Status(const FlagUse&, Given&)>;
@@ -211,7 +232,8 @@ Result<int> ParseIntFlag(const FlagUse& u, long lo, long hi, const char* unit = 
   return static_cast<int>(v);
 }
 
-Result<double> ParseSecondsFlag(const FlagUse& u, double lo, double hi) {
+Result<double> ParseDecimalFlag(const FlagUse& u, double lo, double hi,
+                                const char* what = "a number of seconds") {
   const std::string& text = u.values[0];
   // Decimal only: strtod would also take blanks, hex, exponents, "inf" and "nan".
   bool plain = text.find_first_not_of("0123456789.-") == std::string::npos;
@@ -219,7 +241,7 @@ Result<double> ParseSecondsFlag(const FlagUse& u, double lo, double hi) {
   char* end = nullptr;
   double v = plain ? std::strtod(s, &end) : 0;
   if (!plain || end == s || *end != '\0' || !std::isfinite(v)) {
-    return InvalidArgument(u.spelling + " " + text + ": not a number of seconds");
+    return InvalidArgument(u.spelling + " " + text + ": not " + what);
   }
   if (v < lo) return InvalidArgument(u.spelling + " " + text + ": must be at least " + Number(lo));
   if (v > hi) return InvalidArgument(u.spelling + " " + text + ": must be at most " + Number(hi));
@@ -291,25 +313,116 @@ Kind Hosts(Result<std::vector<hosts::HostSpec>> (*parse)(const std::string&)) {
     return Status();
   });
 }
-// An engine flag: the variable it sets in every rank, to what `value` makes of the flag.
-Kind SetsVar(const char* name, std::function<Result<std::string>(const FlagUse&)> value) {
+
+// What a flag makes of its value: the text to set a variable to.
+using Convert = std::function<Result<std::string>(const FlagUse&)>;
+
+// A flag that sets variables in every rank: each of `names` to what `convert` makes of it.
+Kind SetsVars(std::vector<const char*> names, Convert convert) {
   return Value([=](const FlagUse& u, Given& g) {
-    Result<std::string> v = value(u);
-    if (v.ok()) SetVar(&g.engine_vars, name, *v);
+    Result<std::string> v = convert(u);
+    if (v.ok()) {
+      for (const char* name : names) SetVar(&g.engine_vars, name, *v);
+    }
     return v.status();
   });
 }
-std::function<Result<std::string>(const FlagUse&)> Seconds(double lo, double hi) {
+// A switch that sets variables in every rank to fixed values.
+Kind SetsValues(std::vector<std::pair<const char*, const char*>> vars) {
+  return Action([=](const FlagUse&, Given& g) {
+    for (const auto& [name, value] : vars) SetVar(&g.engine_vars, name, value);
+    return Status();
+  });
+}
+// `kind`, and a note saying what ringrun does instead.
+Kind Noted(Kind kind, const char* note) {
+  kind.apply = [apply = kind.apply, note](const FlagUse& u, Given& g) {
+    g.Note(u, note);
+    return apply ? apply(u, g) : Status();
+  };
+  return kind;
+}
+Kind Noted(int nargs, const char* note) { return Noted(Kind{nargs, nullptr}, note); }
+// A flag of horovodrun's that ringrun refuses: its values are not looked at.
+Kind Refused(int nargs, const char* why) {
+  return {nargs,
+          [why](const FlagUse& u, Given&) { return InvalidArgument(u.spelling + ": " + why); }};
+}
+Convert Decimal(double lo, double hi, const char* what) {
   return [=](const FlagUse& u) -> Result<std::string> {
-    Result<double> v = ParseSecondsFlag(u, lo, hi);
+    Result<double> v = ParseDecimalFlag(u, lo, hi, what);
     if (!v.ok()) return v.status();
     return u.values[0];
   };
 }
+Convert Seconds(double lo, double hi) { return Decimal(lo, hi, "a number of seconds"); }
+Convert Whole(long lo, long hi, long scale = 1, const char* unit = "") {
+  return [=](const FlagUse& u) -> Result<std::string> {
+    Result<int> v = ParseIntFlag(u, lo, hi, unit);
+    if (!v.ok()) return v.status();
+    return std::to_string(static_cast<long long>(*v) * scale);
+  };
+}
+Convert AsIs() {
+  return [](const FlagUse& u) -> Result<std::string> { return u.values[0]; };
+}
+
+// --log-level: Horovod's names (TRACE DEBUG INFO WARNING ERROR FATAL) and ringrun's (warn,
+// off), in any case. The launcher and agents log at the spdlog level; every rank gets it too,
+// as RINGRUN_LOG_LEVEL, and Horovod's name as HOROVOD_LOG_LEVEL.
+Status ApplyLogLevel(const FlagUse& u, Given& g) {
+  struct Level {
+    const char* name;
+    const char* spdlog;
+    const char* horovod;
+  };
+  static const Level kLevels[] = {
+      {"trace", "trace", "TRACE"},    {"debug", "debug", "DEBUG"},    {"info", "info", "INFO"},
+      {"warn", "warn", "WARNING"},    {"warning", "warn", "WARNING"}, {"error", "error", "ERROR"},
+      {"fatal", "critical", "FATAL"}, {"off", "off", "FATAL"},
+  };
+  std::vector<std::string> names;
+  for (const Level& l : kLevels) names.push_back(l.name);
+  Result<std::string> v = ParseChoice(u, names);
+  if (!v.ok()) return v.status();
+  for (const Level& l : kLevels) {
+    if (*v != l.name) continue;
+    g.o.log_level = l.spdlog;
+    g.log_level_given = true;
+    SetVar(&g.engine_vars, "RINGRUN_LOG_LEVEL", l.spdlog);
+    SetVar(&g.engine_vars, "HOROVOD_LOG_LEVEL", l.horovod);
+  }
+  return Status();
+}
+
+// --log-with-timestamp and its opposites: the launcher's log, and HOROVOD_LOG_HIDE_TIME as its
+// name says (Horovod's own launcher inverts it: launch.py passes log_with_timestamp through
+// unchanged, so its --log-with-timestamp hides the time).
+Kind LogTimestamps(bool with) {
+  return Action([with](const FlagUse&, Given& g) {
+    g.o.log_timestamps = with;
+    SetVar(&g.engine_vars, "HOROVOD_LOG_HIDE_TIME", with ? "0" : "1");
+    return Status();
+  });
+}
+
+// --start-timeout, or (`u.spelling` "HOROVOD_START_TIMEOUT") horovodrun's variable for it.
+Status ApplyStartTimeout(const FlagUse& u, Given& g) {
+  Result<int> s = ParseIntFlag(u, 1, 7 * 24 * 3600, " of seconds");
+  if (s.ok()) g.o.start_timeout_s = *s, g.start_timeout_given = true;
+  return s.status();
+}
+
+static_assert(job::kTimeoutExitCode == 124, "--help and the README say --timeout exits 124");
+
+constexpr char kElastic[] =
+    "elastic jobs are not supported yet; ringrun runs a fixed number of ranks (-np) on fixed "
+    "hosts (-H, --hostfile)";
 
 std::string VersionText() { return "ringrun " RINGRUN_VERSION_STRING "\n"; }
 
 // Every flag, in --help's order. Adding a flag is one entry here (and its field in Options).
+// horovodrun's own are all here (HorovodrunOptionNames); what each does is in the README.
 const std::vector<FlagGroup>& FlagGroups() {
   static const std::vector<FlagGroup> kGroups = {
       {"Job",
@@ -320,19 +433,28 @@ const std::vector<FlagGroup>& FlagGroups() {
             "Hosts and their slots, e.g. a:4,b:4 (a bare host has 1 slot; user@host allowed)."},
            {"-hostfile --hostfile", "FILE", Hosts(hosts::ParseHostfile),
             "File of hosts: lines 'host slots=N', 'host:N' or 'host'; '#' comments."},
+           {"--oversubscribe", "", Switch(&Options::oversubscribe),
+            "Allow more ranks than slots: the extra ranks go to the hosts in turn."},
            {"-x", "NAME[=VALUE]", Value([](const FlagUse& u, Given& g) {
               auto kv = job::ParseExportFlag(u.values[0], g.environ_vars);
               if (kv.ok()) SetVar(&g.o.exports, kv->first, kv->second);
               return kv.status();
             }),
             "Set NAME in every rank, to VALUE or to the launcher's value (repeatable)."},
-           {"--wdir", "DIR", Text(&Options::wdir),
+           {"-wdir --wdir", "DIR", Text(&Options::wdir),
             "Working directory of the ranks. Default: the launcher's."},
+           {"--config-file", "FILE", Value([](const FlagUse&, Given&) { return Status(); }),
+            "Horovod's YAML settings (params, autotune, timeline, stall_check, "
+            "library_options, logging); flags on the command line win."},
            {"--start-timeout", "SECONDS",
-            Int(&Options::start_timeout_s, 1, 7 * 24 * 3600, " of seconds"),
-            "Time for every agent and rank to come up.", std::to_string(kDefaultStartTimeoutS)},
+            Value([](const FlagUse& u, Given& g) { return ApplyStartTimeout(u, g); }),
+            "Time for every agent and rank to come up; else HOROVOD_START_TIMEOUT, as in "
+            "horovodrun.",
+            std::to_string(kDefaultStartTimeoutS)},
+           {"--timeout", "SECONDS", Int(&Options::timeout_s, 1, 365 * 24 * 3600, " of seconds"),
+            "End the job when it runs longer than this: exit 124. Default: no limit."},
            {"--grace-period", "SECONDS", Value([](const FlagUse& u, Given& g) {
-              Result<double> s = ParseSecondsFlag(u, 0, 3600);
+              Result<double> s = ParseDecimalFlag(u, 0, 3600);
               if (s.ok()) g.o.grace_ms = static_cast<int>(std::llround(*s * 1000.0));
               return s.status();
             }),
@@ -352,29 +474,39 @@ const std::vector<FlagGroup>& FlagGroups() {
             "core: pin each rank to its own share of the host's CPUs; none: no pinning (jobs "
             "sharing a host would share its first cores).",
             "none"},
+           {"--report-bindings", "", Switch(&Options::report_bindings),
+            "Print each rank's CPUs as it starts."},
            {"--dry-run", "", Switch(&Options::dry_run),
             "Print the placement table and start nothing."},
        }},
       {"Output",
        {
            {"--output-filename", "DIR", Text(&Options::output_dir),
-            "Also write DIR/rank.N/stdout and DIR/rank.N/stderr."},
-           {"-prefix-timestamp --prefix-timestamp", "", Switch(&Options::prefix_timestamp),
-            "Add a timestamp to every output line."},
-           {"--log-level", "LEVEL", Value([](const FlagUse& u, Given& g) {
-              Result<std::string> v =
-                  ParseChoice(u, {"trace", "debug", "info", "warn", "error", "off"});
-              if (v.ok()) g.o.log_level = *v, g.log_level_given = true;
-              return v.status();
-            }),
-            "ringrun's own log: trace, debug, info, warn (default), error or off."},
+            "Also write DIR/rank.N/stdout and DIR/rank.N/stderr (N zero-padded to the width "
+            "of the last rank)."},
+           {"-prefix-timestamp --prefix-output-with-timestamp --prefix-timestamp", "",
+            Switch(&Options::prefix_timestamp), "Add a timestamp to every output line."},
+           {"--log-level", "LEVEL", Value(ApplyLogLevel),
+            "The log level of ringrun and of every rank (RINGRUN_LOG_LEVEL, HOROVOD_LOG_LEVEL): "
+            "TRACE, DEBUG, INFO, WARNING (default), ERROR, FATAL, or off; any case."},
+           {"--log-with-timestamp", "", LogTimestamps(true),
+            "Timestamps in ringrun's log; HOROVOD_LOG_HIDE_TIME=0 in the ranks."},
+           {"--log-without-timestamp", "", LogTimestamps(false),
+            "No timestamps in ringrun's log; HOROVOD_LOG_HIDE_TIME=1 in the ranks."},
+           {"--log-hide-timestamp", "",
+            Noted(LogTimestamps(false),
+                  "deprecated in horovodrun; same as --log-without-timestamp"),
+            "Old name of --log-without-timestamp."},
+           {"--no-log-hide-timestamp", "",
+            Noted(LogTimestamps(true), "deprecated in horovodrun; same as --log-with-timestamp"),
+            "Old name of --log-with-timestamp."},
            {"--verbose", "", Action([](const FlagUse&, Given& g) {
               if (!g.log_level_given) g.o.log_level = "debug";
               return Status();
             }),
-            "Same as --log-level debug (an explicit --log-level wins)."},
+            "ringrun's own log at debug, with timestamps (an explicit --log-level wins)."},
        }},
-      {"SSH",
+      {"SSH and network",
        {
            {"-i --ssh-identity-file", "FILE", Value([](const FlagUse& u, Given& g) {
               if (::access(u.values[0].c_str(), R_OK) != 0) {
@@ -401,45 +533,143 @@ const std::vector<FlagGroup>& FlagGroups() {
             "ringrun-agent on remote hosts. Default: the same absolute path as here."},
            {"--launcher-address", "ADDR", Text(&Options::launcher_address),
             "Address agents use to reach the launcher."},
-           {"--network-interface", "IFACE", Text(&Options::network_interface),
-            "Take the launcher's address from this interface."},
-       }},
-      {"Engine",
-       {
-           {"--fusion-threshold-mb", "MB",
-            SetsVar("RINGRUN_FUSION_THRESHOLD",
-                    [](const FlagUse& u) -> Result<std::string> {
-                      Result<int> mb = ParseIntFlag(u, 0, 1 << 20, " of MiB");
-                      if (!mb.ok()) return mb.status();
-                      return std::to_string(static_cast<long long>(*mb) << 20);
-                    }),
-            "Fusion buffer size in MiB (default 64; 0 disables fusion). Sets "
-            "RINGRUN_FUSION_THRESHOLD."},
-           {"--cache-capacity", "N",
-            SetsVar("RINGRUN_CACHE_CAPACITY",
-                    [](const FlagUse& u) -> Result<std::string> {
-                      Result<int> n = ParseIntFlag(u, 0, 1 << 24);
-                      if (!n.ok()) return n.status();
-                      return std::to_string(*n);
-                    }),
-            "Response cache entries (default 1024; 0 disables). Sets RINGRUN_CACHE_CAPACITY."},
-           {"--no-stall-check", "", Action([](const FlagUse&, Given& g) {
-              SetVar(&g.engine_vars, "RINGRUN_STALL_CHECK", "0");
+           {"--network-interfaces --network-interface", "IF[,IF...]",
+            Value([](const FlagUse& u, Given& g) {
+              for (const std::string& name : SplitOn(u.values[0], ',')) {
+                if (name.empty())
+                  return InvalidArgument(u.spelling + " " + u.values[0] +
+                                         ": an empty interface name");
+                auto& list = g.o.network_interfaces;
+                if (std::find(list.begin(), list.end(), name) == list.end()) list.push_back(name);
+              }
               return Status();
             }),
-            "No stall warnings. Sets RINGRUN_STALL_CHECK=0."},
+            "Interfaces to use, first first (repeatable): the launcher's address, each rank's "
+            "data-plane address on its host, and NCCL_SOCKET_IFNAME."},
+           {"--tcp", "", SetsValues({{"NCCL_IB_DISABLE", "1"}}),
+            "TCP only: NCCL_IB_DISABLE=1 (ringrun's own data plane is TCP and shared memory)."},
+       }},
+      {"Engine (Horovod's knobs: each sets HOROVOD_* in every rank, and ringrun's own variable)",
+       {
+           {"--fusion-threshold-mb", "MB",
+            SetsVars({"RINGRUN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"},
+                     Whole(0, 1 << 20, 1 << 20, " of MiB")),
+            "Fusion buffer size in MiB (default 64; 0 disables fusion)."},
+           {"--cycle-time-ms", "MS",
+            SetsVars({"HOROVOD_CYCLE_TIME"}, Decimal(0, 1e7, "a number of milliseconds")),
+            "Horovod's fusion cycle (HOROVOD_CYCLE_TIME)."},
+           {"--cache-capacity", "N",
+            SetsVars({"RINGRUN_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"}, Whole(0, 1 << 24)),
+            "Response cache entries (default 1024; 0 disables)."},
+           {"--hierarchical-allreduce", "", SetsValues({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"}}),
+            "Allreduce within each host, then across hosts."},
+           {"--no-hierarchical-allreduce", "",
+            SetsValues({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0"}}),
+            "Flat allreduce, fixed (autotune leaves it)."},
+           {"--hierarchical-allgather", "", SetsValues({{"HOROVOD_HIERARCHICAL_ALLGATHER", "1"}}),
+            "Allgather within each host, then across hosts."},
+           {"--no-hierarchical-allgather", "",
+            SetsValues({{"HOROVOD_HIERARCHICAL_ALLGATHER", "0"}}),
+            "Flat allgather, fixed (autotune leaves it)."},
+           {"--autotune", "", SetsValues({{"HOROVOD_AUTOTUNE", "1"}}),
+            "Tune the knobs not given while training."},
+           {"--no-autotune", "", SetsValues({{"HOROVOD_AUTOTUNE", "0"}}), "No autotuning."},
+           {"--autotune-log-file", "FILE", SetsVars({"HOROVOD_AUTOTUNE_LOG"}, AsIs()),
+            "Autotune's trials, as CSV."},
+           {"--autotune-warmup-samples", "N",
+            SetsVars({"HOROVOD_AUTOTUNE_WARMUP_SAMPLES"}, Whole(0, 1 << 30)),
+            "Samples discarded before tuning (Horovod: 3)."},
+           {"--autotune-steps-per-sample", "N",
+            SetsVars({"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"}, Whole(0, 1 << 30)),
+            "Steps per sample (Horovod: 10)."},
+           {"--autotune-bayes-opt-max-samples", "N",
+            SetsVars({"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}, Whole(0, 1 << 30)),
+            "Samples per Bayesian optimization (Horovod: 20)."},
+           {"--autotune-gaussian-process-noise", "X",
+            SetsVars({"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
+                     Decimal(0, 1, "a number in [0, 1]")),
+            "Noise regularization in [0, 1] (Horovod: 0.8)."},
+           {"--timeline-filename", "FILE",
+            SetsVars({"RINGRUN_TIMELINE", "HOROVOD_TIMELINE"}, AsIs()),
+            "Write a Chrome trace: FILE is rank 0's, with every rank's negotiation, as Horovod's; "
+            "rank r's beside it (t.json -> t.1.json, ...)."},
+           {"--timeline-mark-cycles", "", SetsValues({{"HOROVOD_TIMELINE_MARK_CYCLES", "1"}}),
+            "Mark cycles on the timeline."},
+           {"--no-timeline-mark-cycles", "", SetsValues({{"HOROVOD_TIMELINE_MARK_CYCLES", "0"}}),
+            "Do not mark cycles."},
+           {"--no-stall-check", "",
+            SetsValues({{"RINGRUN_STALL_CHECK", "0"}, {"HOROVOD_STALL_CHECK_DISABLE", "1"}}),
+            "No stall warnings."},
+           {"--stall-check", "",
+            SetsValues({{"RINGRUN_STALL_CHECK", "1"}, {"HOROVOD_STALL_CHECK_DISABLE", "0"}}),
+            "Stall warnings (the default)."},
            {"--stall-check-warning-time-seconds", "SECONDS",
-            SetsVar("RINGRUN_STALL_WARNING_SECONDS", Seconds(0.001, 1e7)),
+            SetsVars({"RINGRUN_STALL_WARNING_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"},
+                     Seconds(0.001, 1e7)),
             "Warn about tensors some ranks submitted and others not after this long (default "
             "60)."},
            {"--stall-check-shutdown-time-seconds", "SECONDS",
-            SetsVar("RINGRUN_STALL_SHUTDOWN_SECONDS", Seconds(0, 1e7)),
+            SetsVars({"RINGRUN_STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
+                     Seconds(0, 1e7)),
             "Fail the job when such a stall lasts this long (default: never)."},
-           {"--timeline-filename", "FILE",
-            SetsVar("RINGRUN_TIMELINE",
-                    [](const FlagUse& u) -> Result<std::string> { return u.values[0]; }),
-            "Write a Chrome trace per rank: FILE with the rank before its extension (t.json -> "
-            "t.0.json)."},
+           {"--gloo-timeout-seconds", "SECONDS", Value([](const FlagUse& u, Given& g) {
+              Result<int> s = ParseIntFlag(u, 1, 1 << 20, " of seconds");
+              if (!s.ok()) return s.status();
+              SetVar(&g.engine_vars, "RINGRUN_TIMEOUT_MS", std::to_string(*s * 1000LL));
+              SetVar(&g.engine_vars, "HOROVOD_GLOO_TIMEOUT_SECONDS", u.values[0]);
+              return Status();
+            }),
+            "Deadline of each wait in a collective (RINGRUN_TIMEOUT_MS)."},
+           {"--num-nccl-streams", "N",
+            Noted(SetsVars({"HOROVOD_NUM_NCCL_STREAMS"}, Whole(0, 1024)),
+                  "set in the ranks as HOROVOD_NUM_NCCL_STREAMS; ringrun's NCCL backend uses "
+                  "one stream per device"),
+            "HOROVOD_NUM_NCCL_STREAMS."},
+           {"--thread-affinity", "CPU",
+            Noted(SetsVars({"HOROVOD_THREAD_AFFINITY"}, Whole(0, 1 << 20)),
+                  "set in the ranks as HOROVOD_THREAD_AFFINITY; ringrun does not pin its "
+                  "background thread (--bind-to core pins whole ranks)"),
+            "HOROVOD_THREAD_AFFINITY."},
+       }},
+      {"Other launchers' flags (accepted: ringrun says what it does instead)",
+       {
+           {"--gloo", "",
+            Noted(0, "ringrun's own controller and data plane run the job in Gloo's place"),
+            "Horovod's Gloo controller."},
+           {"--mpi", "",
+            Noted(0, "ringrun runs no MPI; its own controller and data plane run the job"),
+            "Horovod's MPI controller."},
+           {"--jsrun", "",
+            Noted(0, "ringrun starts its agents over SSH or in an srun step, not with jsrun"),
+            "LSF's jsrun."},
+           {"--mpi-args", "ARGS",
+            Noted(1,
+                  "ignored: ringrun starts ranks without mpirun (-x sets variables, "
+                  "--bind-to pins)"),
+            "Extra mpirun arguments."},
+           {"--binding-args", "ARGS", Noted(1, "ignored: ringrun pins ranks with --bind-to core"),
+            "mpirun/jsrun binding arguments."},
+           {"--mpi-threads-disable", "",
+            Noted(SetsValues({{"HOROVOD_MPI_THREADS_DISABLE", "1"}}),
+                  "ringrun runs no MPI; HOROVOD_MPI_THREADS_DISABLE=1 is set for mpi4py"),
+            "MPI threading off."},
+           {"--no-mpi-threads-disable", "", SetsValues({{"HOROVOD_MPI_THREADS_DISABLE", "0"}}),
+            "MPI threading on."},
+           {"--disable-cache", "",
+            Noted(0, "ringrun keeps no cache of start-up checks; it checks every time"),
+            "horovodrun's cache of SSH checks."},
+       }},
+      {"Elastic (horovodrun's elastic flags are refused: not supported yet)",
+       {
+           {"--min-np --min-num-proc", "N", Refused(1, kElastic), "Fewest ranks to go on with."},
+           {"--max-np --max-num-proc", "N", Refused(1, kElastic), "Most ranks to grow to."},
+           {"--slots-per-host", "N", Refused(1, kElastic), "Slots of a discovered host."},
+           {"--host-discovery-script", "FILE", Refused(1, kElastic),
+            "Prints the hosts now available."},
+           {"--elastic-timeout", "SECONDS", Refused(1, kElastic), "Wait for hosts after a change."},
+           {"--reset-limit", "N", Refused(1, kElastic), "Most changes of size."},
+           {"--blacklist-cooldown-range", "MIN MAX", Refused(2, kElastic),
+            "Seconds a failed host is left out."},
        }},
       {"Diagnostics",
        {
@@ -449,7 +679,7 @@ const std::vector<FlagGroup>& FlagGroups() {
             "With --check-gpu: also run an NCCL allreduce across every GPU."},
            {"-cb --check-build", "", Switch(&Options::check_build),
             "Print what this build has (backends and library versions)."},
-           {"--version", "", Answer(VersionText), "Print the version."},
+           {"-v --version", "", Answer(VersionText), "Print the version."},
            {"-h --help", "", Answer(UsageText), "Print this help."},
        }},
   };
@@ -480,7 +710,7 @@ const char kHelpOutro[] =
     "  ringrun --hostfile hosts.txt --check-gpu --allreduce\n"
     "\n"
     "Exit status: the first failing rank's code (128+signal if a signal killed it),\n"
-    "2 for a usage error, 1 when ringrun itself fails.\n";
+    "2 for a usage error, 124 when --timeout ends the job, 1 when ringrun itself fails.\n";
 
 std::vector<std::string> Names(const Flag& f) {
   std::istringstream in(f.names);
@@ -522,10 +752,21 @@ ParseOutcome UsageError(std::string message) {
 // After every flag: the combinations, then the hosts, the starter and np.
 Status Settle(Given& g) {
   Options& o = g.o;
-  for (const auto& [name, value] : g.engine_vars) SetVar(&o.exports, name, value);
-  if (!o.launcher_address.empty() && !o.network_interface.empty()) {
-    return InvalidArgument("--launcher-address and --network-interface cannot be used together");
+  if (!g.start_timeout_given) {  // horovodrun's variable, the first as getenv would find it
+    const std::string prefix = "HOROVOD_START_TIMEOUT=";
+    for (const std::string& kv : g.environ_vars) {
+      if (kv.compare(0, prefix.size(), prefix) != 0 || kv.size() == prefix.size()) continue;
+      RINGRUN_RETURN_IF_ERROR(
+          ApplyStartTimeout(FlagUse{0, "HOROVOD_START_TIMEOUT", {kv.substr(prefix.size())}}, g));
+      break;
+    }
   }
+  if (!o.network_interfaces.empty()) {
+    std::string list;
+    for (const std::string& name : o.network_interfaces) list += (list.empty() ? "" : ",") + name;
+    SetVar(&g.engine_vars, "NCCL_SOCKET_IFNAME", list);
+  }
+  for (const auto& [name, value] : g.engine_vars) SetVar(&o.exports, name, value);
   if (o.check_gpu && o.check_build) {
     return InvalidArgument("--check-gpu and --check-build cannot be used together");
   }
@@ -568,7 +809,7 @@ Status Settle(Given& g) {
   } else if (o.np == 0) {
     o.np = hosts::TotalSlots(o.hosts);
   }
-  return hosts::CheckNumProc(o.hosts, o.np);
+  return hosts::CheckNumProc(o.hosts, o.np, o.oversubscribe);
 }
 
 }  // namespace
@@ -582,6 +823,133 @@ std::string UsageText() {
   return out + "\n" + OtherDefaultsText() + "\n" + kHelpOutro;
 }
 
+const std::set<std::string>& HorovodrunOptionNames() {
+  // horovod/runner/launch.py, parse_args(): every option string, in its order.
+  static const std::set<std::string> kNames = {"-h",
+                                               "--help",
+                                               "-v",
+                                               "--version",
+                                               "-np",
+                                               "--num-proc",
+                                               "-cb",
+                                               "--check-build",
+                                               "--disable-cache",
+                                               "--start-timeout",
+                                               "--network-interfaces",
+                                               "--network-interface",
+                                               "--output-filename",
+                                               "--verbose",
+                                               "--config-file",
+                                               "-p",
+                                               "--ssh-port",
+                                               "-i",
+                                               "--ssh-identity-file",
+                                               "--fusion-threshold-mb",
+                                               "--cycle-time-ms",
+                                               "--cache-capacity",
+                                               "--hierarchical-allreduce",
+                                               "--no-hierarchical-allreduce",
+                                               "--hierarchical-allgather",
+                                               "--no-hierarchical-allgather",
+                                               "--autotune",
+                                               "--no-autotune",
+                                               "--autotune-log-file",
+                                               "--autotune-warmup-samples",
+                                               "--autotune-steps-per-sample",
+                                               "--autotune-bayes-opt-max-samples",
+                                               "--autotune-gaussian-process-noise",
+                                               "--min-np",
+                                               "--min-num-proc",
+                                               "--max-np",
+                                               "--max-num-proc",
+                                               "--slots-per-host",
+                                               "--elastic-timeout",
+                                               "--reset-limit",
+                                               "--blacklist-cooldown-range",
+                                               "--timeline-filename",
+                                               "--timeline-mark-cycles",
+                                               "--no-timeline-mark-cycles",
+                                               "--no-stall-check",
+                                               "--stall-check",
+                                               "--stall-check-warning-time-seconds",
+                                               "--stall-check-shutdown-time-seconds",
+                                               "--mpi-threads-disable",
+                                               "--no-mpi-threads-disable",
+                                               "--mpi-args",
+                                               "--tcp",
+                                               "--binding-args",
+                                               "--num-nccl-streams",
+                                               "--thread-affinity",
+                                               "--gloo-timeout-seconds",
+                                               "--log-level",
+                                               "--log-with-timestamp",
+                                               "--log-without-timestamp",
+                                               "-prefix-timestamp",
+                                               "--prefix-output-with-timestamp",
+                                               "--log-hide-timestamp",
+                                               "--no-log-hide-timestamp",
+                                               "-H",
+                                               "--hosts",
+                                               "-hostfile",
+                                               "--hostfile",
+                                               "--host-discovery-script",
+                                               "--gloo",
+                                               "--mpi",
+                                               "--jsrun"};
+  return kNames;
+}
+
+namespace {
+
+// horovodrun's mutually exclusive groups (argparse's add_mutually_exclusive_group): at most
+// one of each on the command line. (-H and --hostfile are checked where they are read.)
+const std::vector<std::vector<std::string>>& ExclusiveFlags() {
+  static const std::vector<std::vector<std::string>> kGroups = {
+      {"--hierarchical-allreduce", "--no-hierarchical-allreduce"},
+      {"--hierarchical-allgather", "--no-hierarchical-allgather"},
+      {"--autotune", "--no-autotune"},
+      {"--timeline-mark-cycles", "--no-timeline-mark-cycles"},
+      {"--no-stall-check", "--stall-check"},
+      {"--mpi-threads-disable", "--no-mpi-threads-disable"},
+      {"--log-with-timestamp", "--log-without-timestamp", "--prefix-output-with-timestamp",
+       "--log-hide-timestamp", "--no-log-hide-timestamp"},
+      {"--gloo", "--mpi", "--jsrun"},
+  };
+  return kGroups;
+}
+
+// The flag named `name` exactly (a name of the table).
+size_t FlagNamed(const std::vector<FlagSyntax>& syntax, const std::string& name) {
+  for (size_t i = 0; i < syntax.size(); ++i) {
+    const auto& n = syntax[i].names;
+    if (std::find(n.begin(), n.end(), name) != n.end()) return i;
+  }
+  return syntax.size();
+}
+
+// The settings of --config-file `path` as flag uses, spelled "FILE:LINE: KEY", leaving out
+// those that a flag on the command line overrides.
+Result<std::vector<FlagUse>> ConfigUses(const std::string& path,
+                                        const std::vector<FlagSyntax>& syntax,
+                                        const std::vector<bool>& on_command_line, Given& g) {
+  Result<ConfigFlags> file = ReadConfigFlags(path);
+  if (!file.ok()) return file.status();
+  g.o.notes.insert(g.o.notes.end(), file->notes.begin(), file->notes.end());
+  std::vector<FlagUse> uses;
+  for (const ConfigFlag& f : file->flags) {
+    if (std::any_of(f.overridden_by.begin(), f.overridden_by.end(),
+                    [&](const std::string& n) { return on_command_line[FlagNamed(syntax, n)]; })) {
+      continue;
+    }
+    FlagUse use{FlagNamed(syntax, f.flag), f.where, {}};
+    if (f.value) use.values.push_back(*f.value);
+    uses.push_back(std::move(use));
+  }
+  return uses;
+}
+
+}  // namespace
+
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars) {
   std::vector<const Kind*> kinds;
@@ -594,7 +962,7 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
   }
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i] ? argv[i] : "");
-  Result<MatchedArgs> matched = MatchArgs(syntax, args);
+  Result<MatchedArgs> matched = MatchArgs(syntax, args, HorovodrunOptionNames());
   if (!matched.ok()) return UsageError(matched.status().message());
 
   ParseOutcome outcome;
@@ -605,15 +973,44 @@ ParseOutcome ParseCommandLine(int argc, const char* const* argv,
       return outcome;
     }
   }
-  Given given(environ_vars);
-  given.o.command = std::move(matched->command);
+  std::vector<bool> on_command_line(syntax.size(), false);
+  for (const FlagUse& use : matched->uses) on_command_line[use.flag] = true;
+  for (const auto& group : ExclusiveFlags()) {
+    const FlagUse* first = nullptr;
+    for (const FlagUse& use : matched->uses) {
+      if (std::none_of(group.begin(), group.end(),
+                       [&](const std::string& n) { return FlagNamed(syntax, n) == use.flag; })) {
+        continue;
+      }
+      if (first == nullptr) first = &use;
+      if (first->flag != use.flag) {
+        return UsageError(first->spelling + " and " + use.spelling + " cannot be used together");
+      }
+    }
+  }
+
+  Given given_flags(environ_vars);
+  given_flags.o.command = std::move(matched->command);
+  // --config-file's settings come first, so that the command line's flags win.
+  std::vector<FlagUse> uses;
+  const FlagUse* config = nullptr;
   for (const FlagUse& use : matched->uses) {
-    Status st = kinds[use.flag]->apply(use, given);
+    if (use.flag == FlagNamed(syntax, "--config-file")) config = &use;  // the last, as argparse
+  }
+  if (config != nullptr) {
+    Result<std::vector<FlagUse>> from_file =
+        ConfigUses(config->values[0], syntax, on_command_line, given_flags);
+    if (!from_file.ok()) return UsageError(from_file.status().message());
+    uses = std::move(from_file.value());
+  }
+  uses.insert(uses.end(), matched->uses.begin(), matched->uses.end());
+  for (const FlagUse& use : uses) {
+    Status st = kinds[use.flag]->apply(use, given_flags);
     if (!st.ok()) return UsageError(st.message());
   }
-  Status st = Settle(given);
+  Status st = Settle(given_flags);
   if (!st.ok()) return UsageError(st.message());
-  outcome.options = std::move(given.o);
+  outcome.options = std::move(given_flags.o);
   return outcome;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,7 +35,11 @@ struct Options {
   std::string output_dir;          // --output-filename DIR
   bool prefix_timestamp = false;
   bool dry_run = false;
-  std::string log_level = "warn";  // --log-level; --verbose means "debug"
+  std::string log_level = "warn";      // --log-level as spdlog names it; --verbose means "debug"
+  std::optional<bool> log_timestamps;  // --log-with(out)-timestamp; unset: with --verbose only
+  int timeout_s = 0;                   // --timeout: the job's wall-clock limit; 0: none
+  bool report_bindings = false;        // --report-bindings: each rank's CPUs as it starts
+  bool oversubscribe = false;          // --oversubscribe: more ranks than slots
 
   // Remote hosts (SSH).
   std::string ssh_identity_file;  // -i/--ssh-identity-file
@@ -43,15 +48,22 @@ struct Options {
   bool ssh_accept_new_host_keys = false;
   int ssh_fanout = kSshFanout;
   int ssh_connect_timeout_s = kSshConnectTimeoutS;
-  std::string agent_path;         // --agent-path; empty: same absolute path as ours
-  std::string launcher_address;   // --launcher-address
-  std::string network_interface;  // --network-interface
-  std::string wdir;               // --wdir; empty: launcher's cwd
+  std::string agent_path;        // --agent-path; empty: same absolute path as ours
+  std::string launcher_address;  // --launcher-address
+  // --network-interfaces: the launcher's address comes from the first that has one here, each
+  // rank's data-plane address from the first its host has (RINGRUN_HOST_ADDR), and NCCL gets
+  // them all (NCCL_SOCKET_IFNAME).
+  std::vector<std::string> network_interfaces;
+  std::string wdir;  // --wdir; empty: launcher's cwd
 
   // Diagnostics.
   bool check_gpu = false;            // --check-gpu
   bool check_gpu_allreduce = false;  // --allreduce (with --check-gpu)
   bool check_build = false;          // --check-build
+
+  // One line each, for stderr before the job starts: what a flag of horovodrun's that ringrun
+  // reads differently does here instead ("--gloo: ...").
+  std::vector<std::string> notes;
 };
 
 // What the parser decided.
@@ -71,14 +83,24 @@ struct ParseOutcome {
 // "--"), unchanged: later words that look like flags are the command's. A flag given twice
 // keeps its last value, except -H and --hostfile (an error); -x accumulates, a repeated NAME
 // keeping its last value. On success: hosts is non-empty (localhost with np slots when none
-// are given, 1 slot for --check-gpu/--check-build), np is in [1, total slots], and command is
-// non-empty unless check_gpu or check_build. Error messages are one line without "ringrun:"
+// are given, 1 slot for --check-gpu/--check-build), np is in [1, total slots] (at least 1 with
+// --oversubscribe), and command is
+// non-empty unless check_gpu or check_build.
+//
+// Every option of horovodrun (HorovodrunOptionNames) is accepted: it sets what it sets in
+// Horovod (the HOROVOD_* variables of every rank, and ringrun's own where ringrun has the
+// feature), or it is accepted with a note, or, for the elastic flags, refused as unsupported.
+// --config-file reads Horovod's YAML schema (config_file.h); a setting whose flag is also on
+// the command line is left out, as horovodrun does. Error messages are one line without "ringrun:"
 // or a newline; the help and version texts end with a newline.
 ParseOutcome ParseCommandLine(int argc, const char* const* argv,
                               const std::vector<std::string>& environ_vars);
 
 // The --help text: every flag with its spellings, its values and its default.
 std::string UsageText();
+
+// Every option string of horovodrun (horovod/runner/launch.py), "-np", "--num-proc", ...
+const std::set<std::string>& HorovodrunOptionNames();
 
 // ---- The matcher under ParseCommandLine, generic over a table of flags ----
 
@@ -107,7 +129,9 @@ struct MatchedArgs {
 // is longer than "-" is a flag, looked up as: a whole name; "NAME=VALUE"; then a prefix of
 // names ("--hostf" for "--hostfile", "-n" for "-np"; a word with one dash matches only names
 // with one dash), where a one-letter name also matches with its value attached ("-Ha:2",
-// "-p2222", "-xA=1"). Several flags matching is an error naming them all. A flag takes its
+// "-p2222", "-xA=1"). Several flags matching is an error naming them all, unless exactly one
+// of them has a name in `preferred` (horovodrun's names: "--start" is --start-timeout, as in
+// horovodrun, though ringrun's --starter matches too). A flag takes its
 // values from "=VALUE" or the attached text (nargs 1 only), else from the next nargs words.
 // Where argparse differs, deliberately:
 // - a value may start with '-' ("--wdir -odd"), unless the word reads as a flag or is "--";
@@ -117,6 +141,7 @@ struct MatchedArgs {
 // - a word like "-1" or "-a b" before the command is an unknown flag, not the command's start.
 // Errors are InvalidArgument, one line, naming the word and the flag.
 Result<MatchedArgs> MatchArgs(const std::vector<FlagSyntax>& flags,
-                              const std::vector<std::string>& args);
+                              const std::vector<std::string>& args,
+                              const std::set<std::string>& preferred = {});
 
 }  // namespace ringrun::launcher

@@ -121,7 +121,7 @@ out=$(timeout 120 "$BIN/ringrun" -np 2 --timeline-filename "$TMP/dev-timeline.js
         "$BIN/gpu_collectives" engine 2>&1)
 rc=$?
 echo "$out" | tail -6
-spans=$(cat "$TMP"/dev-timeline.*.json 2>/dev/null | grep -c 'NCCL_ALLREDUCE')
+spans=$(cat "$TMP"/dev-timeline.json "$TMP"/dev-timeline.*.json 2>/dev/null | grep -c 'NCCL_ALLREDUCE')
 row "engine device path, np=2" "$([[ $rc == 0 && $spans -gt 0 ]] && echo PASS || echo FAIL)" \
   "$(since "$t")" "exit $rc; $(grep -o 'rank [0-9]/2 checks=[0-9]* failures=[0-9]*' <<<"$out" | tr '\n' ' ')NCCL_ALLREDUCE spans: $spans"
 

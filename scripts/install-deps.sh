@@ -7,6 +7,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssh-dev libcli11-dev libspdlog-dev catch2 zlib1g-dev libssl-dev
+  libyaml-cpp-dev  # --config-file
   openssh-server openssh-client iproute2 procps util-linux
   openmpi-bin libopenmpi-dev libgloo-dev
   slurmctld slurmd slurm-client munge  # the slurm tests: a real Slurm 22.05 (scripts/test-slurm-cluster.sh)

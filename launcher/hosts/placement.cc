@@ -18,7 +18,7 @@ int TotalSlots(const std::vector<HostSpec>& hosts) {
   return total > INT_MAX ? INT_MAX : static_cast<int>(total);
 }
 
-Status CheckNumProc(const std::vector<HostSpec>& hosts, int np) {
+Status CheckNumProc(const std::vector<HostSpec>& hosts, int np, bool oversubscribe) {
   if (np < 1) return InvalidArgument("-np " + std::to_string(np) + ": must be at least 1");
   if (hosts.empty())
     return InvalidArgument("no hosts to place " + std::to_string(np) + " ranks on");
@@ -29,7 +29,7 @@ Status CheckNumProc(const std::vector<HostSpec>& hosts, int np) {
     }
   }
   int total = TotalSlots(hosts);
-  if (np <= total) return Status::Ok();
+  if (np <= total || oversubscribe) return Status::Ok();
   std::string list;
   for (size_t i = 0; i < hosts.size() && i < kHostsNamedInError; ++i) {
     if (i) list += ", ";
@@ -39,11 +39,13 @@ Status CheckNumProc(const std::vector<HostSpec>& hosts, int np) {
     list += ", and " + std::to_string(hosts.size() - kHostsNamedInError) + " more hosts";
   }
   return InvalidArgument("-np " + std::to_string(np) + " exceeds the " + std::to_string(total) +
-                         (total == 1 ? " slot" : " slots") + " available (" + list + ")");
+                         (total == 1 ? " slot" : " slots") + " available (" + list +
+                         "); --oversubscribe allows more ranks than slots");
 }
 
-Result<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSpec>& hosts, int np) {
-  RINGRUN_RETURN_IF_ERROR(CheckNumProc(hosts, np));
+Result<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSpec>& hosts, int np,
+                                              bool oversubscribe) {
+  RINGRUN_RETURN_IF_ERROR(CheckNumProc(hosts, np, oversubscribe));
 
   // Ranks per host, filling each host before the next.
   std::vector<int> on_host(hosts.size(), 0);
@@ -53,6 +55,10 @@ Result<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSpec>& hosts
     on_host[h] = std::min(hosts[h].slots, left);
     left -= on_host[h];
     ++node_count;
+  }
+  for (size_t h = 0; left > 0; h = (h + 1) % hosts.size()) {  // --oversubscribe
+    ++on_host[h];
+    --left;
   }
 
   // cross_size[l]: hosts with more than l ranks. Since the hosts that have ranks are a prefix and

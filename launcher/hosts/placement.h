@@ -19,14 +19,18 @@ struct RankPlacement {
   int node_count = 0;  // hosts that have ranks (GROUP_WORLD_SIZE); 0 when not computed
 };
 
-// Places np ranks. np must be in [1, total slots]; the error for too large an np names the
-// slots per host. Hosts that get no rank are left out of nothing: they simply have no ranks.
+// Places np ranks. np must be in [1, total slots], or only at least 1 with `oversubscribe`: then
+// every host gets its slots, and the ranks beyond go to the hosts in turn, one each (as mpirun
+// --oversubscribe fills by slot). The error for too large an np names the slots per host and
+// --oversubscribe. Hosts that get no rank are left out of nothing: they simply have no ranks.
 // Ranks are numbered host by host, so the hosts that get ranks are a prefix of the list.
-Result<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSpec>& hosts, int np);
+Result<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSpec>& hosts, int np,
+                                              bool oversubscribe = false);
 
-// The check PlaceRanks makes, for callers that only validate: np in [1, total slots].
-// "-np 9 exceeds the 8 slots available (a:4, b:4)"; "-np 0: must be at least 1".
-Status CheckNumProc(const std::vector<HostSpec>& hosts, int np);
+// The check PlaceRanks makes, for callers that only validate: np in [1, total slots] (or just
+// np >= 1 with `oversubscribe`). "-np 9 exceeds the 8 slots available (a:4, b:4);
+// --oversubscribe allows more ranks than slots"; "-np 0: must be at least 1".
+Status CheckNumProc(const std::vector<HostSpec>& hosts, int np, bool oversubscribe = false);
 
 // Sum of the slots (saturating at INT_MAX).
 int TotalSlots(const std::vector<HostSpec>& hosts);

@@ -33,7 +33,7 @@ namespace {
 //   host identity    HOSTNAME (Docker and some shells export it: on another host it lies;
 //                    ranks have gethostname() and RINGRUN_HOSTNAME)
 //   contracts        every name ContractVariableNames() lists (ours, Horovod's, torchrun's),
-//                    torchrun's ROLE_NAME, Horovod's HOROVOD_CONTROLLER
+//                    Horovod's HOROVOD_CONTROLLER
 //                    HOROVOD_CPU_OPERATIONS HOROVOD_GLOO_RENDEZVOUS_ADDR
 //                    HOROVOD_GLOO_RENDEZVOUS_PORT HOROVOD_GLOO_IFACE, Open MPI's
 //                    OMPI_UNIVERSE_SIZE OMPI_FIRST_RANKS OMPI_APP_CTX_NUM_PROCS
@@ -95,7 +95,6 @@ const std::unordered_set<std::string_view>& DeniedNames() {
       "VTE_VERSION",
       "GPG_TTY",
       "HOSTNAME",
-      "ROLE_NAME",
       "HOROVOD_CONTROLLER",
       "HOROVOD_CPU_OPERATIONS",
       "HOROVOD_GLOO_RENDEZVOUS_ADDR",
@@ -155,14 +154,39 @@ class EnvBuilder {
 
 const std::vector<std::string>& ContractVariableNames() {
   static const std::vector<std::string> kNames = {
-      env::kRank,           env::kSize,           env::kLocalRank,      env::kLocalSize,
-      env::kCrossRank,      env::kCrossSize,      env::kHostname,       env::kJobId,
-      env::kJobService,     env::kSecret,         env::kHostAddr,       env::kHostIndex,
-      "HOROVOD_RANK",       "HOROVOD_SIZE",       "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-      "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",   "RANK",
-      "WORLD_SIZE",         "LOCAL_RANK",         "LOCAL_WORLD_SIZE",   "GROUP_RANK",
-      "GROUP_WORLD_SIZE",   "ROLE_RANK",          "ROLE_WORLD_SIZE",    "MASTER_ADDR",
+      env::kRank,
+      env::kSize,
+      env::kLocalRank,
+      env::kLocalSize,
+      env::kCrossRank,
+      env::kCrossSize,
+      env::kHostname,
+      env::kJobId,
+      env::kJobService,
+      env::kSecret,
+      env::kHostAddr,
+      env::kHostIndex,
+      "HOROVOD_RANK",
+      "HOROVOD_SIZE",
+      "HOROVOD_LOCAL_RANK",
+      "HOROVOD_LOCAL_SIZE",
+      "HOROVOD_CROSS_RANK",
+      "HOROVOD_CROSS_SIZE",
+      "HOROVOD_HOSTNAME",
+      "RANK",
+      "WORLD_SIZE",
+      "LOCAL_RANK",
+      "LOCAL_WORLD_SIZE",
+      "GROUP_RANK",
+      "GROUP_WORLD_SIZE",
+      "ROLE_RANK",
+      "ROLE_WORLD_SIZE",
+      "MASTER_ADDR",
       "MASTER_PORT",
+      "ROLE_NAME",
+      "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_RESTART_COUNT",
+      "TORCHELASTIC_MAX_RESTARTS",
   };
   return kNames;
 }
@@ -295,6 +319,12 @@ std::vector<std::string> BuildRankEnvironment(
   env.Set("ROLE_WORLD_SIZE", size);
   env.Set("MASTER_ADDR", job.master_addr);
   env.Set("MASTER_PORT", std::to_string(job.master_port));
+  // As torchrun's workers find them: torch.distributed.is_torchelastic_launched() is true, one
+  // role, and no restarts (ringrun does not restart a job).
+  env.Set("ROLE_NAME", "default");
+  env.Set("TORCHELASTIC_RUN_ID", job.job_id);
+  env.Set("TORCHELASTIC_RESTART_COUNT", "0");
+  env.Set("TORCHELASTIC_MAX_RESTARTS", "0");
   return std::move(env).Take();
 }
 

@@ -51,7 +51,7 @@ struct JobContext {
 // own counts (OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, BLIS_NUM_THREADS, GOTO_NUM_THREADS).
 const std::vector<std::string>& ThreadCountVariables();
 
-// Threads per rank, as torchrun: when a host runs several ranks (local_size > 1) and none of
+// Threads per rank: when a host runs several ranks (local_size > 1) and none of
 // ThreadCountVariables is set in `launcher_env` or by an export, the host's ranks share its
 // cores: max(1, host_cores / local_size). Otherwise 0 (leave them alone: one rank per host
 // uses every core; a value the user set, with -x or in the environment, wins).
@@ -68,8 +68,10 @@ int DefaultThreadsPerRank(const std::vector<std::string>& launcher_env,
 // Contract values: RINGRUN_* and HOROVOD_* from the placement and `job`; torchrun's RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (= placement.node_rank),
 // GROUP_WORLD_SIZE (= placement.node_count; left out when 0), ROLE_RANK, ROLE_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT. With job.threads_per_rank > 0, OMP_NUM_THREADS,
-// OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to it (after the exports).
+// MASTER_ADDR, MASTER_PORT, ROLE_NAME ("default"), TORCHELASTIC_RUN_ID (= job.job_id),
+// TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (both "0"). With
+// job.threads_per_rank > 0, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set
+// to it (after the exports).
 std::vector<std::string> BuildRankEnvironment(
     const std::vector<std::string>& launcher_env,
     const std::vector<std::pair<std::string, std::string>>& exports,

@@ -13,6 +13,7 @@
 #include "launcher/job/signal_forwarder.h"
 #include "launcher/service/job_server.h"
 #include "ringrun/common/defaults.h"
+#include "ringrun/common/interfaces.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/secret.h"
 
@@ -85,6 +86,16 @@ grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& 
   reg.peer_address = peer_address;
   reg.service_target = req.service_target();
   reg.free_port = req.free_port();
+  if (!options_.network_interfaces.empty()) {
+    std::vector<NetInterface> nics;
+    for (const auto& i : req.interfaces()) nics.push_back({i.name(), i.address()});
+    Result<std::string> a = FirstInterfaceAddress(nics, options_.network_interfaces);
+    if (!a.ok()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "host " + options_.hosts[h].name + ": " + a.status().message());
+    }
+    reg.data_address = *a;
+  }
   if (grpc::Status st = registry_->Add(h, std::move(reg)); !st.ok()) return st;
   spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name, req.hostname(),
                 peer_address);
@@ -105,10 +116,12 @@ grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& 
   return grpc::Status::OK;
 }
 
-// The address peers should use for `host`: what the launcher saw it connect from, except that
-// a loopback address is useless to other machines, so in a job that spans machines the local
-// host is named by the address the remote agents reached us on.
+// The address peers should use for `host`: its --network-interfaces address; else what the
+// launcher saw it connect from, except that a loopback address is useless to other machines,
+// so in a job that spans machines the local host is named by the address the remote agents
+// reached us on.
 std::string Job::AddressOf(int host, const std::map<int, service::Registration>& registered) const {
+  if (!registered.at(host).data_address.empty()) return registered.at(host).data_address;
   const std::string& seen = registered.at(host).peer_address;
   if (!IsLoopback(seen)) return seen;
   for (const auto& [h, reg] : registered) {
@@ -269,9 +282,18 @@ void Job::Execute() {
 
 void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
   switch (ev.event_case()) {
-    case v1::AgentEvent::kStarted:
-      state_->RankStarted(ev.started().rank());
+    case v1::AgentEvent::kStarted: {
+      const auto& st = ev.started();
+      if (options_.report_bindings) {
+        output_->Flush();
+        std::fprintf(stderr, "ringrun: rank %d on %s (pid %d): %s\n", st.rank(),
+                     options_.hosts[host].name.c_str(), st.pid(),
+                     st.cpus().empty() ? "not bound (--bind-to none)"
+                                       : ("bound to CPUs " + st.cpus()).c_str());
+      }
+      state_->RankStarted(st.rank());
       break;
+    }
     case v1::AgentEvent::kOutput: {
       const auto& o = ev.output();
       output_->Write(o.rank(), o.stream() == v1::AgentEvent::STDERR, o.data());
@@ -377,6 +399,7 @@ int Job::Prepare() {
 
   plan.grace_ms = options_.grace_ms;
   plan.start_timeout_s = options_.start_timeout_s;
+  plan.timeout_s = options_.timeout_s;
   plan.agent_path = agent_path_;
   state_ = std::make_unique<JobStateMachine>(std::move(plan), clock_);
   registry_ = std::make_unique<service::AgentRegistry>(

@@ -25,6 +25,7 @@ JobStateMachine::JobStateMachine(JobPlan plan, const Clock& clock)
     : plan_(std::move(plan)),
       clock_(clock),
       start_deadline_(clock.Now() + std::chrono::seconds(plan_.start_timeout_s)),
+      job_deadline_(clock.Now() + std::chrono::seconds(plan_.timeout_s)),
       hosts_(plan_.hosts.size()),
       ranks_(plan_.rank_hosts.size()) {
   for (size_t r = 0; r < plan_.rank_hosts.size(); ++r) {
@@ -238,6 +239,12 @@ void JobStateMachine::Tick() {
     if (!missing.empty()) {
       Fail(1, "start timeout (" + std::to_string(plan_.start_timeout_s) + " s): " + missing);
     }
+  }
+  if (plan_.timeout_s > 0 && now >= job_deadline_ && !stopping()) {
+    Fail(kTimeoutExitCode, "--timeout " + std::to_string(plan_.timeout_s) +
+                               ": the job ran longer than " + std::to_string(plan_.timeout_s) +
+                               " s; ending its ranks (exit " + std::to_string(kTimeoutExitCode) +
+                               ")");
   }
   if (kill_at_ && now >= *kill_at_) {
     kill_at_.reset();

@@ -11,6 +11,8 @@
 //   - a first SIGINT/SIGTERM/SIGHUP is forwarded to every rank (SIGHUP as SIGTERM), SIGKILL
 //     follows after the grace period, and the exit code becomes 130 (SIGINT) or 128+signo;
 //     a second one kills every rank at once; SIGUSR1/SIGUSR2 are forwarded and change nothing;
+//   - --timeout: a job still running timeout_s after the state machine was made fails with
+//     kTimeoutExitCode and a message naming the flag and its value (first failure wins);
 //   - after the teardown starts, failures are consequences and are not reported (except an
 //     agent that could not start, reported after a signal too unless a failure came first);
 //   - an agent that has not finished kAbandonAfterGraceMs after the grace period is killed;
@@ -30,6 +32,9 @@ namespace ringrun::launcher::job {
 
 // Beyond the grace period, how long the job waits for agents to report before killing them.
 inline constexpr int kAbandonAfterGraceMs = 3000;
+
+// The exit code of a job ended by --timeout: coreutils timeout(1)'s.
+inline constexpr int kTimeoutExitCode = 124;
 
 // What the state machine asks the job to do.
 struct JobCommand {
@@ -56,6 +61,7 @@ struct JobPlan {
   std::vector<int> rank_hosts;         // the host index of each rank, by rank
   int grace_ms = 0;
   int start_timeout_s = 0;
+  int timeout_s = 0;       // --timeout; 0: none
   std::string agent_path;  // named when the agent is missing on a host
 };
 
@@ -124,6 +130,7 @@ class JobStateMachine {
   const JobPlan plan_;
   const Clock& clock_;
   const Clock::TimePoint start_deadline_;
+  const Clock::TimePoint job_deadline_;  // --timeout; meaningful when plan_.timeout_s > 0
 
   std::vector<Host> hosts_;  // by host index; hosts without ranks are finished from the start
   std::vector<Rank> ranks_;

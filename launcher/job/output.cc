@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <algorithm>
+
 namespace ringrun::launcher::job {
 namespace {
 
@@ -22,6 +24,12 @@ Status MakeDirs(const std::string& path) {
 
 }  // namespace
 
+std::string RankDirName(int rank, int num_ranks) {
+  const size_t width = std::to_string(std::max(num_ranks - 1, 0)).size();
+  std::string digits = std::to_string(rank);
+  return "rank." + std::string(width > digits.size() ? width - digits.size() : 0, '0') + digits;
+}
+
 OutputRouter::OutputRouter(Config config) : config_(std::move(config)) {}
 
 OutputRouter::~OutputRouter() {
@@ -34,7 +42,7 @@ OutputRouter::~OutputRouter() {
 Status OutputRouter::Open(int num_ranks) {
   if (config_.output_dir.empty()) return Status::Ok();
   for (int r = 0; r < num_ranks; ++r) {
-    std::string dir = config_.output_dir + "/rank." + std::to_string(r);
+    std::string dir = config_.output_dir + "/" + RankDirName(r, num_ranks);
     RINGRUN_RETURN_IF_ERROR(MakeDirs(dir));
     Files f;
     f.out = std::fopen((dir + "/stdout").c_str(), "we");

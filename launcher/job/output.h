@@ -1,5 +1,5 @@
 // Rank output on the launcher: tagging ("[3]<stdout>:line", horovodrun's format), optional
-// timestamps, per-rank files (DIR/rank.N/stdout|stderr), and the stderr tail kept for
+// timestamps, per-rank files (DIR/rank.NN/stdout|stderr), and the stderr tail kept for
 // failure messages. Used from the job's main thread only: not thread-safe.
 #pragma once
 
@@ -14,6 +14,10 @@
 #include "ringrun/common/status.h"
 
 namespace ringrun::launcher::job {
+
+// "rank.N" with N zero-padded to the digits of the last rank, as horovodrun's gloo_run names
+// them, so that they sort: rank.07 and rank.10 in a job of 11 ranks; rank.0 alone.
+std::string RankDirName(int rank, int num_ranks);
 
 class OutputRouter {
  public:
@@ -31,7 +35,7 @@ class OutputRouter {
   OutputRouter(const OutputRouter&) = delete;
   OutputRouter& operator=(const OutputRouter&) = delete;
 
-  // Creates DIR/rank.N/ for every rank; errors name the path.
+  // Creates DIR/RankDirName/ for every rank; errors name the path.
   Status Open(int num_ranks);
   // `data`: whole lines each ending in '\n', or (final) a partial last line without one.
   void Write(int rank, bool is_stderr, std::string_view data);

@@ -22,6 +22,7 @@ struct Registration {
   std::string peer_address;    // the address the service saw it connect from
   std::string service_target;  // the host:port it dialled to reach the service
   int free_port = 0;           // a port that was free on its host (MASTER_PORT)
+  std::string data_address;    // from --network-interfaces; empty: use peer_address
 };
 
 class AgentRegistry {

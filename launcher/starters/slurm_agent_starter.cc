@@ -283,7 +283,7 @@ std::vector<std::string> BuildSrunEnvironment(const std::vector<std::string>& en
 
 Result<std::string> SlurmLauncherAddress(const SlurmStarterConfig& config) {
   if (!config.launcher_address.empty()) return config.launcher_address;
-  if (!config.network_interface.empty()) return InterfaceAddress(config.network_interface);
+  if (!config.network_interfaces.empty()) return InterfaceAddress(config.network_interfaces);
   for (int h : config.active_hosts) {
     const std::string& name = config.host_names.at(static_cast<size_t>(h));
     if (hosts::IsLocalHost(name)) continue;
@@ -292,7 +292,7 @@ Result<std::string> SlurmLauncherAddress(const SlurmStarterConfig& config) {
     hints.ai_socktype = SOCK_DGRAM;
     if (int rc = ::getaddrinfo(name.c_str(), "9", &hints, &res); rc != 0) {
       return NotFound(name + ": cannot resolve the node's name (" + gai_strerror(rc) +
-                      "); pass --launcher-address or --network-interface");
+                      "); pass --launcher-address or --network-interfaces");
     }
     // The source address of the route to the node: where its agent can reach us.
     std::string found;
@@ -313,7 +313,7 @@ Result<std::string> SlurmLauncherAddress(const SlurmStarterConfig& config) {
     if (found.empty()) {
       return NotFound(name +
                       ": no route to the node; pass --launcher-address or "
-                      "--network-interface");
+                      "--network-interfaces");
     }
     return found;
   }

@@ -36,12 +36,12 @@
 namespace ringrun::launcher::starters {
 
 struct SlurmStarterConfig {
-  std::vector<std::string> host_names;  // the job's hosts by index (Slurm node names)
-  std::vector<int> active_hosts;        // the indices that get an agent, ascending
-  bool overlap = false;                 // pass --overlap (ringrun runs inside a step)
-  std::string srun = "srun";            // found on PATH unless it holds a '/'
-  std::string launcher_address;         // --launcher-address
-  std::string network_interface;        // --network-interface
+  std::vector<std::string> host_names;          // the job's hosts by index (Slurm node names)
+  std::vector<int> active_hosts;                // the indices that get an agent, ascending
+  bool overlap = false;                         // pass --overlap (ringrun runs inside a step)
+  std::string srun = "srun";                    // found on PATH unless it holds a '/'
+  std::string launcher_address;                 // --launcher-address
+  std::vector<std::string> network_interfaces;  // --network-interfaces
 };
 
 // The srun argv for `launch` with agents dialling `address` (without the secret).

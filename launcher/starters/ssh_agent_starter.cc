@@ -200,8 +200,8 @@ class SshAgentStarter final : public AgentStarter {
 
     std::string address = launch.service_address;
     if (address.empty()) address = config_.launcher_address;
-    if (address.empty() && !config_.network_interface.empty()) {
-      Result<std::string> a = InterfaceAddress(config_.network_interface);
+    if (address.empty() && !config_.network_interfaces.empty()) {
+      Result<std::string> a = InterfaceAddress(config_.network_interfaces);
       if (!a.ok()) return a.status().Annotate(display);
       address = *a;
     }
@@ -209,7 +209,7 @@ class SshAgentStarter final : public AgentStarter {
     if (address.empty()) {
       return Internal(display +
                       ": cannot tell the local address of the SSH connection; "
-                      "pass --launcher-address or --network-interface");
+                      "pass --launcher-address or --network-interfaces");
     }
 
     RINGRUN_RETURN_IF_ERROR(session->Exec(BuildAgentCommand(launch, address)));
@@ -240,7 +240,7 @@ SshConfig SshConfigFromOptions(const Options& o) {
   c.connect_timeout_s = o.ssh_connect_timeout_s;
   c.fanout = o.ssh_fanout;
   c.launcher_address = o.launcher_address;
-  c.network_interface = o.network_interface;
+  c.network_interfaces = o.network_interfaces;
   return c;
 }
 

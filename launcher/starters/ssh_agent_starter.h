@@ -6,7 +6,7 @@
 // or the session is closed, sshd closes it and the agent ends its ranks.
 //
 // ADDR is, in order: AgentLaunch::service_address (--launcher-address); the address of
-// SshConfig::network_interface (--network-interface); else the local address of this host's SSH
+// SshConfig::network_interfaces (--network-interfaces); else the local address of this host's SSH
 // connection, i.e. the address the host already reached us on.
 //
 // Each handle owns one I/O thread that drives its session: it relays the agent's stdout and
@@ -27,7 +27,7 @@
 
 namespace ringrun::launcher::starters {
 
-// The --ssh-* settings, --launcher-address and --network-interface of a parsed command line.
+// The --ssh-* settings, --launcher-address and --network-interfaces of a parsed command line.
 SshConfig SshConfigFromOptions(const Options& options);
 
 // Real libssh starter. Start() is thread-safe; at most config.fanout connections are in progress

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "ringrun/common/interfaces.h"
 #include "ringrun/common/thread_annotations.h"
 
 namespace ringrun::launcher::starters {
@@ -454,31 +455,10 @@ SshFailure ClassifyConnectError(std::string_view t) {
 
 std::unique_ptr<SshConnector> MakeLibsshConnector() { return std::make_unique<LibsshConnector>(); }
 
-Result<std::string> InterfaceAddress(const std::string& name) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return ErrnoStatus("getifaddrs", errno);
-  std::string v4, v6;
-  bool seen = false;
-  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-    if (it->ifa_name == nullptr || name != it->ifa_name) continue;
-    seen = true;
-    if (it->ifa_addr == nullptr) continue;
-    sockaddr_storage ss{};
-    if (it->ifa_addr->sa_family == AF_INET && v4.empty()) {
-      std::memcpy(&ss, it->ifa_addr, sizeof(sockaddr_in));
-      v4 = SockaddrToString(ss);
-    } else if (it->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
-      auto* in6 = reinterpret_cast<const sockaddr_in6*>(it->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;  // needs a scope to be dialled
-      std::memcpy(&ss, it->ifa_addr, sizeof(sockaddr_in6));
-      v6 = SockaddrToString(ss);
-    }
-  }
-  freeifaddrs(list);
-  if (!v4.empty()) return v4;
-  if (!v6.empty()) return v6;
-  if (!seen) return NotFound("--network-interface " + name + ": no such interface");
-  return NotFound("--network-interface " + name + ": the interface has no usable address");
+Result<std::string> InterfaceAddress(const std::vector<std::string>& names) {
+  Result<std::vector<NetInterface>> list = ListInterfaces();
+  if (!list.ok()) return list.status();
+  return FirstInterfaceAddress(*list, names);
 }
 
 }  // namespace ringrun::launcher::starters

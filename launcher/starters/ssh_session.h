@@ -30,7 +30,8 @@ struct SshConfig {
   int retry_backoff_ms = kSshRetryBackoffMs;    // doubled after each transient failure
   int fanout = kSshFanout;                      // connections in progress at once, per starter
   std::string launcher_address;                 // --launcher-address: the address agents dial back
-  std::string network_interface;  // --network-interface: take that interface's address instead
+  // --network-interfaces: take the first one's address instead (when launcher_address is empty)
+  std::vector<std::string> network_interfaces;
 };
 
 // What went wrong while connecting; each kind has its own wording in messages.
@@ -105,7 +106,7 @@ class SshConnector {
 // `user@` in the host win over it.
 std::unique_ptr<SshConnector> MakeLibsshConnector();
 
-// The first IPv4 address of interface `name` (else its first IPv6 one), from getifaddrs.
-Result<std::string> InterfaceAddress(const std::string& name);
+// The address of the first of `names` that has one on this host (interfaces.h has the rule).
+Result<std::string> InterfaceAddress(const std::vector<std::string>& names);
 
 }  // namespace ringrun::launcher::starters

@@ -9,6 +9,7 @@ bytearray, array.array, memoryview). Horovod's PyTorch API is ringrun.torch.
 Failures raise ringrun.RingrunError carrying the runtime's message.
 """
 import atexit
+import os
 import pickle
 
 try:  # as Horovod: cloudpickle pickles lambdas and local classes; pickle reads its output
@@ -18,7 +19,7 @@ except ImportError:
 
 import numpy as np
 
-from . import _engine, _lib
+from . import _engine, _lib, _rendezvous
 from ._lib import RingrunError
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -33,9 +34,12 @@ _initialized = False
 
 
 def init():
-    """Joins the job that ringrun described in the environment (a job of size 1 without it).
-    A second call while initialized does nothing. Ctrl-C interrupts the wait for the other
-    ranks."""
+    """Joins the job that ringrun described in the environment; under torchrun (RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, and no RINGRUN_RANK), the job that torch's
+    store at MASTER_ADDR:MASTER_PORT gathers. A single process is a job of size 1; a process
+    that another launcher started as one of several, with no way to join the others, fails
+    (RingrunError naming the launcher). A second call while initialized does nothing. Ctrl-C
+    interrupts the wait for the other ranks."""
     global _initialized
     if _initialized:
         return
@@ -43,7 +47,11 @@ def init():
     # waiting engine that spins takes the core that this rank or a peer on the same host needs
     # (on 2 cores, np=2 trained 1.5-3x slower with spinning). So it sleeps, unless RINGRUN_SPIN
     # says otherwise.
-    _engine.init(spin=0)
+    contract = _rendezvous.torchrun_contract(os.environ)
+    if contract is None:
+        _engine.init(spin=0)
+    else:
+        _rendezvous.join_torchrun(contract, 0, lambda call: _engine.init(call=call))
     _initialized = True
 
 
@@ -153,8 +161,14 @@ def _check_op(op, dtype):
         raise ValueError(f"ringrun: unknown op {op!r} (supported: Sum, Average, Min, Max, Product)")
 
 
+def _truncating_average(out, n):
+    """Integer Average as Horovod computes it: the Sum times 1/n in double, truncated toward
+    zero (-7 / 2 is -3)."""
+    np.copyto(out, (out.astype(np.float64) * (1.0 / n)).astype(out.dtype), casting="unsafe")
+
+
 def _reduce_into(arr, out, op, name):
-    """out = op over ranks of arr. Integer Average is the floor of Sum / size."""
+    """out = op over ranks of arr. Integer Average truncates (see _truncating_average)."""
     _check_op(op, arr.dtype)
     dtype = _NP_DTYPES[arr.dtype]
     integer_average = op == Average and dtype not in _lib.FLOATING
@@ -162,7 +176,7 @@ def _reduce_into(arr, out, op, name):
     _engine.wait(_engine.allreduce(_ptr(arr), _ptr(out), arr.size, dtype, c_op, name,
                                    keep=(arr, out)))
     if integer_average:
-        np.floor_divide(out, size(), out=out)
+        _truncating_average(out, size())
     return out
 
 
@@ -252,7 +266,7 @@ def reducescatter(x, op=Average, name=None):
     _engine.wait(_engine.reducescatter(_ptr(arr), _ptr(out), rows, row_elems, dtype,
                                        Sum if integer_average else op, name, keep=(arr, out)))
     if integer_average:
-        np.floor_divide(out, n, out=out)
+        _truncating_average(out, n)
     return out
 
 

@@ -25,17 +25,22 @@ from . import _lib
 WAIT_SLICE_S = 0.05
 
 
-def init(spin=0):
-    """ringrun_init_with_spin(spin) (ringrun.h; RINGRUN_SPIN, when set, still wins), on a
-    thread of its own, waited for in slices: the join waits for every rank, and Ctrl-C
-    interrupts that wait. An interrupted join goes on in the library; a later init() waits
-    for it and finds the runtime initialized."""
+def init(spin=0, call=None):
+    """Starts the names of unnamed collectives afresh (see auto_name), then
+    ringrun_init_with_spin(spin) (ringrun.h; RINGRUN_SPIN, when set, still wins), or call() ->
+    status when given (another ringrun_init), on a thread of its own, waited for in slices: the
+    join waits for every rank, and Ctrl-C interrupts that wait. An interrupted join goes on in
+    the library; a later init() waits for it and finds the runtime initialized."""
+    _reset_names()
     failed = []
     done = threading.Event()
+    if call is None:
+        def call():
+            return _lib.lib.ringrun_init_with_spin(spin)
 
     def join():
         try:  # check() reads the message of this thread's call
-            _lib.check(_lib.lib.ringrun_init_with_spin(spin), "init")
+            _lib.check(call(), "init")
         except BaseException as e:  # noqa: B902 - raised by the caller's thread
             failed.append(e)
         finally:
@@ -80,8 +85,8 @@ class Handle:
 
     Several threads may poll and wait on one handle: `_lock` makes one of them at a time call
     into the C handle, and the one that sees it complete runs `finish` and releases it."""
-    __slots__ = ("_holder", "name", "release_after", "_finish", "_keep", "_done", "_result",
-                 "_error", "_lock")
+    __slots__ = ("_holder", "name", "release_after", "on_failure", "_finish", "_keep", "_done",
+                 "_result", "_error", "_lock")
 
     def __init__(self, holder, name, finish, keep):
         self._holder = holder
@@ -89,6 +94,7 @@ class Handle:
         # Set by finish when device work enqueued on the caller's stream still reads memory
         # that the handle owns: an object whose query() is True once that work is done.
         self.release_after = None
+        self.on_failure = None  # called (under _lock) when the collective fails
         self._done = False
         self._result = self._error = None
         self._lock = threading.Lock()
@@ -107,6 +113,8 @@ class Handle:
         else:
             msg = _lib.lib.ringrun_handle_message(self.ptr).decode("utf-8", "replace")
             self._error = _lib.RingrunError(msg or f"collective '{self.name}' failed ({status})")
+            if self.on_failure is not None:
+                self.on_failure()
         # Forgotten before it is freed: a signal raising in between leaks it, never frees twice.
         holder, ptr = self._holder, self.ptr
         holder.value = None
@@ -274,13 +282,50 @@ def wait(h):
     return h._result
 
 
+# ---- Names of unnamed collectives ------------------------------------------------------------
+# The engine names an unnamed submission by counting this rank's unnamed submissions of its kind
+# (ringrun.h). A collective that fails where a rank has joined (broadcast, allgather, alltoall,
+# reducescatter) is counted by the ranks that submitted it and not by the joined one, so every
+# later unnamed collective of that kind would carry different names on different ranks, and
+# wait forever. So the package names them itself: "<kind>.noname.j<epoch>.<k>", where the epoch
+# counts the joins completed since init and k counts this rank's unnamed submissions of the kind
+# in this epoch. Every rank completes a join at once and submits nothing between its join and
+# that completion, so after each join every rank starts again from the same names, whatever
+# failed before it. (".noname." keeps them out of the engine's response cache, as its own.)
+
+_names_lock = threading.Lock()
+_names = {"epoch": 0, "counts": collections.Counter()}
+
+
+def _reset_names():
+    with _names_lock:
+        _names["epoch"] = 0
+        _names["counts"].clear()
+
+
+def _next_epoch():
+    with _names_lock:
+        _names["epoch"] += 1
+        _names["counts"].clear()
+
+
+def auto_name(kind, name):
+    """name, or the next automatic name of this kind (see above)."""
+    if name is not None:
+        return name
+    with _names_lock:
+        k = _names["counts"][kind]
+        _names["counts"][kind] = k + 1
+        return f"{kind}.noname.j{_names['epoch']}.{k}"
+
+
 # ---- Collectives ------------------------------------------------------------------------------
 # Each returns a Handle; `keep` holds what the collective's buffers belong to until it
 # completes. Buffers are host memory unless said otherwise: device memory goes to the engine's
-# GPU backend (ringrun.h).
+# GPU backend (ringrun.h). An unnamed collective gets its name from auto_name.
 
 def _name(name):
-    return name.encode() if name is not None else None
+    return name.encode()
 
 
 def _buffer(nbytes):
@@ -305,6 +350,7 @@ def check_scales(dtype, prescale, postscale, what):
 
 def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=()):
     """recv = postscale * op over ranks of (prescale * send)."""
+    name = auto_name("allreduce", name)
     check_scales(dtype, prescale, postscale, f"allreduce '{name}'")
     return _submit(f"allreduce '{name}'", lambda h: _lib.lib.ringrun_allreduce_submit(
         _name(name), send, recv, count, dtype, op, prescale, postscale, 0, h), name, keep=keep)
@@ -312,6 +358,7 @@ def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1
 
 def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=()):
     """entries: [(send, recv, count)], all of one dtype; one submission for the group."""
+    name = auto_name("grouped_allreduce", name)
     check_scales(dtype, prescale, postscale, f"grouped allreduce '{name}'")
     n = len(entries)
     sends = (ctypes.c_void_p * n)(*[s for s, _, _ in entries])
@@ -326,6 +373,7 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
 def broadcast(send, recv, count, dtype, root, name=None, keep=()):
     """recv becomes root's send. Host memory may have send != recv (copied first); device
     memory needs send == recv."""
+    name = auto_name("broadcast", name)
     if recv != send:
         _copy(recv, send, count * _lib.dtype_size(dtype))
     return _submit(f"broadcast '{name}'", lambda h: _lib.lib.ringrun_broadcast_submit(
@@ -356,6 +404,7 @@ def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_c
     """Concatenates every rank's `rows` rows (row_elems elements each) in rank order.
     alloc(rows_per_rank) -> (result, recv_pointer) runs when the handle completes; the
     handle's result is alloc's result. device_copy: for device memory (see _copy_output)."""
+    name = auto_name("allgather", name)
     return _submit(
         f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
@@ -367,6 +416,7 @@ def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_
     """Rows splits[j] of send (in order) go to rank j. alloc(received_splits) ->
     (result, recv_pointer); the handle's result is alloc's result. device_copy: as for
     allgatherv."""
+    name = auto_name("alltoall", name)
     rows = (ctypes.c_size_t * len(splits))(*splits)
     return _submit(
         f"alltoall '{name}'", lambda h: _lib.lib.ringrun_alltoall_submit(
@@ -378,6 +428,7 @@ def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
     """Reduces send (rows rows) and leaves this rank's share of rows in recv: rows // size each,
     the first rows % size ranks one more (as Horovod). Host memory when the shares are
     uneven."""
+    name = auto_name("reducescatter", name)
     n, me = _lib.lib.ringrun_size(), _lib.lib.ringrun_rank()
     what = f"reducescatter '{name}'"
     if rows % n == 0:
@@ -402,6 +453,11 @@ def barrier(name=None):
 
 def join(name=None):
     """This rank contributes zeros to the others' allreduces until every rank has joined;
-    the handle's result is the rank that joined last."""
-    return _submit("join", _lib.lib.ringrun_join_submit, name,
-                   lambda h: _lib.lib.ringrun_handle_last_joined_rank(h.ptr))
+    the handle's result is the rank that joined last. Its completion, successful or not, starts
+    a new epoch of automatic names (see auto_name)."""
+    def finish(h):
+        _next_epoch()
+        return _lib.lib.ringrun_handle_last_joined_rank(h.ptr)
+    h = _submit("join", _lib.lib.ringrun_join_submit, name, finish)
+    h.on_failure = _next_epoch
+    return h

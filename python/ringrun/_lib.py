@@ -20,6 +20,7 @@ FLOATING = frozenset({FLOAT16, BFLOAT16, FLOAT32, FLOAT64})
 SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4
 # ringrun_status, the values that the package tells apart:
 ERR_INVALID_ARGUMENT, ERR_DUPLICATE_NAME, ERR_NOT_INITIALIZED = 1, 9, 10
+ERR_TIMEOUT, ERR_UNAVAILABLE = 3, 4
 IN_PROGRESS = 100
 
 
@@ -62,6 +63,7 @@ _hp, _sizep = ctypes.POINTER(_vp), ctypes.POINTER(_c_size)
 _c_double, _c_uint, _cstr = ctypes.c_double, ctypes.c_uint, ctypes.c_char_p
 _SIGNATURES = {
     "ringrun_init_with_spin": (_c_int, [_c_int]),
+    "ringrun_init_with_store": (_c_int, [_vp, _vp]),
     "ringrun_shutdown": (None, []),
     "ringrun_rank": (_c_int, []),
     "ringrun_size": (_c_int, []),

@@ -15,6 +15,8 @@
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
 #include "runtime/src/reduce.h"
+#include "runtime/src/rendezvous/callback_store.h"
+#include "runtime/src/rendezvous/store_job_client.h"
 #include "runtime/src/runtime.h"
 
 using ringrun::runtime::engine::Entry;
@@ -192,12 +194,83 @@ ringrun_status Init(int spin) {
   return st.ok() ? RINGRUN_OK : Fail(st);
 }
 
+// ringrun_init_with_store (ringrun.h): the environment's settings, the rank and size from
+// `o`, the secret and the peers from the store.
+ringrun_status InitWithStore(const ringrun_store* store, const ringrun_store_options* o) {
+  namespace rdzv = ringrun::runtime::rendezvous;
+  t_error.clear();
+  const std::string where = "ringrun_init_with_store: ";
+  if (store == nullptr || o == nullptr || !rdzv::CallbackStore::Valid(*store)) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                where + "a store with set, get, wait and add, and options, are required");
+  }
+  if (o->size < 1 || o->rank < 0 || o->rank >= o->size) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, where + "rank " + std::to_string(o->rank) +
+                                                  " is not in a job of size " +
+                                                  std::to_string(o->size));
+  }
+  if (o->address == nullptr || *o->address == '\0') {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, where + "options.address is required");
+  }
+  if (o->spin < -1 || o->spin > 1) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                where + "spin " + std::to_string(o->spin) + " is not -1, 0 or 1");
+  }
+  Process& p = TheProcess();
+  std::lock_guard<std::mutex> init_lock(p.init_mu);
+  if (Current()) return RINGRUN_OK;
+  ringrun::Result<ringrun::runtime::JobEnv> env =
+      ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
+  if (!env.ok()) return Fail(env.status());
+  env->in_job = true;
+  env->foreign.reset();
+  env->rank = o->rank, env->size = o->size;
+  env->local_rank = env->local_size = env->cross_rank = env->cross_size = -1;  // from the peers
+  env->job_service.clear();
+  env->host_addr = o->address;
+  env->job_id = o->job_id ? o->job_id : "";
+  env->source = o->source ? std::string(o->source) + "'s store" : std::string("a store");
+  if (env->spin < 0) env->spin = o->spin;
+  env->generation = p.joins;
+  const int timeout_ms = env->join_timeout_ms > 0 ? env->join_timeout_ms : ringrun::kJoinTimeoutMs;
+  bool joined = false;
+  Status st;
+  try {
+    rdzv::CallbackStore callbacks(*store);
+    if (o->size > 1) {
+      ringrun::Result<std::string> secret =
+          rdzv::ShareSecret(callbacks, o->rank, env->generation, timeout_ms);
+      if (secret.ok()) env->secret = std::move(secret.value());
+      st = secret.ok() ? Status::Ok() : secret.status().Annotate("rank " + std::to_string(o->rank));
+    }
+    if (st.ok()) {
+      std::unique_ptr<ringrun::runtime::JobClient> client = rdzv::MakeStoreJobClient(callbacks);
+      ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
+      if (rt.ok()) {
+        p.runtimes.push_back(std::move(rt.value()));  // kept (see Process)
+        p.current.store(p.runtimes.back().get(), std::memory_order_release);
+      }
+      st = rt.status();
+    }
+  } catch (const std::bad_alloc&) {
+    st = ringrun::Internal(where + "out of memory");
+  } catch (const std::exception& e) {
+    st = ringrun::Internal(where + "unexpected exception: " + e.what());
+  }
+  if (joined) ++p.joins;
+  return st.ok() ? RINGRUN_OK : Fail(st);
+}
+
 }  // namespace
 
 extern "C" {
 
 ringrun_status ringrun_init(void) { return Init(-1); }
 ringrun_status ringrun_init_with_spin(int spin) { return Init(spin); }
+ringrun_status ringrun_init_with_store(const ringrun_store* store,
+                                       const ringrun_store_options* options) {
+  return InitWithStore(store, options);
+}
 
 void ringrun_shutdown(void) {
   Process& p = TheProcess();

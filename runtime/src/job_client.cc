@@ -42,33 +42,11 @@ class GrpcJobClient final : public JobClient {
     AttachSecret(&ctx, secret_);
     ctx.set_deadline(DeadlineAfterMs(timeout_ms));
     ctx.set_wait_for_ready(true);  // the service may still be coming up
-    v1::JoinRequest req;
-    req.set_rank(info.rank);
-    req.set_size(info.size);
-    req.set_address(info.address);
-    req.set_port(info.port);
-    req.set_nccl_id(info.nccl_id);
-    req.set_generation(info.generation);
+    const v1::JoinRequest req = MakeJoinRequest(info);
     v1::JoinReply reply;
     grpc::Status s = stub_->Join(&ctx, req, &reply);
     if (!s.ok()) return FromGrpc(s, target_);
-    if (Status st = UnpackPeerColumns(&reply); !st.ok())
-      return st.Annotate("job service " + target_);
-    transport::PeerTable t;
-    t.addresses.assign(reply.addresses().begin(), reply.addresses().end());
-    t.address_of_rank.assign(reply.address_of_rank().begin(), reply.address_of_rank().end());
-    t.port_of_rank.assign(reply.port_of_rank().begin(), reply.port_of_rank().end());
-    t.nccl_id = reply.nccl_id();
-    t.job_id = reply.job_id();
-    if (reply.size() != info.size || t.size() != info.size ||
-        t.address_of_rank.size() != t.port_of_rank.size()) {
-      return Internal("job service " + target_ + ": Join reply has a peer table of size " +
-                      std::to_string(t.size()) + ", expected " + std::to_string(info.size));
-    }
-    for (uint32_t a : t.address_of_rank) {
-      if (a >= t.addresses.size()) return Internal("job service: Join reply address out of range");
-    }
-    return t;
+    return PeerTableFromReply(&reply, info.size, "job service " + target_);
   }
 
  private:
@@ -78,6 +56,37 @@ class GrpcJobClient final : public JobClient {
 };
 
 }  // namespace
+
+v1::JoinRequest MakeJoinRequest(const JoinInfo& info) {
+  v1::JoinRequest req;
+  req.set_rank(info.rank);
+  req.set_size(info.size);
+  req.set_address(info.address);
+  req.set_port(info.port);
+  req.set_nccl_id(info.nccl_id);
+  req.set_generation(info.generation);
+  return req;
+}
+
+Result<transport::PeerTable> PeerTableFromReply(v1::JoinReply* reply, int size,
+                                                const std::string& where) {
+  if (Status st = UnpackPeerColumns(reply); !st.ok()) return st.Annotate(where);
+  transport::PeerTable t;
+  t.addresses.assign(reply->addresses().begin(), reply->addresses().end());
+  t.address_of_rank.assign(reply->address_of_rank().begin(), reply->address_of_rank().end());
+  t.port_of_rank.assign(reply->port_of_rank().begin(), reply->port_of_rank().end());
+  t.nccl_id = reply->nccl_id();
+  t.job_id = reply->job_id();
+  if (reply->size() != size || t.size() != size ||
+      t.address_of_rank.size() != t.port_of_rank.size()) {
+    return Internal(where + ": Join reply has a peer table of size " + std::to_string(t.size()) +
+                    ", expected " + std::to_string(size));
+  }
+  for (uint32_t a : t.address_of_rank) {
+    if (a >= t.addresses.size()) return Internal(where + ": Join reply address out of range");
+  }
+  return t;
+}
 
 std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target, const std::string& secret) {
   return std::make_unique<GrpcJobClient>(target, secret);

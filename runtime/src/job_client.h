@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ringrun/common/status.h"
+#include "ringrun/job.pb.h"
 #include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
@@ -27,6 +28,14 @@ class JobClient {
   // The table's size equals info.size.
   virtual Result<transport::PeerTable> Join(const JoinInfo& info, int timeout_ms) = 0;
 };
+
+// The JoinRequest that carries `info`.
+v1::JoinRequest MakeJoinRequest(const JoinInfo& info);
+
+// The peer table of a JoinReply (packed or not) for a job of `size` ranks, checked for shape;
+// `where` (who sent it) prefixes the errors. Shared by every JobClient.
+Result<transport::PeerTable> PeerTableFromReply(v1::JoinReply* reply, int size,
+                                                const std::string& where);
 
 // The real client: a gRPC JobService.Join to `target` (host:port) carrying `secret`.
 std::unique_ptr<JobClient> MakeGrpcJobClient(const std::string& target, const std::string& secret);

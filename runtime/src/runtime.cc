@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
 #include "runtime/src/gpu/device_backend.h"
+#include "runtime/src/knobs.h"
 #include "runtime/src/reduce.h"
 
 namespace ringrun::runtime {
@@ -26,56 +28,6 @@ Result<int> ParseInt(const char* name, const char* v, int lo, int hi) {
                            std::to_string(hi) + "]");
   }
   return static_cast<int>(x);
-}
-
-Result<double> ParseNumber(const char* name, const char* v, double lo, double hi) {
-  char* end = nullptr;
-  errno = 0;
-  double x = std::strtod(v, &end);
-  if (errno != 0 || end == v || *end != '\0' || !(x >= lo && x <= hi)) {
-    return InvalidArgument(std::string("environment variable ") + name + "='" + v +
-                           "' is not a number in [" + std::to_string(lo) + ", " +
-                           std::to_string(hi) + "]");
-  }
-  return x;
-}
-
-// The engine's knobs (ringrun.h lists them).
-Status ReadEngineEnv(const std::function<const char*(const char*)>& getenv, JobEnv* e) {
-  auto get_num = [&](const char* name, double lo, double hi, double* out) -> Result<bool> {
-    const char* v = getenv(name);
-    if (v == nullptr || *v == '\0') return false;
-    Result<double> r = ParseNumber(name, v, lo, hi);
-    if (!r.ok()) return r.status();
-    *out = *r;
-    return true;
-  };
-  double x = 0;
-  Result<bool> got = get_num("RINGRUN_FUSION_THRESHOLD", 0, 1099511627776.0, &x);
-  if (!got.ok()) return got.status();
-  if (!*got) got = get_num("HOROVOD_FUSION_THRESHOLD", 0, 1099511627776.0, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->fusion_threshold = static_cast<size_t>(x);
-  got = get_num("RINGRUN_CACHE_CAPACITY", 0, 1 << 24, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->cache_capacity = static_cast<size_t>(x);
-  // At most 1 ms: the engine gathers for at most 32 windows, and nothing else (a shutdown, a
-  // failure) is looked at meanwhile.
-  got = get_num("RINGRUN_BURST_QUIET_US", 0, 1000, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->burst_quiet_ns = static_cast<int64_t>(x * 1000);
-  got = get_num("RINGRUN_STALL_CHECK", 0, 1, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->stall.enabled = x != 0;
-  got = get_num("RINGRUN_STALL_WARNING_SECONDS", 0.001, 1e7, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->stall.warning_us = static_cast<int64_t>(x * 1e6);
-  got = get_num("RINGRUN_STALL_SHUTDOWN_SECONDS", 0, 1e7, &x);
-  if (!got.ok()) return got.status();
-  if (*got) e->stall.shutdown_us = static_cast<int64_t>(x * 1e6);
-  const char* t = getenv("RINGRUN_TIMELINE");
-  if (t != nullptr && *t != '\0') e->timeline = t;
-  return Status::Ok();
 }
 
 }  // namespace
@@ -104,8 +56,12 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
   }
   if (const char* spin = getenv("RINGRUN_SPIN")) e.spin = spin[0] != '0' ? 1 : 0;
-  RINGRUN_RETURN_IF_ERROR(ReadEngineEnv(getenv, &e));
-  if (rank == nullptr && size == nullptr) return e;  // not under ringrun
+  RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_JOIN_TIMEOUT_MS", 1, 1 << 30, &e.join_timeout_ms));
+  RINGRUN_RETURN_IF_ERROR(ReadKnobs(getenv, &e));
+  if (rank == nullptr && size == nullptr) {  // not under ringrun
+    e.foreign = rendezvous::DetectForeignJob(getenv);
+    return e;
+  }
   if (rank == nullptr || size == nullptr) {
     return InvalidArgument(std::string("only one of ") + env::kRank + " and " + env::kSize +
                            " is set");
@@ -163,9 +119,10 @@ EngineSettings Settings(const JobEnv& env) {
   return s;
 }
 
-// "t.json" -> "t.<rank>.json" (rank files side by side; see docs/engine.md).
+// Rank 0 writes the file named, as Horovod's coordinator does; rank r > 0 writes
+// "t.<r>.json" beside "t.json" (docs/engine.md, "Timeline").
 std::string TimelinePath(const std::string& path, int rank, int size) {
-  if (path.empty() || size == 1) return path;
+  if (path.empty() || size == 1 || rank == 0) return path;
   const size_t slash = path.rfind('/');
   const size_t dot = path.rfind('.');
   const std::string r = std::to_string(rank);
@@ -187,14 +144,18 @@ Result<std::unique_ptr<Runtime>> Started(std::unique_ptr<Runtime> rt) {
 
 Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* client, bool* joined) {
   if (joined) *joined = false;
+  // RINGRUN_LOG_LEVEL=debug shows, among others, the data plane's refused connections.
+  if (!env.log_level.empty()) spdlog::set_level(spdlog::level::from_str(env.log_level));
+  if (env.log_hide_time) spdlog::set_pattern("[%l] %v");
+  if (env.rank == 0) {
+    for (const std::string& note : env.knob_notes)
+      std::fprintf(stderr, "ringrun: %s\n", note.c_str());
+  }
   Shape shape;
+  if (!env.in_job && env.foreign) return rendezvous::RefuseForeignJob(*env.foreign);
   if (!env.in_job || env.size == 1) {
     shape.rank = 0, shape.size = 1;
     return Started(std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env)));
-  }
-  // RINGRUN_LOG_LEVEL=debug shows, among others, the data plane's refused connections.
-  if (const char* level = std::getenv("RINGRUN_LOG_LEVEL"); level != nullptr && *level != '\0') {
-    spdlog::set_level(spdlog::level::from_str(level));
   }
   Result<transport::Listener> listener = transport::Listen(env.host_addr);
   if (!listener.ok()) {
@@ -230,6 +191,13 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   if (env.local_size >= 0) shape.local_size = env.local_size;
   if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
   if (env.cross_size >= 0) shape.cross_size = env.cross_size;
+  spdlog::log(env.source.empty() ? spdlog::level::debug : spdlog::level::info,
+              "ringrun: rank {} of {} found its peers through {}: local rank {} of {}, cross rank "
+              "{} of {}, data plane at {}:{}",
+              env.rank, env.size,
+              env.source.empty() ? "the ringrun job service at " + env.job_service : env.source,
+              shape.local_rank, shape.local_size, shape.cross_rank, shape.cross_size, env.host_addr,
+              info.port);
   Result<std::unique_ptr<transport::Transport>> t = transport::MakeSocketTransport(
       env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();

@@ -10,13 +10,16 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/ringrun.h"
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
+#include "runtime/src/rendezvous/foreign_job.h"
 #include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime {
@@ -31,7 +34,13 @@ struct JobEnv {
   std::string host_addr = "127.0.0.1";  // where this rank listens and what it advertises
   std::string job_id;
   int timeout_ms = kDefaultCollectiveTimeoutMs;
-  int join_timeout_ms = 0;  // 0: kJoinTimeoutMs
+  int join_timeout_ms = 0;  // RINGRUN_JOIN_TIMEOUT_MS; 0: kJoinTimeoutMs
+  // Not in a ringrun job: another launcher's job of size > 1 that the environment shows
+  // (rendezvous/foreign_job.h). Runtime::Join refuses to run such a process as size 1.
+  std::optional<rendezvous::ForeignJob> foreign;
+  // What found the peers, for the log line at the join ("torch's store (torchrun)"); empty:
+  // the ringrun job service (logged at debug level only).
+  std::string source;
   bool use_shm = true;
   bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see transport::TransportOptions::allow_nat
   int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
@@ -44,13 +53,22 @@ struct JobEnv {
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
   std::string timeline;
+  // Logging (RINGRUN_LOG_LEVEL or HOROVOD_LOG_LEVEL, as spdlog names it; "" leaves it).
+  std::string log_level;
+  bool log_hide_time = false;  // HOROVOD_LOG_HIDE_TIME
+  // HOROVOD_HIERARCHICAL_ALLREDUCE: -1 unset, 0 flat, 1 hierarchical where the layout allows.
+  int hierarchical_allreduce = -1;
+  // Horovod variables that are set and mean something else here, or nothing (knobs.h): rank 0
+  // logs them at init.
+  std::vector<std::string> knob_notes;
   // Not from the environment: how many times this process joined before (set by
   // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
   uint32_t generation = 0;
 };
 
 // Parses the environment through `getenv` (injectable for tests). Malformed values are
-// kInvalidArgument naming the variable.
+// kInvalidArgument naming the variable. Without RINGRUN_RANK and RINGRUN_SIZE, `foreign` says
+// whether another launcher started this process as one of several.
 Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv);
 
 struct Shape {
@@ -76,8 +94,9 @@ struct EngineSettings {
 class Runtime {
  public:
   // Binds the data-plane listener, joins through `client` (unused when !env.in_job), and
-  // builds the transport. *joined (if given) says whether the job service's Join succeeded,
-  // that is whether this round of the rendezvous is used up, even when a later step fails.
+  // builds the transport. Outside a job, env.foreign is refused (RefuseForeignJob). *joined (if
+  // given) says whether the job service's Join succeeded, that is whether this round of the
+  // rendezvous is used up, even when a later step fails.
   static Result<std::unique_ptr<Runtime>> Join(const JobEnv& env, JobClient* client,
                                                bool* joined = nullptr);
   // Over an existing transport (tests). Shape fields < 0 are derived from the peer table.

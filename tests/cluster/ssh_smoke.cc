@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     else if (a == "--launcher-address")
       cfg.launcher_address = next();
     else if (a == "--network-interface")
-      cfg.network_interface = next();
+      cfg.network_interfaces = {next()};
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;

@@ -1,7 +1,8 @@
 // Fuzz target: the ringrun command line (launcher/options.*). The input is argv after
 // "ringrun", one word per NUL-separated piece. Properties: the documented outcome contract of
-// ParseCommandLine (a run has hosts, np in [1, total slots] and a command; a usage error is exit
-// code 2 with a one-line message) and that it never crashes or hangs.
+// ParseCommandLine (a run has hosts, np in [1, total slots] (or >= 1 with --oversubscribe) and a
+// command; a usage error is exit code 2 with a one-line message) and that it never crashes or
+// hangs.
 //
 // The parser reads --hostfile files: words that could name a device, /proc or a file outside
 // the working directory are replaced, so that the target never blocks on /dev/stdin or reads
@@ -64,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(h.slots >= 1);
     total += h.slots;
   }
-  FUZZ_CHECK(o.np >= 1 && o.np <= total);
+  FUZZ_CHECK(o.np >= 1 && (o.np <= total || o.oversubscribe));
   FUZZ_CHECK(!o.command.empty() || o.check_gpu || o.check_build);
   return 0;
 }

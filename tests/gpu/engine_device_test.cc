@@ -47,7 +47,8 @@ struct DeviceJob {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
   std::vector<std::unique_ptr<Runtime>> rts;
 
-  // timeline: a path for RINGRUN_TIMELINE ("" for none); rank r writes <stem>.<r>.json.
+  // timeline: a path for RINGRUN_TIMELINE ("" for none); rank 0 writes it, rank r > 0
+  // <stem>.<r>.json.
   // failing_malloc_on_0: rank 0's n-th device allocation fails (0: none does).
   explicit DeviceJob(int n, int backend_timeout_ms = 10000, const std::string& timeline = "",
                      int failing_malloc_on_0 = 0)
@@ -168,7 +169,8 @@ TEST_CASE(
   job.reset();  // flushes and closes the timelines
   for (int r = 0; r < np; ++r) {
     // Each tensor's row has its NCCL span, with the batch's size.
-    const std::string path = std::string(dir) + "/t." + std::to_string(r) + ".json";
+    const std::string path =
+        std::string(dir) + (r == 0 ? "/t.json" : "/t." + std::to_string(r) + ".json");
     std::ifstream in(path);
     std::stringstream text;
     text << in.rdbuf();

@@ -247,17 +247,23 @@ PY
 }
 
 t_engine_under_ringrun() {
-  # The engine through the launcher: named submissions, the timeline flag (one strict-JSON
-  # Chrome trace per rank), and the stall flags (a rank that never submits fails the job).
-  local worker="$BIN/runtime_test_worker" r rc
+  # The engine through the launcher: named submissions, the timeline flag (the file named is
+  # rank 0's strict-JSON Chrome trace, with every rank's announcements; tl.<r>.json rank r's),
+  # and the stall flags (a rank that never submits fails the job).
+  local worker="$BIN/runtime_test_worker" r rc f
   "$RINGRUN" -np 3 --timeline-filename "$WORK/tl.json" --fusion-threshold-mb 1 "$worker" engine \
     >"$WORK/out" 2>"$WORK/err" || fail "engine mode: $(tail -5 "$WORK/err")"
+  [[ ! -e $WORK/tl.0.json ]] || fail "rank 0 wrote tl.0.json, not the file named"
   for r in 0 1 2; do
     expect_contains "$WORK/out" "[$r]<stdout>:ok rank=$r size=3"
-    [[ -s $WORK/tl.$r.json ]] || fail "no timeline for rank $r"
+    f=$WORK/tl.$r.json
+    [[ $r != 0 ]] || f=$WORK/tl.json
+    [[ -s $f ]] || fail "no timeline for rank $r"
     /usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); n={x["name"] for x in e}; assert {"NEGOTIATE","ALLREDUCE","ROUND"} <= n, n' \
-      "$WORK/tl.$r.json" || fail "timeline of rank $r is not the expected JSON"
+      "$f" || fail "timeline of rank $r is not the expected JSON"
   done
+  /usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); a=[x["args"]["announced_after_us"] for x in e if x["name"]=="NEGOTIATE"]; assert any(len(x)==3 for x in a), a[:3]' \
+    "$WORK/tl.json" || fail "rank 0's timeline does not show every rank's announcements"
   "$RINGRUN" -np 2 --stall-check-warning-time-seconds 0.5 --stall-check-shutdown-time-seconds 1 \
     "$worker" stall >"$WORK/out" 2>"$WORK/err"
   rc=$?
@@ -476,6 +482,86 @@ t_bind_to() {
     expect_contains "$WORK/err" "$((n + 1)) ranks but $n allowed CPUs"
     [[ $(grep -c "allowed CPU" "$WORK/err") == 1 ]] || fail "the warning is not said once: $(cat "$WORK/err")"
   fi
+  expect_no_orphans
+}
+
+# horovodrun's flags where they change what ranks see: their variables, their addresses, their
+# folders, their working directory, the job's time limit, placement beyond the slots.
+t_horovodrun_flags() {
+  local rc start
+  printf 'params:\n  cache_capacity: 77\n  fusion_threshold_mb: 64\nlogging:\n  level: INFO\n' \
+    >"$WORK/cfg.yaml"
+  "$RINGRUN" -np 2 --config-file "$WORK/cfg.yaml" --fusion-threshold-mb 4 --cycle-time-ms 2 \
+    --log-level WARNING --tcp --network-interfaces lo --hierarchical-allreduce --gloo \
+    --timeline-filename "$WORK/tl.json" env >"$WORK/out" 2>"$WORK/err" ||
+    fail "ringrun with horovodrun's flags failed: $(cat "$WORK/err")"
+  for r in 0 1; do
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_FUSION_THRESHOLD=4194304"
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_FUSION_THRESHOLD=4194304"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_CACHE_CAPACITY=77"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_CYCLE_TIME=2"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_LOG_LEVEL=WARNING"
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_LOG_LEVEL=warn"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_HIERARCHICAL_ALLREDUCE=1"
+    expect_contains "$WORK/out" "[$r]<stdout>:HOROVOD_TIMELINE=$WORK/tl.json"
+    expect_contains "$WORK/out" "[$r]<stdout>:NCCL_IB_DISABLE=1"
+    expect_contains "$WORK/out" "[$r]<stdout>:NCCL_SOCKET_IFNAME=lo"
+    expect_contains "$WORK/out" "[$r]<stdout>:RINGRUN_HOST_ADDR=127.0.0.1"
+  done
+  expect_contains "$WORK/err" "ringrun: --gloo: ringrun's own controller"
+  [[ $(grep -c -- "--gloo" "$WORK/err") == 1 ]] || fail "the --gloo note is not said once: $(cat "$WORK/err")"
+  "$RINGRUN" -np 1 -wdir "$WORK" "$PROBE" env >"$WORK/out" 2>"$WORK/err" ||
+    fail "-wdir failed: $(cat "$WORK/err")"
+  expect_contains "$WORK/out" "[0]<stdout>:CWD=$WORK"
+
+  # The data plane's interface must exist on the rank's host.
+  "$RINGRUN" -np 1 --network-interfaces nosuchif0 touch "$WORK/started" >"$WORK/out" 2>"$WORK/err"
+  rc=$?
+  (( rc != 0 )) || fail "--network-interfaces nosuchif0 succeeded"
+  expect_contains "$WORK/err" "nosuchif0: no such interface"
+  [[ ! -e $WORK/started ]] || fail "--network-interfaces nosuchif0 started the command"
+
+  # Rank folders sort: rank.00 .. rank.10; -prefix-output-with-timestamp as horovodrun spells it.
+  "$RINGRUN" -np 11 --output-filename "$WORK/logs" --prefix-output-with-timestamp sh -c 'echo hi' \
+    >"$WORK/out" 2>"$WORK/err" || fail "-np 11 --output-filename failed: $(cat "$WORK/err")"
+  for r in 00 07 10; do
+    [[ $(cat "$WORK/logs/rank.$r/stdout") == hi ]] || fail "no $WORK/logs/rank.$r/stdout"
+  done
+  [[ ! -e $WORK/logs/rank.7 ]] || fail "an unpadded rank folder"
+  grep -qE '^[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\[3\]<stdout>:hi' \
+    "$WORK/out" || fail "no timestamped line: $(head -3 "$WORK/out")"
+
+  # --timeout: a hang ends with a message naming the flag, exit 124, and nothing left behind.
+  start=$SECONDS
+  "$RINGRUN" -np 2 --timeout 2 --grace-period 1 "$PROBE" sleep 60 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 124 $rc "--timeout 2"
+  (( SECONDS - start < 10 )) || fail "--timeout 2 took $((SECONDS - start)) s"
+  expect_contains "$WORK/err" "--timeout 2: the job ran longer than 2 s"
+  expect_no_orphans
+
+  # --report-bindings: each rank's CPUs, or that it is not bound.
+  "$RINGRUN" -np 2 --report-bindings /bin/true >"$WORK/out" 2>"$WORK/err" ||
+    fail "--report-bindings failed: $(cat "$WORK/err")"
+  expect_contains "$WORK/err" "rank 0 on localhost (pid "
+  expect_contains "$WORK/err" "): not bound (--bind-to none)"
+  "$RINGRUN" -np 1 --bind-to core --report-bindings /bin/true >"$WORK/out" 2>"$WORK/err" ||
+    fail "--bind-to core --report-bindings failed: $(cat "$WORK/err")"
+  expect_contains "$WORK/err" "): bound to CPUs "
+
+  # More ranks than slots: refused naming --oversubscribe, and run with it.
+  "$RINGRUN" -np 3 -H localhost:2 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "-np 3 on 2 slots"
+  expect_contains "$WORK/err" "--oversubscribe allows more ranks than slots"
+  [[ ! -e $WORK/started ]] || fail "-np 3 on 2 slots started the command"
+  "$RINGRUN" -np 3 -H localhost:2 --oversubscribe "$PROBE" env >"$WORK/out" 2>"$WORK/err" ||
+    fail "--oversubscribe failed: $(cat "$WORK/err")"
+  expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_LOCAL_SIZE=3"
+
+  # Elastic flags: refused, exit 2, nothing started.
+  "$RINGRUN" -np 2 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--min-np"
+  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
+  [[ ! -e $WORK/started ]] || fail "--min-np started the command"
   expect_no_orphans
 }
 

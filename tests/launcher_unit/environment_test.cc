@@ -101,6 +101,10 @@ TEST_CASE("environment: all three name families", "[environment]") {
   CHECK(env["ROLE_WORLD_SIZE"] == "6");
   CHECK(env["MASTER_ADDR"] == "198.18.0.2");
   CHECK(env["MASTER_PORT"] == "29500");
+  CHECK(env["ROLE_NAME"] == "default");
+  CHECK(env["TORCHELASTIC_RUN_ID"] == "job-42");  // torch's is_torchelastic_launched()
+  CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+  CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "0");
   // Every contract name is there.
   for (const std::string& name : ringrun::launcher::job::ContractVariableNames()) {
     INFO(name);
@@ -158,6 +162,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
       "PMI_RANK=9",
       "PMIX_RANK=9",
       "TORCHELASTIC_RUN_ID=r",
+      "TORCHELASTIC_ERROR_FILE=/tmp/e",
       "SLURM_PROCID=9",
       "HOROVOD_FUSION_THRESHOLD=64",
       "NCCL_DEBUG=INFO",
@@ -200,7 +205,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
                            "OMPI_COMM_WORLD_SIZE",
                            "PMI_RANK",
                            "PMIX_RANK",
-                           "TORCHELASTIC_RUN_ID",
+                           "TORCHELASTIC_ERROR_FILE",
                            "SLURM_PROCID",
                            "HOSTNAME"}) {
     INFO(gone);
@@ -209,6 +214,7 @@ TEST_CASE("environment: the denylist drops session and contract variables", "[en
   }
   // Inherited contract values are replaced by this job's.
   CHECK(env["RINGRUN_JOB_ID"] == "job-42");
+  CHECK(env["TORCHELASTIC_RUN_ID"] == "job-42");
   CHECK(env["RINGRUN_SECRET"] != "old");  // an enclosing job's contract never leaks through
   CHECK(env["HOROVOD_RANK"] == "5");
   CHECK(env["RANK"] == "5");

@@ -216,6 +216,41 @@ TEST_CASE("job: an agent that dies before registering is named", "[job_state]") 
   CHECK(f.job.exit_code() == 1);
 }
 
+TEST_CASE("job: --timeout ends a job that runs too long, with exit 124", "[job_state]") {
+  ManualClock clock;
+  JobPlan plan = Plan();
+  plan.timeout_s = 60;
+  JobStateMachine job(plan, clock);
+  for (int h : {0, 2}) {
+    job.AgentStarted(h, true, "");
+    job.AgentRegistered(h);
+  }
+  for (int r = 0; r < 3; ++r) job.RankStarted(r);
+  clock.Advance(milliseconds(59999));
+  job.Tick();
+  CHECK(job.TakeCommands().empty());
+  clock.Advance(milliseconds(1));
+  job.Tick();
+  auto commands = job.TakeCommands();
+  auto reports = OfKind(commands, Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "--timeout 60: the job ran longer than 60 s; ending its ranks (exit 124)");
+  CHECK(OfKind(commands, Kind::kTerminateRanks).size() == 1);
+  job.Tick();  // said once
+  CHECK(OfKind(job.TakeCommands(), Kind::kReport).empty());
+  job.RankExited(0, 0, SIGTERM, "");
+  CHECK(job.exit_code() == kTimeoutExitCode);
+}
+
+TEST_CASE("job: without --timeout a job runs as long as it runs", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.clock.Advance(std::chrono::hours(24 * 400));
+  f.job.Tick();
+  CHECK(f.job.TakeCommands().empty());
+}
+
 TEST_CASE("job: the start timeout names what is missing", "[job_state]") {
   Fixture f;
   f.job.AgentStarted(0, true, "");

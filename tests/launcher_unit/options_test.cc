@@ -177,7 +177,8 @@ TEST_CASE("cli: SSH flags", "[options]") {
   CHECK(o.hosts[0].user == "alice");
   CHECK(Ok({"-np", "1", "--ssh-identity-file=" + key, "--ssh-port=22", "p"}).ssh_port == 22);
   CHECK(Ok({"-np", "1", "-p2200", "p"}).ssh_port == 2200);
-  CHECK(Ok({"-np", "1", "--network-interface", "eth0", "p"}).network_interface == "eth0");
+  CHECK(Ok({"-np", "1", "--network-interface", "eth0", "p"}).network_interfaces ==
+        std::vector<std::string>{"eth0"});
 }
 
 TEST_CASE("cli: --check-gpu, --allreduce, --check-build need no command", "[options]") {
@@ -246,7 +247,8 @@ TEST_CASE("cli error: -np 0 and -np -1", "[options]") {
 
 TEST_CASE("cli error: -np larger than the slots names the slots per host", "[options]") {
   CHECK(Usage({"-np", "9", "-H", "a:4,b:4", "prog"}) ==
-        "-np 9 exceeds the 8 slots available (a:4, b:4)");
+        "-np 9 exceeds the 8 slots available (a:4, b:4); --oversubscribe allows more ranks than "
+        "slots");
   CHECK_THAT(Usage({"-np", "7", "--hostfile", Fixture("good-crlf.txt"), "prog"}),
              Contains("(a:2, b:3, c:1)"));
 }
@@ -369,8 +371,6 @@ TEST_CASE("cli error: diagnostics combinations", "[options]") {
   CHECK_THAT(Usage({"--check-build", "prog"}), Contains("--check-build runs no command"));
   CHECK_THAT(Usage({"--check-gpu", "prog"}), Contains("--check-gpu runs no command"));
   CHECK_THAT(Usage({"--check-gpu", "--check-build"}), Contains("cannot be used together"));
-  CHECK_THAT(Usage({"--launcher-address", "a", "--network-interface", "b", "-np", "1", "p"}),
-             Contains("cannot be used together"));
 }
 
 // ---- argument integrity ----
@@ -458,13 +458,19 @@ TEST_CASE("cli: engine flags become the ranks' variables", "[options]") {
           "--stall-check-shutdown-time-seconds", "10", "--timeline-filename", "t.json", "prog"});
   using Pairs = std::vector<std::pair<std::string, std::string>>;
   CHECK(o.exports == Pairs{{"RINGRUN_FUSION_THRESHOLD", "33554432"},
+                           {"HOROVOD_FUSION_THRESHOLD", "33554432"},
                            {"RINGRUN_CACHE_CAPACITY", "0"},
+                           {"HOROVOD_CACHE_CAPACITY", "0"},
                            {"RINGRUN_STALL_CHECK", "0"},
+                           {"HOROVOD_STALL_CHECK_DISABLE", "1"},
                            {"RINGRUN_STALL_WARNING_SECONDS", "2.5"},
+                           {"HOROVOD_STALL_CHECK_TIME_SECONDS", "2.5"},
                            {"RINGRUN_STALL_SHUTDOWN_SECONDS", "10"},
-                           {"RINGRUN_TIMELINE", "t.json"}});
+                           {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"},
+                           {"RINGRUN_TIMELINE", "t.json"},
+                           {"HOROVOD_TIMELINE", "t.json"}});
   CHECK(Ok({"-np", "1", "--fusion-threshold-mb", "0", "prog"}).exports ==
-        Pairs{{"RINGRUN_FUSION_THRESHOLD", "0"}});
+        Pairs{{"RINGRUN_FUSION_THRESHOLD", "0"}, {"HOROVOD_FUSION_THRESHOLD", "0"}});
   CHECK_THAT(Usage({"-np", "1", "--fusion-threshold-mb", "x", "prog"}),
              Contains("--fusion-threshold-mb x: not a whole number of MiB"));
   CHECK_THAT(Usage({"-np", "1", "--stall-check-warning-time-seconds", "soon", "prog"}),
@@ -474,25 +480,27 @@ TEST_CASE("cli: engine flags become the ranks' variables", "[options]") {
 // ---- argparse's rules, as horovodrun reads its flags ----
 
 TEST_CASE("cli: a unique prefix of a name is the flag", "[options][argparse]") {
-  CHECK(Ok({"--num", "3", "p"}).np == 3);
-  CHECK(Ok({"--num=3", "p"}).np == 3);
+  CHECK(Ok({"--num-p", "3", "p"}).np == 3);
+  CHECK(Ok({"--num-p=3", "p"}).np == 3);
   CHECK(Ok({"-n", "3", "p"}).np == 3);  // one dash: a prefix of -np
   CHECK(Shape(Ok({"--hostf", Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
   CHECK(Shape(Ok({"--hostfil=" + Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
   // -h takes no value, so "-hostf" can only be -hostfile.
   CHECK(Shape(Ok({"-hostf", Fixture("good-tabs.txt"), "p"})) == "a:2,b:3,c:4");
-  Options o = Ok({"-np", "1", "--dry", "--ssh-p", "2222", "--log", "info", "--verb", "p"});
+  Options o = Ok({"-np", "1", "--dry", "--ssh-p", "2222", "--log-l", "info", "--verb", "p"});
   CHECK(o.dry_run);
   CHECK(o.ssh_port == 2222);
   CHECK(o.log_level == "info");
   // Messages name the flag a prefix stands for.
-  CHECK_THAT(Usage({"--num", "0", "p"}), Contains("--num-proc 0: must be at least 1"));
+  CHECK_THAT(Usage({"--num-p", "0", "p"}), Contains("--num-proc 0: must be at least 1"));
   CHECK_THAT(Usage({"-np", "1", "--dry=yes", "p"}), Contains("--dry-run takes no value"));
 }
 
 TEST_CASE("cli error: an ambiguous prefix names every flag it could be", "[options][argparse]") {
-  CHECK(Usage({"--host", "a", "p"}) == "ambiguous flag --host: it could be --hosts, --hostfile");
-  CHECK_THAT(Usage({"--check", "p"}), Contains("--check-gpu, --check-build"));
+  CHECK(Usage({"--host", "a", "p"}) ==
+        "ambiguous flag --host: it could be --hosts, --hostfile, --host-discovery-script");
+  CHECK_THAT(Usage({"-np", "1", "--log", "info", "p"}),
+             Contains("--log-level, --log-with-timestamp, --log-without-timestamp"));
   CHECK_THAT(Usage({"-np", "1", "--ssh", "x", "p"}),
              Contains("--ssh-identity-file, --ssh-port, --ssh-known-hosts"));
   // One dash: "-pr" could be -p with "r" attached, or -prefix-timestamp.

@@ -234,6 +234,28 @@ TEST_CASE("output: --output-filename writes DIR/rank.N/stdout and stderr, untagg
   CHECK(err.text() == "[0]<stderr>:err0\n");
 }
 
+TEST_CASE("output: rank folders are zero-padded to the last rank's width, as horovodrun's",
+          "[output]") {
+  CHECK(RankDirName(0, 1) == "rank.0");
+  CHECK(RankDirName(9, 10) == "rank.9");
+  CHECK(RankDirName(0, 11) == "rank.00");
+  CHECK(RankDirName(7, 11) == "rank.07");
+  CHECK(RankDirName(10, 11) == "rank.10");
+  CHECK(RankDirName(5, 101) == "rank.005");
+  CHECK(RankDirName(99, 100) == "rank.99");
+  TempDir tmp;
+  OutputRouter::Config c;
+  c.echo_to_console = false;
+  c.output_dir = tmp.path();
+  OutputRouter router(c);
+  REQUIRE(router.Open(12).ok());
+  router.Write(3, false, "three\n");
+  router.Flush();
+  CHECK(ReadFile(tmp.path() + "/rank.03/stdout") == "three\n");
+  CHECK(std::filesystem::exists(tmp.path() + "/rank.11/stderr"));
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/rank.3"));
+}
+
 TEST_CASE("output: without console echo the files, the tail and the callback still get lines",
           "[output]") {
   TempDir dir;

@@ -115,9 +115,25 @@ TEST_CASE("placement matches the definitions on many shapes", "[placement]") {
 TEST_CASE("placement: -np larger than the slots names the slots per host", "[placement]") {
   auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 4}, {"b", 4}}), 9);
   REQUIRE_FALSE(r.ok());
-  CHECK(r.status().message() == "-np 9 exceeds the 8 slots available (a:4, b:4)");
+  CHECK(r.status().message() ==
+        "-np 9 exceeds the 8 slots available (a:4, b:4); --oversubscribe allows more ranks than "
+        "slots");
   CHECK(ringrun::launcher::hosts::CheckNumProc(Hosts({{"a", 1}}), 2).message() ==
-        "-np 2 exceeds the 1 slot available (a:1)");
+        "-np 2 exceeds the 1 slot available (a:1); --oversubscribe allows more ranks than slots");
+}
+
+TEST_CASE("placement: --oversubscribe gives the extra ranks to the hosts in turn", "[placement]") {
+  auto r = ringrun::launcher::hosts::PlaceRanks(Hosts({{"a", 2}, {"b", 1}}), 6, true);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 6);
+  // a: 2 slots + 2 extra, b: 1 slot + 1 extra; ranks numbered host by host.
+  std::vector<int> hosts_of;
+  for (const auto& p : *r) hosts_of.push_back(p.host_index);
+  CHECK(hosts_of == std::vector<int>{0, 0, 0, 0, 1, 1});
+  CHECK((*r)[3].local_size == 4);
+  CHECK((*r)[5].local_rank == 1);
+  CheckAgainstDefinition(*r);
+  CHECK(ringrun::launcher::hosts::CheckNumProc(Hosts({{"a", 1}}), 5, true).ok());
 }
 
 TEST_CASE("placement: a long host list is summarised in the error", "[placement]") {

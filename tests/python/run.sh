@@ -10,6 +10,13 @@
 #   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
 #   install          cmake --install, then import ringrun.torch from a new shell, system-wide
 #                    and in a --system-site-packages venv
+#   torchrun         torchrun --nproc_per_node 2 (static and c10d rendezvous): ringrun.torch
+#                    joins through torch's store, checks the shape, allreduces
+#   torchrun_kill    under torchrun, rank 1 is killed after the join: rank 0 fails naming it
+#   torchrun_nodes   torchrun --nnodes 2 --nproc_per_node 2, both nodes on this host: one host of
+#                    4 ranks to ringrun, with a warning that torchrun's LOCAL_RANK differs
+#   refuse_size1     torchrun's variables of a job of 2 without a reachable store: init() fails
+#                    naming torchrun and the variables, within the join timeout
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:?BIN=build/bin}" "${PYDIR:?PYDIR=build/python}"
@@ -98,6 +105,69 @@ install)
     >"$WORK/job.out" 2>&1 || { cat "$WORK/job.out"; fail "job with the venv"; }
   [[ $(grep -c ':2.0$' "$WORK/job.out") == 2 ]] || fail "venv job: $(cat "$WORK/job.out")"
   echo "installed and imported: $site, $vsite" ;;
+torchrun|torchrun_kill|torchrun_nodes)
+  # Debian's torchrun (torch 1.13, Python 3.11) fails at start without --redirects 1 --tee 1.
+  if command -v torchrun >/dev/null; then tr=(torchrun); else tr=($PY -m torch.distributed.run); fi
+  port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  job=$here/torchrun_job.py
+  if [[ $1 == torchrun_kill ]]; then
+    timeout 120 "${tr[@]}" --nproc_per_node 2 --redirects 1 --tee 1 --master_addr 127.0.0.1 \
+      --master_port "$port" "$job" kill >"$WORK/out" 2>&1
+    rc=$?
+    cat "$WORK/out"
+    [[ $rc != 0 && $rc != 124 ]] || fail "torchrun exited $rc"
+    grep -q 'rank 0 failed: .*rank 1' "$WORK/out" || fail "rank 0 did not fail naming rank 1"
+    exit 0
+  fi
+  if [[ $1 == torchrun_nodes ]]; then
+    for node in 0 1; do
+      timeout 120 "${tr[@]}" --nnodes 2 --node_rank $node --nproc_per_node 2 --redirects 1 --tee 1 \
+        --master_addr 127.0.0.1 --master_port "$port" "$job" nodes >"$WORK/out$node" 2>&1 &
+    done
+    wait %1; rc0=$?
+    wait %2; rc1=$?
+    cat "$WORK/out0" "$WORK/out1"
+    ((rc0 == 0 && rc1 == 0)) || fail "torchrun nodes exited $rc0 and $rc1"
+    [[ $(cat "$WORK/out0" "$WORK/out1" | grep -c 'of 4: local [0-3] of 4, allreduce 10.0') == 4 ]] || fail "every rank must allreduce"
+    [[ $(cat "$WORK/out0" "$WORK/out1" | grep -c 'several torchrun nodes run on this host') == 4 ]] || fail "no warning"
+    exit 0
+  fi
+  for rdzv in static c10d; do
+    args=(--master_addr 127.0.0.1 --master_port "$port")
+    [[ $rdzv == c10d ]] && args=(--rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id "ringrun-test-$$")
+    timeout 120 "${tr[@]}" --nproc_per_node 2 --redirects 1 --tee 1 "${args[@]}" "$job" \
+      >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "torchrun ($rdzv)"; }
+    cat "$WORK/out"
+    [[ $(grep -c 'of 2: local [01] of 2, allreduce 3.0' "$WORK/out") == 2 ]] || fail "torchrun ($rdzv): both ranks must allreduce"
+    [[ $(grep -c "found its peers through torchrun's store" "$WORK/out") == 2 ]] || fail "torchrun ($rdzv): no log of the source"
+  done ;;
+refuse_size1)
+  closed=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  try() {  # try LABEL EXPECTED VAR=VALUE...: init() must fail within 20 s with EXPECTED in its message
+    local label=$1 expected=$2 start out
+    shift 2
+    start=$(date +%s)
+    out=$(env -u RINGRUN_RANK -u RINGRUN_SIZE RINGRUN_JOIN_TIMEOUT_MS=2000 "$@" timeout 60 $PY -c \
+      'import ringrun
+try:
+    ringrun.init()
+except ringrun.RingrunError as e:
+    print(e); raise SystemExit(3)
+print("size", ringrun.size())' 2>&1)
+    rc=$?
+    [[ $rc == 3 ]] || fail "$label: exit $rc: $out"
+    grep -qF -- "$expected" <<<"$out" || fail "$label: '$expected' not in: $out"
+    (($(date +%s) - start < 20)) || fail "$label: took $(($(date +%s) - start)) s"
+    echo "$label: $out"
+  }
+  try "no MASTER_ADDR" "started by torchrun (torch's env:// contract) (WORLD_SIZE=2 RANK=0)" WORLD_SIZE=2 RANK=0
+  try "no store at MASTER_ADDR:MASTER_PORT" "torch's store at 127.0.0.1:$closed (torchrun: RANK=1 WORLD_SIZE=2) could not be joined" \
+    WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$closed
+  try "rank 0 alone" "rank 0: rank 1 (of 2) did not join within the join timeout" \
+    WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$closed
+  try "mpirun" "started by mpirun (Open MPI) (OMPI_COMM_WORLD_SIZE=4" OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1
+  out=$(env -u RINGRUN_RANK -u RINGRUN_SIZE WORLD_SIZE=1 RANK=0 $PY -c 'import ringrun; ringrun.init(); print("size", ringrun.size())') || fail "single: $out"
+  [[ $out == "size 1" ]] || fail "a single process: $out" ;;
 *)
-  sed -n '2,10p' "$0"; exit 2 ;;
+  sed -n '2,/^set /p' "$0" | sed '$d'; exit 2 ;;
 esac

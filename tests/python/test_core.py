@@ -45,6 +45,15 @@ def test_collectives(dtype):
     ringrun.barrier()
 
 
+def test_integer_average_truncates_as_horovod():
+    n = ringrun.size()
+    x = np.array([-1, -2, 1, 2], np.int32) * (1 if ringrun.rank() == 0 else 0)
+    want = np.array([int(v / n) for v in (-1, -2, 1, 2)], np.int32)
+    assert np.array_equal(ringrun.allreduce(x, op=ringrun.Average), want)
+    rows = np.stack([x] * n)
+    assert np.array_equal(ringrun.reducescatter(rows, op=ringrun.Average), want[None])
+
+
 def test_buffer_protocol():
     n, r = ringrun.size(), ringrun.rank()
     assert ringrun.allreduce(array.array("d", [r, 1.0]), op=ringrun.Sum).tolist() == \

@@ -56,9 +56,10 @@ Entry Allreduce(const std::string& name, const float* send, float* recv, size_t 
   return e;
 }
 
-// Rank r's timeline file for a job whose RINGRUN_TIMELINE was DIR/t.json, and a file's bytes.
+// Rank r's timeline file for a job whose RINGRUN_TIMELINE was DIR/t.json (rank 0's is the file
+// named), and a file's bytes.
 std::string TimelineOf(const char* dir, int r) {
-  return std::string(dir) + "/t." + std::to_string(r) + ".json";
+  return std::string(dir) + (r == 0 ? "/t.json" : "/t." + std::to_string(r) + ".json");
 }
 // Waits for each handle, adding its failure to `f`.
 void WaitAll(int rank, const std::vector<std::shared_ptr<HandleState>>& hs, Failures& f) {

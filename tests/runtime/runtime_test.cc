@@ -128,6 +128,85 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
   CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "1"}}))->spin == 1);
 }
 
+TEST_CASE("Horovod's variables set the same knobs, in Horovod's units, and ringrun's win",
+          "[runtime]") {
+  Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_FUSION_THRESHOLD", "1048576"},
+                                     {"HOROVOD_CACHE_CAPACITY", "0"},
+                                     {"HOROVOD_CYCLE_TIME", "0.5"},
+                                     {"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                                     {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
+                                     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "9"},
+                                     {"HOROVOD_GLOO_TIMEOUT_SECONDS", "7"},
+                                     {"HOROVOD_TIMELINE", "/tmp/t.json"},
+                                     {"HOROVOD_LOG_LEVEL", "WARNING"},
+                                     {"HOROVOD_LOG_HIDE_TIME", "1"},
+                                     {"HOROVOD_HIERARCHICAL_ALLREDUCE", "0"}}));
+  REQUIRE(e.ok());
+  CHECK(e->fusion_threshold == 1048576);
+  CHECK(e->cache_capacity == 0);
+  CHECK(e->burst_quiet_ns == 500'000);  // 0.5 ms
+  CHECK_FALSE(e->stall.enabled);
+  CHECK(e->stall.warning_us == 5'000'000);
+  CHECK(e->stall.shutdown_us == 9'000'000);
+  CHECK(e->join_timeout_ms == 7000);
+  CHECK(e->timeline == "/tmp/t.json");
+  CHECK(e->log_level == "warn");
+  CHECK(e->log_hide_time);
+  CHECK(e->hierarchical_allreduce == 0);
+  CHECK(e->knob_notes.empty());
+  // ringrun's own names win.
+  e = ReadJobEnv(Env({{"HOROVOD_FUSION_THRESHOLD", "1"},
+                      {"RINGRUN_FUSION_THRESHOLD", "2"},
+                      {"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                      {"RINGRUN_STALL_CHECK", "1"},
+                      {"HOROVOD_CYCLE_TIME", "0.5"},
+                      {"RINGRUN_BURST_QUIET_US", "3"},
+                      {"HOROVOD_LOG_LEVEL", "FATAL"},
+                      {"RINGRUN_LOG_LEVEL", "debug"}}));
+  REQUIRE(e.ok());
+  CHECK(e->fusion_threshold == 2);
+  CHECK(e->stall.enabled);
+  CHECK(e->burst_quiet_ns == 3000);
+  CHECK(e->log_level == "debug");
+  // Every Horovod level name, in any case.
+  for (auto [in, out] : std::vector<std::pair<std::string, std::string>>{{"TRACE", "trace"},
+                                                                         {"debug", "debug"},
+                                                                         {"Info", "info"},
+                                                                         {"WARNING", "warn"},
+                                                                         {"ERROR", "err"},
+                                                                         {"FATAL", "critical"}}) {
+    INFO(in);
+    CHECK(ReadJobEnv(Env({{"HOROVOD_LOG_LEVEL", in}}))->log_level == out);
+  }
+  Result<JobEnv> bad = ReadJobEnv(Env({{"HOROVOD_LOG_LEVEL", "LOUD"}}));
+  CHECK(bad.status().message().find("HOROVOD_LOG_LEVEL='LOUD'") != std::string::npos);
+  bad = ReadJobEnv(Env({{"HOROVOD_CYCLE_TIME", "soon"}}));
+  CHECK(bad.status().message().find("HOROVOD_CYCLE_TIME") != std::string::npos);
+  // A cycle time past the engine's longest window is cut to it, and said.
+  e = ReadJobEnv(Env({{"HOROVOD_CYCLE_TIME", "5"}}));
+  REQUIRE(e.ok());
+  CHECK(e->burst_quiet_ns == 1'000'000);
+  REQUIRE(e->knob_notes.size() == 1);
+  CHECK(e->knob_notes[0].find("HOROVOD_CYCLE_TIME=5") != std::string::npos);
+}
+
+TEST_CASE("a Horovod variable that means nothing here is said, not ignored", "[runtime]") {
+  Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "1"},
+                                     {"HOROVOD_NUM_NCCL_STREAMS", "2"},
+                                     {"HOROVOD_ELASTIC", "0"},  // what ringrun does anyway
+                                     {"HOROVOD_TIMELINE", "DYNAMIC"}}));
+  REQUIRE(e.ok());
+  CHECK(e->timeline.empty());
+  std::string all;
+  for (const std::string& n : e->knob_notes) all += n + "\n";
+  INFO(all);
+  CHECK(e->knob_notes.size() == 3);
+  CHECK(all.find("HOROVOD_AUTOTUNE=1 has no effect") != std::string::npos);
+  CHECK(all.find("HOROVOD_NUM_NCCL_STREAMS=2 has no effect") != std::string::npos);
+  CHECK(all.find("HOROVOD_TIMELINE=DYNAMIC") != std::string::npos);
+  CHECK(all.find("HOROVOD_ELASTIC") == std::string::npos);
+}
+
 TEST_CASE("ranks join through the job client once and then communicate", "[runtime]") {
   constexpr int kSize = 3;
   FakeJobService service(kSize);

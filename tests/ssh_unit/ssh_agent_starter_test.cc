@@ -206,15 +206,15 @@ TEST_CASE("The launcher address: override, interface, else the SSH socket's", "[
     CHECK(fake->For("h1").remote->Get(&FakeRemote::command).find("'198.18.0.9:4242'") !=
           std::string::npos);
   }
-  SECTION("--network-interface lo") {
-    cfg.network_interface = "lo";
+  SECTION("--network-interfaces nosuchif0,lo: the first one that has an address") {
+    cfg.network_interfaces = {"nosuchif0", "lo"};
     auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
     REQUIRE(h.ok());
     CHECK(fake->For("h1").remote->Get(&FakeRemote::command).find("'127.0.0.1:4242'") !=
           std::string::npos);
   }
   SECTION("an unknown interface is an error naming it and the host") {
-    cfg.network_interface = "nosuchif0";
+    cfg.network_interfaces = {"nosuchif0"};
     auto h = MakeSshAgentStarter(cfg, fake)->Start(hosts::HostSpec{"", "h1", 1}, MakeLaunch());
     REQUIRE_FALSE(h.ok());
     CHECK(h.status().message().find("h1") != std::string::npos);

@@ -29,6 +29,9 @@ inline constexpr int kJoinTimeoutMs = 120000;              // ringrun_init waiti
 inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS: every wait
 inline constexpr int kPairHelloTimeoutMs = 10000;          // a data-plane connection's greeting
 inline constexpr int kNcclFinalizeTimeoutMs = 5000;        // ncclCommFinalize at shutdown
+// Joining through a store (runtime/src/rendezvous): ranks other than 0 wait this much longer
+// than the join timeout for the peer table, so that rank 0's reason for giving up reaches them.
+inline constexpr int kStorePeerTableGraceMs = 2000;
 // Busy-wait this long on a shared-memory pair before sleeping on its futex (only when a host's
 // ranks do not outnumber its CPUs): waking a sleeping rank costs tens of microseconds under a
 // hypervisor, paid once per collective phase when ranks arrive a little apart.

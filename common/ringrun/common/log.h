@@ -3,12 +3,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <string>
 
 namespace ringrun {
 
-// name: "ringrun" or "ringrun-agent"; level: trace|debug|info|warn|error|off.
+// name: "ringrun" or "ringrun-agent"; level: trace|debug|info|warn|error|critical|off.
+// `timestamps`: whether lines carry the time; unset: at debug and trace only.
 // Returns false for an unknown level name.
-bool InitLogging(const std::string& name, const std::string& level);
+bool InitLogging(const std::string& name, const std::string& level,
+                 std::optional<bool> timestamps = std::nullopt);
 
 }  // namespace ringrun

@@ -19,4 +19,14 @@ int EditDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::vector<std::string> SplitOn(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  for (size_t begin = 0;;) {
+    size_t end = s.find(sep, begin);
+    out.push_back(s.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
 }  // namespace ringrun

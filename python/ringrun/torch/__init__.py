@@ -7,15 +7,18 @@ NotImplementedError) that says so.
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
-from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allgather,
-                      allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
-                      alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
-                      broadcast_async_, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                      global_process_set, gloo_built, gloo_enabled, grouped_allreduce,
-                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, init,
-                      is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                      reducescatter_async, rocm_built, shutdown, size, synchronize)
+from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+                      add_process_set, allgather, allgather_async, allreduce, allreduce_,
+                      allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
+                      broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built,
+                      cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+                      gloo_built, gloo_enabled, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_, grouped_reducescatter,
+                      grouped_reducescatter_async, init, is_initialized, join, local_rank,
+                      local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll,
+                      rank, reducescatter, reducescatter_async, remove_process_set, rocm_built,
+                      shutdown, size, sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
@@ -26,16 +29,8 @@ class NotSupportedError(NotImplementedError, AttributeError):
 
 # horovod.torch names that ringrun.torch does not provide, and why.
 _MISSING = {
-    "sparse_allreduce_async": "sparse allreduce is not supported (use sparse_as_dense=True)",
-    "grouped_allgather": "grouped allgather is not supported (allgather each tensor)",
-    "grouped_allgather_async": "grouped allgather is not supported (allgather each tensor)",
-    "grouped_reducescatter": "grouped reducescatter is not supported (reducescatter each tensor)",
-    "grouped_reducescatter_async": "grouped reducescatter is not supported",
     "start_timeline": "the timeline is set with RINGRUN_TIMELINE, not from Python",
     "stop_timeline": "the timeline is set with RINGRUN_TIMELINE, not from Python",
-    "ProcessSet": "process sets are not supported; collectives span the whole job",
-    "add_process_set": "process sets are not supported; collectives span the whole job",
-    "remove_process_set": "process sets are not supported; collectives span the whole job",
     "elastic": "elastic training is not supported",
     "mpi_lib": "ringrun has no MPI library",
     "mpi_lib_v2": "ringrun has no MPI library",

@@ -32,6 +32,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     step counts) equal to root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer, model)
     msg = None
     if ringrun.rank() == root_rank:
         # State tensors travel on the host: unpickled CUDA tensors would be made on root's
@@ -62,6 +64,30 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
             t = optimizer.state[params[k]][n]
             if torch.is_tensor(t) and not t.is_cuda and params[k].is_cuda:
                 optimizer.state[params[k]][n] = t.to(params[k].device)
+
+
+def _initialize_state(optimizer, model):
+    """Horovod's initialization of an optimizer that has no state yet: every parameter that
+    requires a gradient gets a zero gradient (sparse for SparseAdam, and for SGD on a sparse
+    Embedding of model), and the torch optimizer steps once, on every rank (a
+    DistributedOptimizer's own step would reduce). With weight decay that step moves the
+    parameters, as Horovod's does."""
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    if getattr(type(optimizer), "_ringrun_distributed", False):
+        super(type(optimizer), optimizer).step()
+    else:
+        optimizer.step()
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=mpi_ops.global_process_set):

@@ -13,7 +13,10 @@ import torch
 import ringrun
 
 from .. import _engine, _lib
+from . import process_sets as _ps
 from .compression import Compression
+from .process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+                           remove_process_set)
 
 # ---- Process functions -----------------------------------------------------------------------
 
@@ -23,17 +26,19 @@ class HorovodInternalError(RuntimeError):
 
 
 def init(comm=None, process_sets=None):
-    """Joins the ringrun job. comm (MPI communicators) and process_sets are not supported."""
-    if comm is not None:
-        raise ValueError("ringrun.torch.init: comm= (an MPI communicator) is not supported; "
-                         "ringrun runs every rank of the job")
-    if process_sets:
-        raise ValueError("ringrun.torch.init: process sets are not supported; only the global "
-                         "process set exists")
+    """Joins the ringrun job. comm (MPI communicators, or a subset of ranks) is not supported.
+    process_sets: None, a list of ProcessSet, or "dynamic" (as Horovod's; see
+    process_sets.py for what a set other than the global one can do)."""
+    if comm is not None and not (isinstance(comm, (list, tuple)) and not comm):
+        raise ValueError("ringrun.torch.init: comm= (an MPI communicator or a list of ranks) is "
+                         "not supported; ringrun runs every rank of the job")
+    if ringrun.is_initialized():
+        return  # a second call does nothing; registered process sets stay
     try:
         ringrun.init()
     except _lib.RingrunError as e:
         raise HorovodInternalError(str(e)) from None
+    _ps.setup(process_sets)
 
 
 shutdown = ringrun.shutdown
@@ -107,22 +112,16 @@ def mpi_threads_supported():
 
 Sum, Average, Min, Max, Product = (ringrun.Sum, ringrun.Average, ringrun.Min, ringrun.Max,
                                    ringrun.Product)
-Adasum = 100  # a distinct value, refused by every call
-_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
-
-
-class _ProcessSet:
-    """Only the global process set exists."""
-
-    def __repr__(self):
-        return "global_process_set"
-
-
-global_process_set = _ProcessSet()
+Adasum = 100  # not an engine op: allreduce runs it in Python (adasum.py)
+_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+        Adasum: "Adasum"}
 
 _DTYPES = {torch.int8: _lib.INT8, torch.uint8: _lib.UINT8, torch.int32: _lib.INT32,
            torch.int64: _lib.INT64, torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16,
            torch.float32: _lib.FLOAT32, torch.float64: _lib.FLOAT64}
+# ringrun.h has no int16: reductions run it as int32 (and wrap back, as an int16 sum wraps in
+# Horovod), collectives that only move data move its bytes.
+_WIDER = {torch.int16: torch.int32}
 
 
 def _dtype(tensor):
@@ -132,17 +131,34 @@ def _dtype(tensor):
     return d
 
 
+def _check_dtype(tensor):
+    if tensor.dtype not in _DTYPES and tensor.dtype not in _WIDER:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+
+
+def _moved(t):
+    """(t, its dtype code, elements per element of t) for collectives that move data
+    unchanged: an int16 tensor travels as its bytes."""
+    if t.dtype in _WIDER:
+        return _lib.UINT8, t.element_size()
+    return _dtype(t), 1
+
+
 def _check_op(op):
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by ringrun; supported ops: Average, "
-                                  "Sum, Min, Max, Product")
     if op not in _OPS:
-        raise ValueError(f"unknown op {op!r}; supported ops: Average, Sum, Min, Max, Product")
+        raise ValueError(f"unknown op {op!r}; supported ops: Average, Sum, Adasum, Min, Max, "
+                         "Product")
 
 
-def _check_process_set(process_set):
-    if process_set is not global_process_set:
-        raise ValueError("process sets are not supported by ringrun; only global_process_set")
+def _reserve(kind, name):
+    """name, or this rank's next automatic name of kind (_engine.auto_name), taken before any
+    check of the arguments: a call that one rank refuses still takes its name there, so the
+    names of later unnamed collectives stay the same on every rank."""
+    return _engine.auto_name(kind, name)
+
+
+def _check_process_set(process_set, what="collective"):
+    _ps.check(process_set, what)
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -289,32 +305,71 @@ def _submit(make):
 # ---- allreduce -------------------------------------------------------------------------------
 
 
+def _int_scaled(t, factor):
+    """t * factor as Horovod scales an integer buffer (ScaleBuffer: output = factor * input, in
+    double, converted back truncating toward zero). A new tensor unless factor is 1."""
+    if factor == 1.0:
+        return t
+    return (t.to(torch.float64) * factor).to(t.dtype)
+
+
+def _reduction(tensor, output, op, prescale, postscale, n):
+    """How one tensor is reduced: (send, recv, dtype code, engine op, engine prescale, engine
+    postscale, after). The engine reduces send into recv; after(), when not None, runs once it
+    has and leaves the result in output.
+
+    Floating tensors go to the engine as they are, with their op and factors. Integer tensors
+    (the engine takes no factors and no Average for them) get Horovod's answers: each factor is
+    applied as Horovod's ScaleBuffer applies it (_int_scaled), prescale before a Sum and
+    postscale after it, and Average is that Sum with the postscale factor divided by the job's
+    size, so it truncates toward zero. int16 is summed as int32 and wrapped back to int16."""
+    if tensor.dtype.is_floating_point:
+        return (tensor, output, _dtype(tensor), op, float(prescale), float(postscale), None)
+    _check_dtype(tensor)
+    send = _int_scaled(tensor, prescale)
+    wide = _WIDER.get(tensor.dtype)
+    if wide is not None:
+        send = send.to(wide)
+    recv = output if send.dtype == output.dtype else torch.empty_like(send)
+    factor = postscale / n if op == Average else postscale
+
+    def after():
+        if recv is not output:
+            output.copy_(recv)  # int32 -> int16 keeps the low 16 bits, as an int16 sum wraps
+        if factor != 1.0:
+            output.copy_(_int_scaled(output, factor))
+    return (send, recv, _dtype(send), Sum if op == Average else op, 1.0, 1.0, after)
+
+
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor):
     _check_op(op)
-    dtype = _dtype(tensor)
+    _check_dtype(tensor)
     if not output.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     tensor = tensor.contiguous()
+    if op == Adasum:
+        from . import adasum
+        return adasum.allreduce_async(tensor, output, name, prescale_factor, postscale_factor)
     _prepare_device(tensor, output)
-    integer_average = op == Average and dtype not in _lib.FLOATING
-    c_op = Sum if integer_average else op
     n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
-    h = _submit(lambda: _engine.allreduce(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
-                                          dtype, c_op, name, float(prescale_factor),
-                                          float(postscale_factor), keep=(tensor, output)))
+    send, recv, d, c_op, pre, post, after = _reduction(tensor, output, op, prescale_factor,
+                                                       postscale_factor, n)
+    h = _submit(lambda: _engine.allreduce(send.data_ptr(), recv.data_ptr(), send.numel(), d,
+                                          c_op, name, pre, post, keep=(send, recv)))
 
     def finish(_):
-        if integer_average:
-            output.copy_(torch.div(output, n, rounding_mode="floor"))
+        if after is not None:
+            after()
         return output
-    return _register([h], finish, (tensor, output))
+    return _register([h], finish, (tensor, output, send, recv))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts averaging (or op) of tensor over all ranks into a new tensor; returns a handle."""
+    name = _reserve("allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
-    _check_process_set(process_set)
+    _check_process_set(process_set, "allreduce")
     return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
                             name, op, prescale_factor, postscale_factor)
 
@@ -322,8 +377,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce_async."""
+    name = _reserve("allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
-    _check_process_set(process_set)
+    _check_process_set(process_set, "allreduce")
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
@@ -371,33 +427,37 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     _check_op(op)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    inputs, keys = [], []
     for t, o in zip(tensors, outputs):
-        d = _dtype(t)
+        _check_dtype(t)
         if not o.is_contiguous():
             raise ValueError("Tensor is required to be contiguous.")
         if o.device != t.device:
             raise ValueError(f"grouped_allreduce: an output on {o.device} for a tensor on "
                              f"{t.device}")
-        inputs.append(t.contiguous())
-        keys.append((d, str(t.device)))
+    inputs = [t.contiguous() for t in tensors]
+    if op == Adasum:
+        from . import adasum
+        return adasum.grouped_allreduce_async(inputs, outputs, name, prescale_factor,
+                                              postscale_factor)
     n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
-    handles, integer = [], []
+    plans = [_reduction(t, o, op, prescale_factor, postscale_factor, n)
+             for t, o in zip(inputs, outputs)]
+    keys = [(p[2], str(t.device)) for p, t in zip(plans, inputs)]
+    handles = []
     for (d, _), idx, group_name in _groups(keys, name):
-        _prepare_device(*[inputs[i] for i in idx], *[outputs[i] for i in idx])  # one device
-        integer_average = op == Average and d not in _lib.FLOATING
-        if integer_average:
-            integer.extend(idx)
-        entries = [(inputs[i].data_ptr(), outputs[i].data_ptr(), inputs[i].numel()) for i in idx]
+        group = [plans[i] for i in idx]
+        _prepare_device(*[p[0] for p in group], *[p[1] for p in group])  # one device
+        _, _, _, c_op, pre, post, _ = group[0]
+        entries = [(p[0].data_ptr(), p[1].data_ptr(), p[0].numel()) for p in group]
         handles.append(_submit(lambda: _engine.grouped_allreduce(
-            entries, d, Sum if integer_average else op, group_name, float(prescale_factor),
-            float(postscale_factor), keep=(inputs, outputs))))
+            entries, d, c_op, group_name, pre, post, keep=plans)))
 
     def finish(_):
-        for i in integer:
-            outputs[i].copy_(torch.div(outputs[i], n, rounding_mode="floor"))
+        for p in plans:
+            if p[6] is not None:
+                p[6]()
         return list(outputs)
-    return _register(handles, finish, (inputs, outputs))
+    return _register(handles, finish, (inputs, outputs, plans))
 
 
 def _groups(keys, name):
@@ -420,8 +480,9 @@ def _groups(keys, name):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of a list of tensors into new tensors; returns a handle."""
+    name = _reserve("grouped_allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
-    _check_process_set(process_set)
+    _check_process_set(process_set, "grouped_allreduce")
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     return _grouped_allreduce_async(list(tensors), outputs, name, op, prescale_factor,
                                     postscale_factor)
@@ -429,8 +490,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
+    name = _reserve("grouped_allreduce", name)
     op = handle_average_backwards_compatibility(op, average)
-    _check_process_set(process_set)
+    _check_process_set(process_set, "grouped_allreduce")
     return _grouped_allreduce_async(list(tensors), list(tensors), name, op, prescale_factor,
                                     postscale_factor)
 
@@ -480,7 +542,10 @@ def _rows(tensor):
 
 
 def _allgather_async(tensor, name):
-    dtype = _dtype(tensor)
+    """The engine handle of an allgather, and the list that gets every rank's rows once it
+    completes."""
+    _check_dtype(tensor)
+    dtype, k = _moved(tensor)
     t, rows, row_elems = _rows(tensor)
     _prepare_device(t)
     counts_out, out = [], []
@@ -491,22 +556,32 @@ def _allgather_async(tensor, name):
                                device=t.device))
         return out[0], out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
-    h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems, dtype, alloc, name,
+    h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems * k, dtype, alloc, name,
                                            keep=(t,), device_copy=copy))
     return h, counts_out
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's tensor on the first dimension; returns a handle."""
-    _check_process_set(process_set)
+    name = _reserve("allgather", name)
+    _check_process_set(process_set, "allgather")
     h, _ = _allgather_async(tensor, name)
     return _register([h], lambda results: results[0])
+
+
+def _gather_grad(grads, counts_per_tensor):
+    """The gradient of allgather, as Horovod's: the Average-allreduce of the output's
+    gradients, sliced to this rank's rows."""
+    reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
+    me = rank()
+    return [g.narrow(0, sum(c[:me]), c[me]) for g, c in zip(reduced, counts_per_tensor)]
 
 
 class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        _check_process_set(process_set)
+        name = _reserve("allgather", name)
+        _check_process_set(process_set, "allgather")
         h, counts = _allgather_async(tensor, name)
         out = synchronize(_register([h], lambda results: results[0]))
         ctx.counts = list(counts)
@@ -517,8 +592,7 @@ class HorovodAllgather(torch.autograd.Function):
         # Averaged over the ranks, as current Horovod does (older versions summed).
         grad = allreduce(grad_output.contiguous(), op=Average)
         me = rank()
-        offset = sum(ctx.counts[:me])
-        return grad.narrow(0, offset, ctx.counts[me]), None, None
+        return grad.narrow(0, sum(ctx.counts[:me]), ctx.counts[me]), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -527,11 +601,56 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
+def _member_names(name, n):
+    """The names of a group's members, as the engine names a grouped allreduce's: None (each
+    gets an automatic name) or "<name>.<i>of<n>"."""
+    return [None if name is None else f"{name}.{i}of{n}" for i in range(n)]
+
+
+def _grouped_allgather_async(tensors, name):
+    if not tensors:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    for t in tensors:
+        _check_dtype(t)
+    parts = [_allgather_async(t, nm) for t, nm in zip(tensors, _member_names(name, len(tensors)))]
+    return [h for h, _ in parts], [c for _, c in parts]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts allgathers of a list of tensors; synchronize() returns the list of results.
+    Each member is its own submission, named "<name>.<i>of<n>"."""
+    name = _reserve("grouped_allgather", name)
+    _check_process_set(process_set, "grouped_allgather")
+    handles, _ = _grouped_allgather_async(list(tensors), name)
+    return _register(handles, list)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        name = _reserve("grouped_allgather", name)
+        _check_process_set(process_set, "grouped_allgather")
+        handles, counts = _grouped_allgather_async(list(tensors), name)
+        outs = synchronize(_register(handles, list))
+        ctx.counts = [list(c) for c in counts]
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, *_gather_grad(grad_outputs, ctx.counts))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers each tensor of a list; returns the list of results. Differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
 # ---- broadcast ---------------------------------------------------------------------------------
 
 
 def _broadcast_async(tensor, output, root_rank, name):
-    dtype = _dtype(tensor)
+    _check_dtype(tensor)
+    dtype, k = _moved(tensor)
     if not output.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     n = size()
@@ -542,19 +661,21 @@ def _broadcast_async(tensor, output, root_rank, name):
         output.copy_(tensor)  # on the current stream; the device broadcast runs in place
         tensor = output
     _prepare_device(tensor, output)
-    h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
+    h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel() * k,
                                           dtype, root_rank, name, keep=(tensor, output)))
     return _register([h], lambda _: output, (tensor, output))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
+    name = _reserve("broadcast", name)
+    _check_process_set(process_set, "broadcast")
     return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
                             root_rank, name)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
+    name = _reserve("broadcast", name)
+    _check_process_set(process_set, "broadcast")
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     return _broadcast_async(tensor, tensor, root_rank, name)
@@ -604,7 +725,8 @@ def _split_list(splits):
 def _alltoall_async(tensor, splits, name):
     """A handle whose result is (output, received_splits) whether or not splits were given;
     received_splits is int32, on the device of splits when they were a tensor (as Horovod)."""
-    dtype = _dtype(tensor)
+    _check_dtype(tensor)
+    dtype, k = _moved(tensor)
     split_list = _split_list(splits)
     splits_device = splits.device if torch.is_tensor(splits) else torch.device("cpu")
     t, rows, row_elems = _rows(tensor)
@@ -627,12 +749,13 @@ def _alltoall_async(tensor, splits, name):
         received = torch.tensor(received, dtype=torch.int32).to(splits_device)
         return (out[0], received), out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
-    return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
+    return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems * k, dtype, alloc,
                                              name, keep=(t,), device_copy=copy))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
+    name = _reserve("alltoall", name)
+    _check_process_set(process_set, "alltoall")
     h = _alltoall_async(tensor, splits, name)
     return _register([h], lambda results: results[0] if splits is not None else results[0][0])
 
@@ -642,7 +765,8 @@ class HorovodAlltoall(torch.autograd.Function):
     received splits as splits (as Horovod's)."""
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        _check_process_set(process_set)
+        name = _reserve("alltoall", name)
+        _check_process_set(process_set, "alltoall")
         output, received = synchronize(_register([_alltoall_async(tensor, splits, name)],
                                                  lambda results: results[0]))
         ctx.received = received
@@ -669,34 +793,37 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def _scaled(t, factor):
     """t * factor as Horovod scales a buffer (ScaleBuffer): 16-bit floats are widened to float,
     multiplied by the factor as a float and rounded once (torch would round the factor to t's
-    dtype first); the other floating dtypes multiply in their own."""
+    dtype first); the other floating dtypes multiply in their own, integers as _int_scaled."""
     if factor == 1.0:
         return t
+    if not t.dtype.is_floating_point:
+        return _int_scaled(t, factor)
     if t.dtype in (torch.float16, torch.bfloat16):
         return (t.float() * factor).to(t.dtype)
     return t * factor
 
 
-def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average,
-                        process_set=global_process_set, prescale_factor=1.0,
-                        postscale_factor=1.0):
-    _check_process_set(process_set)
+def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
+    """(engine handle, finish(results) -> this rank's share) of one reducescatter."""
     _check_op(op)
+    if op == Adasum:
+        raise NotImplementedError("reducescatter does not support Adasum (neither does Horovod)")
+    _check_dtype(tensor)
     if tensor.dim() == 0:
         raise ValueError("Reducescatter does not support scalar inputs")  # Horovod's words
-    compressed, cctx = compression.compress(tensor)
-    t, rows, row_elems = _rows(compressed)
-    dtype = _dtype(t)
+    t, rows, row_elems = _rows(tensor)
     n, me = size(), rank()
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
-    _engine.check_scales(dtype, prescale_factor, postscale_factor, f"reducescatter '{name}'")
     # As Horovod: Average is a Sum whose postscale factor is divided by size(), and each factor
-    # is applied once, around the Sum (_scaled). Integer Average is the floor of Sum / size().
-    floating = dtype in _lib.FLOATING
+    # is applied once, around the Sum (_scaled), integers truncating. int16 sums as int32.
     c_op = Sum if op == Average else op
-    postscale = postscale_factor / n if op == Average and floating else postscale_factor
+    postscale = postscale_factor / n if op == Average else postscale_factor
+    out_dtype = t.dtype
     t = _scaled(t, prescale_factor)
+    if t.dtype in _WIDER:
+        t = t.to(_WIDER[t.dtype])
+    dtype = _dtype(t)
     if t.is_cuda and rem:
         # Uneven shares on the device: the full reduction, then this rank's rows (a view).
         out = torch.empty_like(t)
@@ -712,50 +839,131 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
         shard = out
 
     def finish(_):
-        result = shard
-        if op == Average and not floating:
-            result = torch.div(result, n, rounding_mode="floor")
-        return compression.decompress(_scaled(result, postscale), cctx)
-    return _register([h], finish, (t, out))
+        return _scaled(shard.to(out_dtype), postscale)
+    return h, finish, (t, out)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter (see reducescatter); returns a handle. Arguments in Horovod's
+    order (no compression)."""
+    name = _reserve("reducescatter", name)
+    _check_process_set(process_set, "reducescatter")
+    h, finish, keep = _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor)
+    return _register([h], finish, keep)
+
+
+def _scatter_grad(grads, op, scale):
+    """The gradient of reducescatter as Horovod computes it: the output's gradient times
+    size() for Sum (not for Average), times both scale factors, then allgathered."""
+    if op not in (Sum, Average):
+        raise NotImplementedError("the gradient of reducescatter is implemented for Sum and "
+                                  "Average")
+    factor = scale * (size() if op == Sum else 1)
+    return grouped_allgather([g * factor if factor != 1.0 else g for g in grads])
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """The gradient of a Sum reducescatter is the allgather of the shards' gradients (each
-    rank's input reaches every rank's shard); Average divides by size(), and the scale factors
-    multiply, as in Horovod."""
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.scale = op, prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, Compression.none, op,
-                                               global_process_set, prescale_factor,
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.op not in (Sum, Average):
-            raise NotImplementedError("the gradient of reducescatter is implemented for Sum "
-                                      "and Average")
-        h, _ = _allgather_async(grad_output, None)
-        grad = synchronize(_register([h], lambda results: results[0]))
-        scale = ctx.scale / (size() if ctx.op == Average else 1)
-        if scale != 1.0:
-            grad = grad * scale
-        return grad, None, None, None, None
+        return (_scatter_grad([grad_output], ctx.op, ctx.scale)[0], None, None, None, None,
+                None)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """op over ranks of tensor, scattered on the first dimension: each rank gets rows // size
-    rows and the first rows % size ranks one more. Differentiable (Sum and Average)."""
-    _check_process_set(process_set)
+    rows and the first rows % size ranks one more. Differentiable (Sum and Average), with
+    Horovod's gradient (docs/python.md)."""
+    _check_process_set(process_set, "reducescatter")
     compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
     return compression.decompress(out, cctx)
+
+
+def _grouped_reducescatter_async(tensors, name, op, prescale_factor, postscale_factor):
+    if not tensors:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
+    parts = [_reducescatter_async(t, nm, op, prescale_factor, postscale_factor)
+             for t, nm in zip(tensors, _member_names(name, len(tensors)))]
+    return _register([h for h, _, _ in parts],
+                     lambda results: [f(r) for (_, f, _), r in zip(parts, results)],
+                     [k for _, _, k in parts])
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducescatters of a list of tensors; synchronize() returns the list of shares.
+    Each member is its own submission, named "<name>.<i>of<n>"."""
+    name = _reserve("grouped_reducescatter", name)
+    _check_process_set(process_set, "grouped_reducescatter")
+    return _grouped_reducescatter_async(list(tensors), name, op, prescale_factor,
+                                        postscale_factor)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, None, None, None, *_scatter_grad(grad_outputs, ctx.op, ctx.scale))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each tensor of a list; returns the list of shares. Differentiable."""
+    _check_process_set(process_set, "grouped_reducescatter")
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[t for t, _ in pairs])
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+
+
+# ---- sparse ------------------------------------------------------------------------------------
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's reduction of a sparse tensor: every rank's indices and values allgathered
+    ("<name>.indices", "<name>.values"), values divided by size() for Average. Returns a
+    function that waits and returns the reduced (uncoalesced) sparse tensor, as Horovod's."""
+    name = _reserve("sparse_allreduce", name)
+    _check_process_set(process_set, "sparse_allreduce")
+    if op not in (Sum, Average):
+        raise NotImplementedError("sparse_allreduce_async supports Sum and Average")
+    t = tensor
+    ih = allgather_async(t._indices().transpose(0, 1).contiguous(),
+                         name=None if name is None else f"{name}.indices")
+    vh = allgather_async(t._values().contiguous(),
+                         name=None if name is None else f"{name}.values")
+
+    def handle():
+        values = synchronize(vh)
+        indices = synchronize(ih)
+        if op == Average:
+            values = values / size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
+                                       dtype=values.dtype, device=t.device)
+    return handle
+
+
+# ---- barrier, join -----------------------------------------------------------------------------
 
 
 def barrier(process_set=global_process_set):
     """Returns once every rank has called it."""
-    _check_process_set(process_set)
+    _check_process_set(process_set, "barrier")
     _internal(lambda: _engine.wait(_engine.barrier()))
 
 

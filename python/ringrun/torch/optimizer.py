@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from .. import _engine, _lib
+from .. import _engine
 from . import mpi_ops
 from .compression import Compression
 
@@ -41,6 +41,8 @@ class _Bucket:
         self.wire = None
         self.ctx = None
         self.sparse = {}  # p -> sparse_dim, for gradients that arrived sparse (sparse_as_dense)
+        self.gathered = {}  # p -> the wait of its sparse allreduce (without sparse_as_dense)
+        self.after = None  # what the reduction leaves to do once the engine is done
 
 
 def _auto_buckets(params, cap):
@@ -73,6 +75,8 @@ def _split_by_key(group):
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    _ringrun_distributed = True  # step() reduces (see functions._initialize_state)
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False):
@@ -196,8 +200,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = view
             elif g.is_sparse:  # before data_ptr(): a sparse tensor has none
                 if not self.sparse_as_dense:
-                    raise NotImplementedError("sparse gradients: pass sparse_as_dense=True to "
-                                              "DistributedOptimizer")
+                    # As Horovod: every rank's indices and values, allgathered. Its slot in
+                    # the bucket travels as zeros.
+                    view.zero_()
+                    b.gathered[p] = mpi_ops.sparse_allreduce_async(
+                        g, f"DistributedOptimizer{self._instance}.sparse."
+                        f"{self._parameter_names[p]}", self.op)
+                    continue
                 b.sparse[p] = g.sparse_dim()
                 view.copy_(g.to_dense())
                 p.grad = view
@@ -208,15 +217,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         b.wire, b.ctx = wire, ctx
         f = self.gradient_predivide_factor
         pre, post = (1.0 / f, f) if f != 1.0 else (1.0, 1.0)
-        dtype = mpi_ops._dtype(wire)
-        op = self.op
-        integer_average = op == mpi_ops.Average and dtype not in _lib.FLOATING
-        if integer_average:
-            op = mpi_ops.Sum
-        mpi_ops._prepare_device(wire)
+        op = mpi_ops.Sum if self.op == mpi_ops.Adasum else self.op  # Adasum: at size() 1 only
+        send, recv, dtype, op, pre, post, b.after = mpi_ops._reduction(
+            wire, wire, op, pre, post, mpi_ops.size())
+        mpi_ops._prepare_device(send, recv)
         b.handle = mpi_ops._submit(lambda: _engine.allreduce(
-            wire.data_ptr(), wire.data_ptr(), wire.numel(), dtype, op,
-            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post, keep=(wire,)))
+            send.data_ptr(), recv.data_ptr(), send.numel(), dtype, op,
+            f"DistributedOptimizer{self._instance}.bucket{b.index}", pre, post,
+            keep=(send, recv)))
 
     def synchronize(self):
         """Waits for every gradient's allreduce (starting those not started: gradients that were
@@ -230,12 +238,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if b.handle is not None:
                     mpi_ops._internal(lambda: _engine.wait(b.handle))
                     b.handle = None
+                    if b.after is not None:
+                        b.after()
                     if b.wire is not b.flat:
                         b.flat.copy_(self._compression.decompress(b.wire, b.ctx))
-                    if self.op == mpi_ops.Average and b.flat.dtype in (torch.int8, torch.uint8,
-                                                                       torch.int32, torch.int64):
-                        b.flat.copy_(torch.div(b.flat, mpi_ops.size(), rounding_mode="floor"))
-                    b.wire = b.ctx = None
+                    b.wire = b.ctx = b.after = None
+                    for p, wait in b.gathered.items():
+                        p.grad = mpi_ops._internal(wait)
+                    b.gathered = {}
                     # Horovod's sparse_as_dense: reduced dense, handed back sparse (SparseAdam
                     # and other sparse-only optimizers refuse a dense gradient).
                     for p, sparse_dim in b.sparse.items():
@@ -271,10 +281,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if b.handle is not None:
                     h, b.handle = b.handle, None
                     mpi_ops._internal(lambda: _engine.wait(h))
+                gathered, b.gathered = b.gathered, {}
+                for wait in gathered.values():
+                    mpi_ops._internal(wait)
         finally:
             with self._lock:
                 for b in self._buckets:
-                    b.ready, b.wire, b.ctx, b.sparse = 0, None, None, {}
+                    b.ready, b.wire, b.ctx, b.sparse, b.after = 0, None, None, {}, None
+                    b.gathered = {}
                 for p in self._allreduce_delay:
                     self._allreduce_delay[p] = self.backward_passes_per_step
                 self._next_launch = 0
@@ -325,6 +339,106 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer: once a parameter's gradients of backward_passes_per_step
+    passes are in, the wrapped optimizer steps that parameter alone, and the change it made is
+    combined over the ranks with Adasum (adasum.py); step() waits and applies each combined
+    change to the parameter's value before the local step."""
+    _ringrun_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is None:
+            named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+        named_parameters = list(named_parameters)
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._instance = next(_instances)
+        self._delay = {}
+        self._handles = {}
+        self._starts = {}
+        self._grad_accs = []
+        for p in params:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                self._delay[p] = backward_passes_per_step
+                self._starts[p] = torch.zeros_like(p, requires_grad=False)
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(acc)
+
+    def _start(self, p):
+        """The wrapped optimizer's step on p alone; p then holds the change, reduced with
+        Adasum in place."""
+        start = self._starts[p]
+        stashed = [g["params"] for g in self.param_groups]
+        for g in self.param_groups:
+            g["params"] = [p] if any(p is q for q in g["params"]) else []
+        try:
+            start.copy_(p.data)
+            super(self.__class__, self).step()
+            p.data.sub_(start)
+        finally:
+            for g, ps in zip(self.param_groups, stashed):
+                g["params"] = ps
+        wire, ctx = self._compression.compress(p.data)
+        name = f"DistributedAdasumOptimizer{self._instance}.{self._parameter_names.get(p)}"
+        return mpi_ops.allreduce_async_(wire, name=name, op=mpi_ops.Adasum), ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._handles[p] = self._start(p)
+        return hook
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for p in self._delay:  # in the same order on every rank
+            if p not in self._handles:
+                self._handles[p] = self._start(p)
+        try:
+            for p, (h, ctx) in self._handles.items():
+                delta = self._compression.decompress(mpi_ops.synchronize(h), ctx)
+                start = self._starts[p]
+                start.add_(delta.data)
+                p.data.copy_(start)
+                self._delay[p] = self.backward_passes_per_step
+        finally:
+            self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=mpi_ops.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -335,9 +449,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (Compression.none, .fp16, .bf16), backward_passes_per_step (local accumulation passes per
     step), op (Average, Sum, Min, Max, Product), gradient_predivide_factor (Average only: divide
     by it before the sum and multiply after), groups (an int, or lists of parameters that are
-    reduced together)."""
+    reduced together). op=Adasum at size() > 1 is Horovod's Adasum optimizer (see
+    _DistributedAdasumOptimizer)."""
     mpi_ops._check_op(op)
-    mpi_ops._check_process_set(process_set)
+    mpi_ops._check_process_set(process_set, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -345,6 +460,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == mpi_ops.Adasum and mpi_ops.size() > 1:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -2,7 +2,9 @@
  *
  * A worker calls ringrun_init() once; it joins the job that the launcher described in the
  * environment (RINGRUN_RANK, RINGRUN_SIZE, RINGRUN_JOB_SERVICE, ...). Without that environment
- * the program is a job of size 1 and every collective is a local copy.
+ * the program is a job of size 1 and every collective is a local copy, unless another launcher
+ * started it as one of several (then ringrun_init fails; see there). Ranks that another
+ * launcher started join through a store instead: ringrun_init_with_store.
  *
  * Two ways to call a collective:
  *
@@ -48,6 +50,7 @@
  *
  * Environment read by ringrun_init (the launcher sets these from its flags):
  *   RINGRUN_TIMEOUT_MS                collective timeout (default 60000)
+ *   RINGRUN_JOIN_TIMEOUT_MS           how long ringrun_init waits for every rank (default 120000)
  *   RINGRUN_DISABLE_SHM=1             same-host peers use TCP instead of shared memory
  *   RINGRUN_SPIN=0|1                  busy-wait up to 1 ms on shared memory before sleeping
  *                                     (default: when the host's ranks do not outnumber its CPUs)
@@ -63,6 +66,10 @@
  *                                     is reported, per missing rank (default 60)
  *   RINGRUN_STALL_SHUTDOWN_SECONDS    ... and fails the job after this long (default: never)
  *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md)
+ *   RINGRUN_LOG_LEVEL                 trace, debug, info, warn, err, critical or off
+ * Horovod's runtime variables (HOROVOD_CYCLE_TIME, HOROVOD_STALL_CHECK_DISABLE, HOROVOD_TIMELINE,
+ * HOROVOD_LOG_LEVEL, ...) are read too, with Horovod's units, where ringrun's own is unset; one
+ * that means nothing here is logged once by rank 0 (README.md, "Horovod's variables").
  *
  * Buffers may be host or CUDA device memory (device memory is routed to the GPU backend when
  * this build has one); both buffers of a call are of the same kind. A device submission reads
@@ -75,6 +82,7 @@
 #define RINGRUN_RINGRUN_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -149,6 +157,64 @@ RINGRUN_API ringrun_status ringrun_init(void);
  * RINGRUN_SPIN (see above) when that variable is not set; 0 sleeps at once, 1 busy-waits,
  * -1 keeps the default. Another value is RINGRUN_ERR_INVALID_ARGUMENT. */
 RINGRUN_API ringrun_status ringrun_init_with_spin(int spin);
+/* Not in a ringrun job (no RINGRUN_RANK, RINGRUN_SIZE), ringrun_init() runs the process as a
+ * job of size 1, unless the environment shows another launcher's job of several processes:
+ * WORLD_SIZE > 1 (torchrun), HOROVOD_SIZE > 1, OMPI_COMM_WORLD_SIZE > 1 (mpirun), an srun step
+ * of SLURM_NTASKS > 1, PMIX_RANK > 0. Then it fails with RINGRUN_ERR_INVALID_ARGUMENT, and the
+ * message names the launcher, the variables seen and what to do. */
+
+/* A key-value store that every rank of the job reaches, implemented by the caller: how ranks
+ * that another launcher started find each other (the Python package hands in torch's
+ * TCPStore under torchrun). Keys are NUL-terminated; values are bytes. Each callback returns
+ * RINGRUN_OK, RINGRUN_ERR_TIMEOUT when its wait ran out, or another error; the library calls
+ * them from the thread in ringrun_init_with_store, one at a time, and never after it returns.
+ * Every key the library uses starts with "ringrun/". */
+typedef struct ringrun_store {
+  void* context; /* passed to every callback */
+  /* Sets key to the `size` bytes at value, replacing any value it had. */
+  ringrun_status (*set)(void* context, const char* key, const void* value, size_t size);
+  /* Waits up to timeout_ms for some rank to set key, then copies up to `capacity` bytes of its
+   * value to `buffer` and sets *size to the value's whole size. When that is more than
+   * `capacity`, the library calls again with a buffer large enough. */
+  ringrun_status (*get)(void* context, const char* key, int timeout_ms, void* buffer,
+                        size_t capacity, size_t* size);
+  /* Waits up to timeout_ms until each of the `count` keys is set. */
+  ringrun_status (*wait)(void* context, const char* const* keys, size_t count, int timeout_ms);
+  /* Adds delta to the integer under key (0 when unset), atomically for all ranks; *result
+   * receives the sum. */
+  ringrun_status (*add)(void* context, const char* key, int64_t delta, int64_t* result);
+  /* Optional (NULL): why the last failed callback failed, kept by the store until its next
+   * call; it becomes part of ringrun_error_message(). */
+  const char* (*last_error)(void* context);
+} ringrun_store;
+
+/* What ringrun_init_with_store needs beyond the store. */
+typedef struct ringrun_store_options {
+  int rank; /* in [0, size) */
+  int size; /* every rank passes the same */
+  /* Where the other ranks reach this rank's data plane (this host's address as they see it).
+   * It is also the host's identity: ranks that pass the same address are one host, share
+   * memory, and make local_rank, local_size, cross_rank and cross_size. */
+  const char* address;
+  const char* job_id; /* NULL or a name for the job (the timeline and messages show it) */
+  /* What started the ranks, for the line logged at the join ("torchrun"); NULL: "a store". */
+  const char* source;
+  int spin; /* as ringrun_init_with_spin's (-1: the default) */
+} ringrun_store_options;
+
+/* ringrun_init for ranks that another launcher started: they find each other through `store`
+ * instead of the ringrun job service. Rank 0 makes the job's data-plane secret and shares it
+ * through the store, so whoever can read the store can join the data plane (docs/security.md).
+ * The environment's other settings (RINGRUN_TIMEOUT_MS, RINGRUN_JOIN_TIMEOUT_MS, ...) apply as
+ * for ringrun_init. Calling it while initialized is a no-op returning RINGRUN_OK. Blocks until
+ * every rank has joined; fails at the join timeout (rank 0's message names the ranks that did
+ * not come, and the others fail with it), and with RINGRUN_ERR_INVALID_ARGUMENT for options
+ * that do not fit (a NULL callback other than last_error, a rank outside [0, size), ranks
+ * that disagree on the size, two processes with one rank). After ringrun_shutdown() it may be
+ * called again, with the same store: every rank does, and they meet in a new round. */
+RINGRUN_API ringrun_status ringrun_init_with_store(const ringrun_store* store,
+                                                   const ringrun_store_options* options);
+
 /* Leaves the job: stops the engine (pending handles fail with RINGRUN_ERR_ABORTED), closes
  * connections and shared memory. Safe to call when not initialized. Returns once the engine
  * thread has stopped: no buffer is touched after it. ringrun_init() may be called again

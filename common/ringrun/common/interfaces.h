@@ -1,0 +1,27 @@
+// This host's network interfaces and their addresses, for --network-interfaces: the launcher
+// takes its own address from them, and each agent reports its host's so that the launcher can
+// name every rank's data-plane address (RINGRUN_HOST_ADDR).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ringrun/common/status.h"
+
+namespace ringrun {
+
+struct NetInterface {
+  std::string name;     // "eth0"
+  std::string address;  // its first IPv4 address, else its first IPv6 one that is not
+                        // link-local (that needs a scope to be dialled); empty: none
+};
+
+// Every interface, once, in getifaddrs order. Errors name getifaddrs and errno.
+Result<std::vector<NetInterface>> ListInterfaces();
+
+// The address of the first of `names` that has one in `interfaces`. NotFound otherwise, naming
+// each: "--network-interfaces eth9: no such interface", "... ib0: no usable address".
+Result<std::string> FirstInterfaceAddress(const std::vector<NetInterface>& interfaces,
+                                          const std::vector<std::string>& names);
+
+}  // namespace ringrun

@@ -217,7 +217,7 @@ ringrun_status InitWithStore(const ringrun_store* store, const ringrun_store_opt
                 where + "spin " + std::to_string(o->spin) + " is not -1, 0 or 1");
   }
   Process& p = TheProcess();
-  std::lock_guard<std::mutex> init_lock(p.init_mu);
+  ringrun::MutexLock init_lock(&p.init_mu);
   if (Current()) return RINGRUN_OK;
   ringrun::Result<ringrun::runtime::JobEnv> env =
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });

@@ -170,7 +170,7 @@ Status Allreduce(const CollectiveContext& c, const Group& g, const void* send, v
     return Status::Ok();
   }
   Group local, cross;
-  if (HierarchicalGroups(*c.transport, g, &local, &cross)) {
+  if (c.hierarchical && HierarchicalGroups(*c.transport, g, &local, &cross)) {
     RINGRUN_RETURN_IF_ERROR(RingReduceScatter(c, local, send, recv, count, elem, fn));
     const BlockRange mine = Block(count, local.size(), local.me);
     char* block = At(recv, mine.begin * elem);
@@ -215,7 +215,8 @@ Status AllreduceSegments(const CollectiveContext& c, const Group& g,
   }
   Group local, cross;
   if (live.size() <= 1 || n == 1 || total * elem <= kSmallAllreduceBytes ||
-      total < static_cast<size_t>(n) || HierarchicalGroups(*c.transport, g, &local, &cross)) {
+      total < static_cast<size_t>(n) ||
+      (c.hierarchical && HierarchicalGroups(*c.transport, g, &local, &cross))) {
     for (const Segment& s : live) {
       RINGRUN_RETURN_IF_ERROR(Allreduce(c, g, s.send, s.recv, s.count, dtype, fn, finish));
     }
@@ -357,13 +358,13 @@ Status Barrier(const CollectiveContext& c, const Group& g) {
 namespace ringrun::runtime {
 
 const char* AllreduceAlgorithm(const transport::Transport& t, const Group& g, size_t count,
-                               size_t elem) {
+                               size_t elem, bool hierarchical) {
   if (g.size() == 1 || count == 0) return "local";
   if (count * elem <= kSmallAllreduceBytes || count < static_cast<size_t>(g.size())) {
     return "recursive_doubling";
   }
   Group local, cross;
-  return HierarchicalGroups(t, g, &local, &cross) ? "hierarchical" : "ring";
+  return hierarchical && HierarchicalGroups(t, g, &local, &cross) ? "hierarchical" : "ring";
 }
 
 Status Allgatherv(const CollectiveContext& c, const Group& g, const void* send, void* recv,

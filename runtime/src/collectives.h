@@ -37,6 +37,9 @@ struct CollectiveContext {
   transport::Transport* transport;
   Deadline deadline;
   Scratch* scratch;
+  // Allreduce may go hierarchical where the group's layout allows (see Allreduce); false: the
+  // flat algorithms only (HOROVOD_HIERARCHICAL_ALLREDUCE=0). Every member must pass the same.
+  bool hierarchical = true;
 };
 
 // Algorithm choice thresholds (bytes of the whole buffer).
@@ -86,7 +89,7 @@ Status Alltoallv(const CollectiveContext& c, const Group& g, const void* send,
                  const std::vector<size_t>& recv_bytes);
 // The algorithm Allreduce picks for `count` elements of `elem` bytes (for the timeline).
 const char* AllreduceAlgorithm(const transport::Transport& t, const Group& g, size_t count,
-                               size_t elem);
+                               size_t elem, bool hierarchical = true);
 
 // The ring phases, exposed for the hierarchical path and tests. `count` elements are split in
 // size() blocks as BlockRange says; after RingReduceScatter member `me` holds block me of the

@@ -113,6 +113,7 @@ EngineSettings Settings(const JobEnv& env) {
   EngineSettings s;
   s.fusion_threshold = env.fusion_threshold;
   s.cache_capacity = env.cache_capacity;
+  s.hierarchical = env.hierarchical_allreduce != 0;
   s.burst_quiet_ns = env.burst_quiet_ns;
   s.stall = env.stall;
   s.timeline = env.timeline;
@@ -219,6 +220,7 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.timeout_ms = timeout_ms;
   o.fusion_threshold = settings.fusion_threshold;
   o.cache_capacity = settings.cache_capacity;
+  o.hierarchical = settings.hierarchical;
   o.burst_quiet_ns = settings.burst_quiet_ns;
   o.stall = settings.stall;
   o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);

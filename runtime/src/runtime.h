@@ -80,6 +80,7 @@ struct EngineSettings {
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
   size_t cache_capacity = engine::kDefaultCacheCapacity;
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
+  bool hierarchical = true;  // HOROVOD_HIERARCHICAL_ALLREDUCE != 0
   engine::StallOptions stall;
   std::string timeline;  // path; "" for none
   std::function<void(const std::string&)> log;

@@ -62,6 +62,8 @@ struct EngineOptions {
   int timeout_ms = 60000;
   size_t fusion_threshold = kDefaultFusionThreshold;  // 0: no fusion
   size_t cache_capacity = kDefaultCacheCapacity;
+  // Allreduce may go hierarchical where the layout allows (CollectiveContext::hierarchical).
+  bool hierarchical = true;
   StallOptions stall;
   // A burst of submissions is gathered into one round: once woken with work, the engine goes
   // on taking submissions until none came for this long, or some thread waits on a handle, or

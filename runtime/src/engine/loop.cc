@@ -183,6 +183,7 @@ Status Engine::Hello() {
   Put<uint32_t>(&mine, kHelloMagic);
   Put<uint64_t>(&mine, options_.fusion_threshold);
   Put<uint64_t>(&mine, options_.cache_capacity);
+  Put<uint8_t>(&mine, options_.hierarchical ? 1 : 0);
   Result<std::vector<std::string>> all = Exchange(mine);
   if (!all.ok()) return all.status();
   for (int r = 0; r < options_.size; ++r) {
@@ -190,14 +191,16 @@ Status Engine::Hello() {
       return InvalidArgument(
           "rank " + std::to_string(r) + " runs with other engine settings than rank " +
           std::to_string(options_.rank) +
-          " (RINGRUN_FUSION_THRESHOLD and RINGRUN_CACHE_CAPACITY must be the same on every rank)");
+          " (RINGRUN_FUSION_THRESHOLD, RINGRUN_CACHE_CAPACITY and HOROVOD_HIERARCHICAL_ALLREDUCE "
+          "must be the same on every rank)");
     }
   }
   return Status::Ok();
 }
 
 CollectiveContext Engine::Context() {
-  return CollectiveContext{transport_.get(), DeadlineAfter(options_.timeout_ms), &scratch_};
+  return CollectiveContext{transport_.get(), DeadlineAfter(options_.timeout_ms), &scratch_,
+                           options_.hierarchical};
 }
 
 Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {

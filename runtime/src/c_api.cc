@@ -154,6 +154,37 @@ int Shape(F&& f) {
   return rt ? f(rt->shape()) : -1;
 }
 
+// The end both inits share, with init_mu held: makes the job client (which may fill in env,
+// e.g. the secret), joins, and keeps the runtime. A round of the rendezvous that was used up
+// counts, even if a later step failed: the next init joins the next round, as the other ranks'
+// will. `where` prefixes the messages of unexpected exceptions.
+template <typename MakeClient>
+ringrun_status JoinAndKeep(Process& p, ringrun::runtime::JobEnv& env, const std::string& where,
+                           MakeClient make_client) REQUIRES(p.init_mu) {
+  bool joined = false;
+  Status st;
+  try {
+    ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>> client = make_client(env);
+    if (client.ok()) {
+      ringrun::Result<std::unique_ptr<Runtime>> rt =
+          Runtime::Join(env, client.value().get(), &joined);
+      if (rt.ok()) {
+        p.runtimes.push_back(std::move(rt.value()));  // kept (see Process)
+        p.current.store(p.runtimes.back().get(), std::memory_order_release);
+      }
+      st = rt.status();
+    } else {
+      st = client.status();
+    }
+  } catch (const std::bad_alloc&) {
+    st = ringrun::Internal(where + "out of memory");
+  } catch (const std::exception& e) {
+    st = ringrun::Internal(where + "unexpected exception: " + e.what());
+  }
+  if (joined) ++p.joins;
+  return st.ok() ? RINGRUN_OK : Fail(st);
+}
+
 // ringrun_init with `spin` (-1, 0 or 1; see ringrun_init_with_spin).
 ringrun_status Init(int spin) {
   t_error.clear();
@@ -169,29 +200,12 @@ ringrun_status Init(int spin) {
   if (!env.ok()) return Fail(env.status());
   if (env->spin < 0) env->spin = spin;
   env->generation = p.joins;
-  // A round of the rendezvous that was used up counts, even if a later step failed: the next
-  // ringrun_init joins the next round, as the other ranks' will.
-  bool joined = false;
-  Status st;
-  try {
+  return JoinAndKeep(p, *env, "ringrun_init: ", [](ringrun::runtime::JobEnv& e) {
     std::unique_ptr<ringrun::runtime::JobClient> client;
-    if (env->in_job && env->size > 1) {
-      client = ringrun::runtime::MakeGrpcJobClient(env->job_service, env->secret);
-    }
-    ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
-    if (rt.ok()) {
-      p.runtimes.push_back(std::move(rt.value()));  // kept (see Process)
-      p.current.store(p.runtimes.back().get(), std::memory_order_release);
-    } else {
-      st = rt.status();
-    }
-  } catch (const std::bad_alloc&) {
-    st = ringrun::Internal("ringrun_init: out of memory");
-  } catch (const std::exception& e) {
-    st = ringrun::Internal(std::string("ringrun_init: unexpected exception: ") + e.what());
-  }
-  if (joined) ++p.joins;
-  return st.ok() ? RINGRUN_OK : Fail(st);
+    if (e.in_job && e.size > 1)
+      client = ringrun::runtime::MakeGrpcJobClient(e.job_service, e.secret);
+    return ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>>(std::move(client));
+  });
 }
 
 // ringrun_init_with_store (ringrun.h): the environment's settings, the rank and size from
@@ -233,32 +247,20 @@ ringrun_status InitWithStore(const ringrun_store* store, const ringrun_store_opt
   if (env->spin < 0) env->spin = o->spin;
   env->generation = p.joins;
   const int timeout_ms = env->join_timeout_ms > 0 ? env->join_timeout_ms : ringrun::kJoinTimeoutMs;
-  bool joined = false;
-  Status st;
-  try {
-    rdzv::CallbackStore callbacks(*store);
-    if (o->size > 1) {
-      ringrun::Result<std::string> secret =
-          rdzv::ShareSecret(callbacks, o->rank, env->generation, timeout_ms);
-      if (secret.ok()) env->secret = std::move(secret.value());
-      st = secret.ok() ? Status::Ok() : secret.status().Annotate("rank " + std::to_string(o->rank));
-    }
-    if (st.ok()) {
-      std::unique_ptr<ringrun::runtime::JobClient> client = rdzv::MakeStoreJobClient(callbacks);
-      ringrun::Result<std::unique_ptr<Runtime>> rt = Runtime::Join(*env, client.get(), &joined);
-      if (rt.ok()) {
-        p.runtimes.push_back(std::move(rt.value()));  // kept (see Process)
-        p.current.store(p.runtimes.back().get(), std::memory_order_release);
-      }
-      st = rt.status();
-    }
-  } catch (const std::bad_alloc&) {
-    st = ringrun::Internal(where + "out of memory");
-  } catch (const std::exception& e) {
-    st = ringrun::Internal(where + "unexpected exception: " + e.what());
-  }
-  if (joined) ++p.joins;
-  return st.ok() ? RINGRUN_OK : Fail(st);
+  // The store outlives the join (Runtime::Join uses the client, which holds a reference).
+  rdzv::CallbackStore callbacks(*store);
+  return JoinAndKeep(p, *env, where,
+                     [&](ringrun::runtime::JobEnv& e)
+                         -> ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>> {
+                       if (o->size > 1) {
+                         ringrun::Result<std::string> secret =
+                             rdzv::ShareSecret(callbacks, o->rank, e.generation, timeout_ms);
+                         if (!secret.ok())
+                           return secret.status().Annotate("rank " + std::to_string(o->rank));
+                         e.secret = std::move(secret.value());
+                       }
+                       return rdzv::MakeStoreJobClient(callbacks);
+                     });
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ using Getenv = std::function<const char*(const char*)>;
 Status ReadKnobs(const Getenv& getenv, JobEnv* e);
 
 // The Horovod variables that ringrun reads, and those it knows and does not use, each with
-// what ringrun does instead (docs and tests list them from here).
+// what ringrun does instead: ReadKnobs reports the unused ones from here, and the README's
+// table "Horovod's variables" mirrors it.
 struct HorovodVariable {
   const char* name;
   const char* here;  // what ringrun does with it

@@ -5,7 +5,8 @@ caller's current stream after a delay (a collective that did not follow that str
 them too early) and results are read on that stream with no device-wide synchronization. Then
 DistributedOptimizer on a CUDA model (after broadcast_parameters and broadcast_optimizer_state)
 against one CPU process trained on the whole batch: plain, and with fp16 compression and a
-gradient_predivide_factor.
+gradient_predivide_factor. Scaled allreduce and reducescatter against a model of Horovod's GPU
+arithmetic, exactly.
 Exit 0 on success, 1 on a wrong value, 77 when this torch has no CUDA."""
 import sys
 
@@ -200,7 +201,45 @@ def optimizer_state_stays_on_each_ranks_device():
         failures.append(f"broadcast_optimizer_state: lr {opt.param_groups[0]['lr']}, want 0.01")
 
 
+def inputs_of(q, dtype, shape):
+    """Rank q's input to the scaled collectives: values with many distinct low bits."""
+    k = torch.arange(shape[0] * shape[1], dtype=torch.float64).reshape(shape)
+    return ((k % 97) * 0.37 + q * 1.3 + 0.011 * k).to(dtype)
+
+
+def scaled_as_horovod(where):
+    """Allreduce and reducescatter with factors against Horovod's GPU arithmetic: each factor
+    rounded to the tensor's dtype and applied once, the prescale before a Sum and the postscale
+    (divided by size() for Average) after it, each product rounded once. Exact at np <= 2, where
+    NCCL's sum of two values is one rounding whatever its order."""
+    if n > 2:
+        return
+
+    def rd(x, dtype):
+        return x.to(dtype).to(torch.float64)
+
+    for dtype in FLOATS:
+        shape = (4 * n + 1, 9)  # uneven shares for reducescatter
+        for op in (hvd.Sum, hvd.Average):
+            pre, post = 0.1, 3.3
+            post_n = post / n if op == hvd.Average else post
+            scaled = [rd(inputs_of(q, dtype, shape).double() * float(rd(torch.tensor(pre),
+                      dtype)), dtype) for q in range(n)]
+            total = rd(sum(scaled), dtype)
+            want = rd(total * float(rd(torch.tensor(post_n), dtype)), dtype)
+            x = inputs_of(r, dtype, shape).to(dev)
+            d = f"{where} {dtype} op {op}"
+            same(f"{d} allreduce scaled as Horovod",
+                 hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post), want)
+            rows, rem = divmod(shape[0], n)
+            first = r * rows + min(r, rem)
+            mine = want[first:first + rows + (1 if r < rem else 0)]
+            same(f"{d} reducescatter scaled as Horovod",
+                 hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post), mine)
+
+
 side = torch.cuda.Stream(device=dev)
+scaled_as_horovod("default stream")
 optimizer_state_stays_on_each_ranks_device()
 collectives("default stream")
 with torch.cuda.stream(side):

@@ -318,13 +318,25 @@ def _reduction(tensor, output, op, prescale, postscale, n):
     postscale, after). The engine reduces send into recv; after(), when not None, runs once it
     has and leaves the result in output.
 
-    Floating tensors go to the engine as they are, with their op and factors. Integer tensors
+    Floating tensors go to the engine as they are, with their op and factors, except CUDA
+    tensors with factors, which are scaled here as Horovod's GPU path does. Integer tensors
     (the engine takes no factors and no Average for them) get Horovod's answers: each factor is
     applied as Horovod's ScaleBuffer applies it (_int_scaled), prescale before a Sum and
     postscale after it, and Average is that Sum with the postscale factor divided by the job's
     size, so it truncates toward zero. int16 is summed as int32 and wrapped back to int16."""
     if tensor.dtype.is_floating_point:
-        return (tensor, output, _dtype(tensor), op, float(prescale), float(postscale), None)
+        if not tensor.is_cuda or (prescale == 1.0 and postscale == 1.0):
+            return (tensor, output, _dtype(tensor), op, float(prescale), float(postscale), None)
+        # Horovod's GPU arithmetic (_scaled), each factor applied once around a Sum, where the
+        # engine's device path would fold both into one factor before the sum.
+        send = _scaled(tensor, prescale)
+        factor = postscale / n if op == Average else postscale
+
+        def after_device():
+            if factor != 1.0:
+                output.copy_(_scaled(output, factor))
+        return (send, output, _dtype(send), Sum if op == Average else op, 1.0, 1.0,
+                after_device)
     _check_dtype(tensor)
     send = _int_scaled(tensor, prescale)
     wide = _WIDER.get(tensor.dtype)
@@ -350,10 +362,10 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if op == Adasum:
         from . import adasum
         return adasum.allreduce_async(tensor, output, name, prescale_factor, postscale_factor)
-    _prepare_device(tensor, output)
     n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
     send, recv, d, c_op, pre, post, after = _reduction(tensor, output, op, prescale_factor,
                                                        postscale_factor, n)
+    _prepare_device(tensor, output, send, recv)  # after _reduction, which may scale on the device
     h = _submit(lambda: _engine.allreduce(send.data_ptr(), recv.data_ptr(), send.numel(), d,
                                           c_op, name, pre, post, keep=(send, recv)))
 
@@ -791,13 +803,18 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 
 def _scaled(t, factor):
-    """t * factor as Horovod scales a buffer (ScaleBuffer): 16-bit floats are widened to float,
-    multiplied by the factor as a float and rounded once (torch would round the factor to t's
-    dtype first); the other floating dtypes multiply in their own, integers as _int_scaled."""
+    """t * factor as Horovod scales a buffer (ScaleBuffer). On the CPU, 16-bit floats are widened
+    to float, multiplied by the factor as a float and rounded once; the other floating dtypes
+    multiply in their own, integers as _int_scaled. On a CUDA device Horovod's kernels round the
+    factor to t's dtype and multiply in it (__hmul for 16-bit floats): a product of two values of
+    t's dtype is exact in torch's float arithmetic, so t * (the factor rounded to t's dtype),
+    rounded once, is that product."""
     if factor == 1.0:
         return t
     if not t.dtype.is_floating_point:
         return _int_scaled(t, factor)
+    if t.is_cuda:
+        return t * torch.tensor(factor, dtype=t.dtype).item()
     if t.dtype in (torch.float16, torch.bfloat16):
         return (t.float() * factor).to(t.dtype)
     return t * factor

@@ -76,7 +76,9 @@
  * its buffers after the work enqueued before it on the legacy default stream (and on the
  * blocking streams that it follows); its handle completes when the result is in place. Device
  * allgather and alltoall results (ringrun_handle_output) are device memory owned by the handle.
- * Scale factors on device memory need SUM or AVERAGE.
+ * Scale factors on device memory need SUM or AVERAGE: they are one NCCL PreMulSum factor
+ * (prescale * postscale, divided by the size for AVERAGE) in the buffer's dtype, applied to
+ * each input before the sum.
  */
 #ifndef RINGRUN_RINGRUN_H_
 #define RINGRUN_RINGRUN_H_

@@ -247,9 +247,9 @@ int main(int argc, char** argv) {
     const double t_step = Now() - t0;
     if (rep >= 0) step_small.push_back(t_step);
     // Blocking allreduces, each timed on its own, alternating with the steps. Several per step:
-    // the first one after a step can still be disturbed by it (when the ranks' threads run
-    // again after a step of 161 completions varies with how long the step took), and its
-    // median alone moved with the step's speed, the other way.
+    // the first one after a step can be disturbed by it (when the ranks' threads run again
+    // after a step of 161 completions varies with how long the step took), so its median alone
+    // would move with the step's speed, the other way.
     Check(ringrun_barrier(), "barrier");
     for (int i = 0; i < 4; ++i) {
       t0 = Now();

@@ -158,8 +158,8 @@ TEST_CASE("Slurm hostlists expand as scontrol show hostnames does", "[slurm]") {
 }
 
 TEST_CASE("A bracket of many ranges stops at the cap before expanding them", "[slurm]") {
-  // Found by fuzz_slurm: 3.8 KB of "0-65535," ranges in one bracket made 31 million names
-  // (seconds and about a gigabyte) before the 2^20-name cap was checked.
+  // 3.8 KB of "0-65535," ranges in one bracket name 31 million hosts: the 2^20-name cap must
+  // refuse them before they are made, which would take seconds and about a gigabyte.
   std::string inside;
   for (int i = 0; i < 480; ++i) inside += (i ? "," : "") + std::string("0-65535");
   auto r = hosts::ExpandHostlist("n[" + inside + "]");

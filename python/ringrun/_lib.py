@@ -94,6 +94,9 @@ _SIGNATURES = {
     "ringrun_reducescatter_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _hp]),
     "ringrun_barrier_submit": (_c_int, [_hp]),
     "ringrun_join_submit": (_c_int, [_hp]),
+    # The timeline.
+    "ringrun_start_timeline": (_c_int, [_cstr, _c_int]),
+    "ringrun_stop_timeline": (_c_int, []),
 }
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

@@ -346,6 +346,16 @@ ringrun_status ringrun_join(int* last_joined_rank) {
   });
 }
 
+ringrun_status ringrun_start_timeline(const char* path, int mark_cycles) {
+  return Call([&](Runtime& rt) {
+    if (!path) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_start_timeline: path is NULL");
+    return FromStatus(rt.StartTimeline(path, mark_cycles != 0));
+  });
+}
+ringrun_status ringrun_stop_timeline(void) {
+  return Call([&](Runtime& rt) { return FromStatus(rt.StopTimeline()); });
+}
+
 namespace {
 ringrun_status OnStream(Entry e, void* cuda_stream, const char* what) {
   if (!cuda_stream) {

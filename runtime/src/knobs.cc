@@ -80,7 +80,8 @@ const std::vector<HorovodVariable>& HorovodVariables() {
        "the stall warning's time (RINGRUN_STALL_WARNING_SECONDS)", true},
       {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
        "the stall shutdown's time (RINGRUN_STALL_SHUTDOWN_SECONDS)", true},
-      {"HOROVOD_TIMELINE", "the timeline file (RINGRUN_TIMELINE)", true},
+      {"HOROVOD_TIMELINE",
+       "the timeline file (RINGRUN_TIMELINE); DYNAMIC: none until the program starts one", true},
       {"HOROVOD_LOG_LEVEL", "the ranks' log level (RINGRUN_LOG_LEVEL)", true},
       {"HOROVOD_LOG_HIDE_TIME", "1: log lines without a time", true},
       {"HOROVOD_GLOO_TIMEOUT_SECONDS", "how long init waits for every rank to join", true},
@@ -88,7 +89,7 @@ const std::vector<HorovodVariable>& HorovodVariables() {
        "0: flat ring; 1 or unset: hierarchical where every host has the same number of ranks",
        true},
       {"HOROVOD_HIERARCHICAL_ALLGATHER", "allgather is always one ring", false},
-      {"HOROVOD_TIMELINE_MARK_CYCLES", "the timeline marks every negotiation round", false},
+      {"HOROVOD_TIMELINE_MARK_CYCLES", "1: a CYCLE_START mark on the timeline per round", true},
       {"HOROVOD_AUTOTUNE", "no autotuning; the fixed settings apply", false},
       {"HOROVOD_AUTOTUNE_LOG", "no autotuning", false},
       {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "no autotuning", false},
@@ -170,11 +171,15 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
   }
   if (const char* t = First(getenv, {"RINGRUN_TIMELINE", "HOROVOD_TIMELINE"}, &which)) {
     if (std::string(t) == "DYNAMIC") {
-      e->knob_notes.push_back(std::string(which) +
-                              "=DYNAMIC: a timeline started later is not supported; no timeline");
+      e->timeline_dynamic = true;  // none until the program starts one
     } else {
       e->timeline = t;
     }
+  }
+  if (const char* v = Set(getenv, "HOROVOD_TIMELINE_MARK_CYCLES")) {
+    Result<bool> on = ParseFlag("HOROVOD_TIMELINE_MARK_CYCLES", v);
+    if (!on.ok()) return on.status();
+    e->timeline_mark_cycles = *on;
   }
   if (const char* v = First(getenv, {"RINGRUN_LOG_LEVEL", "HOROVOD_LOG_LEVEL"}, &which)) {
     Result<std::string> level = ParseLogLevel(which, v);

@@ -117,6 +117,8 @@ EngineSettings Settings(const JobEnv& env) {
   s.burst_quiet_ns = env.burst_quiet_ns;
   s.stall = env.stall;
   s.timeline = env.timeline;
+  s.timeline_dynamic = env.timeline_dynamic;
+  s.timeline_mark_cycles = env.timeline_mark_cycles;
   return s;
 }
 
@@ -224,6 +226,8 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.burst_quiet_ns = settings.burst_quiet_ns;
   o.stall = settings.stall;
   o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
+  o.timeline_dynamic = settings.timeline_dynamic;
+  o.timeline_mark_cycles = settings.timeline_mark_cycles;
   o.log = std::move(settings.log);
   o.clock = settings.clock;
   o.is_device = std::move(settings.is_device);
@@ -234,6 +238,10 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
 }
 
 Runtime::~Runtime() = default;
+
+Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  return engine_->StartTimeline(TimelinePath(path, shape_.rank, shape_.size), mark_cycles);
+}
 
 Status Runtime::SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::HandleState>* handle) {
   const std::string name = entry.req.name;

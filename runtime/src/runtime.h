@@ -52,7 +52,9 @@ struct JobEnv {
   size_t cache_capacity = engine::kDefaultCacheCapacity;
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
-  std::string timeline;
+  std::string timeline;               // RINGRUN_TIMELINE or HOROVOD_TIMELINE, but DYNAMIC
+  bool timeline_dynamic = false;      // HOROVOD_TIMELINE=DYNAMIC
+  bool timeline_mark_cycles = false;  // HOROVOD_TIMELINE_MARK_CYCLES
   // Logging (RINGRUN_LOG_LEVEL or HOROVOD_LOG_LEVEL, as spdlog names it; "" leaves it).
   std::string log_level;
   bool log_hide_time = false;  // HOROVOD_LOG_HIDE_TIME
@@ -82,7 +84,9 @@ struct EngineSettings {
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   bool hierarchical = true;  // HOROVOD_HIERARCHICAL_ALLREDUCE != 0
   engine::StallOptions stall;
-  std::string timeline;  // path; "" for none
+  std::string timeline;               // path; "" for none
+  bool timeline_dynamic = false;      // engine::EngineOptions::timeline_dynamic
+  bool timeline_mark_cycles = false;  // engine::EngineOptions::timeline_mark_cycles
   std::function<void(const std::string&)> log;
   const Clock* clock = nullptr;
   // The GPU seam (engine::EngineOptions).
@@ -128,6 +132,11 @@ class Runtime {
                        ringrun_op op);
   Status Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype);
   Status Barrier();
+
+  // The timeline from the program (engine::Engine::StartTimeline): rank 0 writes `path`, rank
+  // r > 0 its own file beside it, as with RINGRUN_TIMELINE.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  Status StopTimeline() { return engine_->StopTimeline(); }
 
  private:
   const Shape shape_;

@@ -260,6 +260,8 @@ HOROVOD_SIGNATURES = {
     "join": ["device"],
     "barrier": [_PS],
     "init": ["comm", "process_sets"],
+    "start_timeline": ["file_path", "mark_cycles"],
+    "stop_timeline": [],
     "broadcast_parameters": ["params", "root_rank"],
     "broadcast_optimizer_state": ["optimizer", "root_rank", "model"],
     "broadcast_object": ["obj", "root_rank", "name", _PS],

@@ -75,6 +75,17 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
+// Whether `path` is strict JSON, a list of events (python's parser, the strictest one at hand;
+// true where there is no python).
+bool StrictTrace(const std::string& path) {
+  if (::access("/usr/bin/python3", X_OK) != 0) return true;
+  const std::string cmd =
+      "/usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1]));"
+      " assert all(\"ph\" in x for x in e)' " +
+      path;
+  return std::system(cmd.c_str()) == 0;
+}
+
 TEST_CASE("engine: the name table agrees with a map through growth and churn", "[engine]") {
   // Made-up names come and go (unnamed tensors), kept ones stay: erasing must shift probe runs
   // back so that every name that stays is still found, across wrap-around and growth.
@@ -836,12 +847,146 @@ TEST_CASE("engine: the timeline is a Chrome trace with every phase", "[engine][t
     CHECK(text.find("\"ALLREDUCE\"") != std::string::npos);
     CHECK(text.find("\"algorithm\": \"") != std::string::npos);
     CHECK(text.find("layer3\\\"q") != std::string::npos);
-    // Strict JSON once closed (python's parser, the strictest one at hand).
-    const std::string cmd =
-        "/usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1]));"
-        " assert all(\"ph\" in x for x in e)' " +
-        path;
-    if (::access("/usr/bin/python3", X_OK) == 0) CHECK(std::system(cmd.c_str()) == 0);
+    CHECK(StrictTrace(path));  // strict JSON once closed
+    std::remove(path.c_str());
+  }
+  ::rmdir(dir);
+}
+
+TEST_CASE("engine: a dynamic timeline starts and stops while collectives are in flight",
+          "[engine][timeline]") {
+  char dir[] = "/tmp/ringrun-timeline-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string t = std::string(dir) + "/t.json", u = std::string(dir) + "/u.json";
+  EngineSettings s;
+  s.timeline_dynamic = true;  // HOROVOD_TIMELINE=DYNAMIC
+  auto allreduce = [](Runtime& rt, const std::string& name, Failures& f, int rank) {
+    float x = 1.0f;
+    std::string err = WaitOk(*Submit(rt, Allreduce(name, &x, &x, 1)));
+    if (!err.empty()) f.Add(rank, err);
+  };
+  std::atomic<bool> started0{false};
+  std::string failures = RunThreadJob(
+      Opts(2),
+      [&](int rank, Runtime& rt, Failures& f) {
+        allreduce(rt, "before", f, rank);
+        if (::access(TimelineOf(dir, rank).c_str(), F_OK) == 0) f.Add(rank, "written before start");
+        // Rank 0 starts while a collective is pending on it, which rank 1 submits only once
+        // rank 0 has started: the change waits for no other rank and for no collective, and
+        // the pending one is drawn from the file's start.
+        float y = 2.0f;
+        std::shared_ptr<HandleState> pending;
+        if (rank == 0) pending = Submit(rt, Allreduce("pending", &y, &y, 1));
+        while (rank == 1 && !started0.load()) std::this_thread::yield();
+        Status st = rt.StartTimeline(t, /*mark_cycles=*/true);
+        if (!st.ok()) f.Add(rank, "start: " + st.ToString());
+        if (rank == 0) started0.store(true);
+        if (rank == 1) pending = Submit(rt, Allreduce("pending", &y, &y, 1));
+        std::string err = WaitOk(*pending);
+        if (!err.empty()) f.Add(rank, err);
+        for (int i = 0; i < 3; ++i) allreduce(rt, "during" + std::to_string(i), f, rank);
+        // The same file again goes on writing it (not truncated).
+        st = rt.StartTimeline(t, true);
+        if (!st.ok()) f.Add(rank, "start again: " + st.ToString());
+        allreduce(rt, "during3", f, rank);
+        // Another file: the first is closed, the second gets what follows, without cycles.
+        st = rt.StartTimeline(u, false);
+        if (!st.ok()) f.Add(rank, "switch: " + st.ToString());
+        allreduce(rt, "switched", f, rank);
+        for (int i = 0; i < 2; ++i) {  // a second stop, with none open, succeeds and does nothing
+          st = rt.StopTimeline();
+          if (!st.ok()) f.Add(rank, "stop: " + st.ToString());
+        }
+        allreduce(rt, "after", f, rank);
+        // A file that cannot be opened is the call's error; nothing changes.
+        st = rt.StartTimeline(std::string(dir) + "/no/such/dir/t.json", false);
+        if (st.code() != Code::kNotFound) f.Add(rank, "unopenable: " + st.ToString());
+      },
+      s);
+  INFO(failures);
+  CHECK(failures.empty());
+  for (int r = 0; r < 2; ++r) {
+    const std::string first = TimelineOf(dir, r);
+    const std::string second = r == 0 ? u : std::string(dir) + "/u.1.json";
+    const std::string a = ReadAll(first), b = ReadAll(second);
+    INFO(first << ":\n" << a.substr(0, 3000) << "\n" << second << ":\n" << b.substr(0, 3000));
+    CHECK(StrictTrace(first));
+    CHECK(StrictTrace(second));
+    CHECK(a.find("\"before\"") == std::string::npos);
+    for (const char* name : {"\"pending\"", "\"during0\"", "\"during2\"", "\"during3\""}) {
+      CHECK(a.find(name) != std::string::npos);
+    }
+    CHECK(a.find("\"ALLREDUCE\"") != std::string::npos);
+    CHECK(a.find("\"NEGOTIATE\"") != std::string::npos);
+    CHECK(a.find("\"CYCLE_START\"") != std::string::npos);
+    CHECK(a.find("\"switched\"") == std::string::npos);
+    CHECK(b.find("\"switched\"") != std::string::npos);
+    CHECK(b.find("\"CYCLE_START\"") == std::string::npos);
+    CHECK(b.find("\"after\"") == std::string::npos);
+    // No event before the file's start: the pending tensor's negotiation is drawn from 0.
+    CHECK(a.find("\"ts\": -") == std::string::npos);
+    std::remove(first.c_str()), std::remove(second.c_str());
+  }
+  ::rmdir(dir);
+}
+
+TEST_CASE("engine: the timeline cannot start unless enabled; toggling races no collective",
+          "[engine][timeline]") {
+  char dir[] = "/tmp/ringrun-timeline-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string t = std::string(dir) + "/t.json";
+  // Neither a file nor DYNAMIC: start is refused (Horovod's -2), stop does nothing.
+  std::string failures = RunThreadJob(Opts(2), [&](int rank, Runtime& rt, Failures& f) {
+    Status st = rt.StartTimeline(t, false);
+    if (st.code() != Code::kInvalidArgument ||
+        st.message().find("HOROVOD_TIMELINE=DYNAMIC") == std::string::npos) {
+      f.Add(rank, "start without DYNAMIC: " + st.ToString());
+    }
+    st = rt.StopTimeline();
+    if (!st.ok()) f.Add(rank, "stop: " + st.ToString());
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+  CHECK(::access(TimelineOf(dir, 0).c_str(), F_OK) != 0);
+  // HOROVOD_TIMELINE=FILE with mark cycles: on from the start; another thread stops and
+  // starts it again and again while this one runs collectives.
+  EngineSettings s;
+  s.timeline = t;
+  s.timeline_mark_cycles = true;
+  failures = RunThreadJob(
+      Opts(2),
+      [&](int rank, Runtime& rt, Failures& f) {
+        std::atomic<bool> done{false};
+        std::thread toggler([&] {
+          for (int i = 0; !done.load(); ++i) {
+            Status st = i % 2 ? rt.StartTimeline(t, true) : rt.StopTimeline();
+            if (!st.ok()) f.Add(rank, "toggle: " + st.ToString());
+          }
+          Status st = rt.StartTimeline(t, true);  // the last one open
+          if (!st.ok()) f.Add(rank, "start: " + st.ToString());
+        });
+        std::vector<float> bufs(200, 1.0f);
+        for (int i = 0; i < 200; ++i) {
+          std::string err =
+              WaitOk(*Submit(rt, Allreduce("x" + std::to_string(i % 7), &bufs[i], &bufs[i], 1)));
+          if (!err.empty()) f.Add(rank, err);
+          if (bufs[i] != 2.0f) f.Add(rank, "wrong sum " + std::to_string(bufs[i]));
+        }
+        done.store(true);
+        toggler.join();
+        float x = 1.0f;
+        std::string err = WaitOk(*Submit(rt, Allreduce("last", &x, &x, 1)));
+        if (!err.empty()) f.Add(rank, err);
+      },
+      s);
+  INFO(failures);
+  CHECK(failures.empty());
+  for (int r = 0; r < 2; ++r) {
+    const std::string path = TimelineOf(dir, r), text = ReadAll(path);
+    INFO(path << ":\n" << text.substr(0, 2000));
+    CHECK(StrictTrace(path));  // closed at shutdown
+    CHECK(text.find("\"last\"") != std::string::npos);
+    CHECK(text.find("\"CYCLE_START\"") != std::string::npos);
     std::remove(path.c_str());
   }
   ::rmdir(dir);

@@ -18,7 +18,8 @@ from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, 
                       grouped_reducescatter_async, init, is_initialized, join, local_rank,
                       local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll,
                       rank, reducescatter, reducescatter_async, remove_process_set, rocm_built,
-                      shutdown, size, sparse_allreduce_async, synchronize)
+                      shutdown, size, sparse_allreduce_async, start_timeline, stop_timeline,
+                      synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
@@ -29,8 +30,6 @@ class NotSupportedError(NotImplementedError, AttributeError):
 
 # horovod.torch names that ringrun.torch does not provide, and why.
 _MISSING = {
-    "start_timeline": "the timeline is set with RINGRUN_TIMELINE, not from Python",
-    "stop_timeline": "the timeline is set with RINGRUN_TIMELINE, not from Python",
     "elastic": "elastic training is not supported",
     "mpi_lib": "ringrun has no MPI library",
     "mpi_lib_v2": "ringrun has no MPI library",

@@ -93,6 +93,34 @@ def ccl_built():
     return False
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Creates a timeline file at `file_path` and begins recording, as Horovod's: rank 0
+    writes `file_path`, rank r > 0 `t.<r>.json` beside `t.json` (docs/engine.md, "Timeline").
+    mark_cycles: a CYCLE_START mark per engine cycle. Needs HOROVOD_TIMELINE (DYNAMIC, or a file)
+    at init. Safe while collectives are in flight; returns once the engine has switched.
+
+    Raises a `ValueError` if Horovod is not initialized or the timeline is not enabled.
+    """
+    rc = _lib.lib.ringrun_start_timeline(str(file_path).encode("utf-8"), int(bool(mark_cycles)))
+    _timeline_result(rc, "start_timeline")
+
+
+def stop_timeline():
+    """Stops the active timeline recording and closes the file (nothing to do without one).
+
+    Raises a `ValueError` if Horovod is not initialized.
+    """
+    _timeline_result(_lib.lib.ringrun_stop_timeline(), "stop_timeline")
+
+
+def _timeline_result(rc, what):
+    if rc == _lib.ERR_NOT_INITIALIZED:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    if rc == _lib.ERR_INVALID_ARGUMENT:
+        raise ValueError(f"{what}: {_lib.error_message()}")
+    _lib.check(rc, what)
+
+
 def mpi_enabled():
     return False
 

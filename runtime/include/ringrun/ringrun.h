@@ -65,7 +65,8 @@
  *   RINGRUN_STALL_WARNING_SECONDS     a tensor submitted by some ranks and not others this long
  *                                     is reported, per missing rank (default 60)
  *   RINGRUN_STALL_SHUTDOWN_SECONDS    ... and fails the job after this long (default: never)
- *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md)
+ *   RINGRUN_TIMELINE                  write a Chrome trace (see docs/engine.md); DYNAMIC: none
+ *                                     until ringrun_start_timeline
  *   RINGRUN_LOG_LEVEL                 trace, debug, info, warn, err, critical or off
  * Horovod's runtime variables (HOROVOD_CYCLE_TIME, HOROVOD_STALL_CHECK_DISABLE, HOROVOD_TIMELINE,
  * HOROVOD_LOG_LEVEL, ...) are read too, with Horovod's units, where ringrun's own is unset; one
@@ -377,6 +378,26 @@ RINGRUN_API ringrun_status ringrun_broadcast_on_stream(void* buf, size_t count, 
 RINGRUN_API ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void* recvbuf,
                                                        size_t count, ringrun_dtype dtype,
                                                        void* cuda_stream);
+
+/* ---- Timeline --------------------------------------------------------------------------- */
+/* The timeline (a Chrome trace; docs/engine.md, "Timeline") from the program, as Horovod's
+ * start_timeline/stop_timeline. Each rank changes its own file only: no other rank waits or
+ * must call them. Safe from any thread while collectives are in flight: the engine applies the
+ * change between two negotiation rounds, never inside one, and the call returns once it has
+ * (at most the collective timeout, RINGRUN_ERR_TIMEOUT).
+ *
+ * ringrun_start_timeline: rank 0 writes `path` (truncated), rank r > 0 "t.<r>.json" beside
+ * "t.json", as with RINGRUN_TIMELINE. Allowed once the timeline is enabled at init, as in
+ * Horovod: RINGRUN_TIMELINE or HOROVOD_TIMELINE names a file (written from the start) or is
+ * DYNAMIC (nothing written until this call); else RINGRUN_ERR_INVALID_ARGUMENT. A timeline open
+ * to another file is closed first (strict JSON); to this file, it goes on. mark_cycles != 0:
+ * a CYCLE_START mark per negotiation round from now on (the engine's cycle;
+ * HOROVOD_TIMELINE_MARK_CYCLES=1 at init), 0: none. A file that cannot be opened is the call's
+ * error (RINGRUN_ERR_NOT_FOUND, ...), and the timeline open before stays open.
+ * ringrun_stop_timeline: closes the file (strict JSON). With none open it does nothing and
+ * returns RINGRUN_OK, as Horovod's. */
+RINGRUN_API ringrun_status ringrun_start_timeline(const char* path, int mark_cycles);
+RINGRUN_API ringrun_status ringrun_stop_timeline(void);
 
 /* ---- Misc ------------------------------------------------------------------------------- */
 

@@ -4,6 +4,7 @@
 #include "runtime/src/engine/engine.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -50,16 +51,13 @@ Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions op
     return;
   }
   if (!options_.timeline_path.empty()) {
-    Result<std::unique_ptr<Timeline>> t =
-        Timeline::Open(options_.timeline_path, options_.rank, clock_);
-    if (t.ok()) {
-      timeline_ = std::move(t.value());
-    } else {
+    Status st = ApplyTimeline({true, options_.timeline_path, options_.timeline_mark_cycles});
+    if (!st.ok()) {
       std::fprintf(stderr, "ringrun: rank %d: %s (no timeline)\n", options_.rank,
-                   t.status().ToString().c_str());
+                   st.ToString().c_str());
     }
   }
-  controller_.set_record_announcements(timeline_ != nullptr);
+  controller_.set_record_announcements(static_cast<bool>(timeline_));
   if (transport_) {
     for (int r = 0; r < options_.size; ++r) {
       if (!transport_->peers().SameHost(r, options_.rank)) spans_hosts_ = true;
@@ -75,16 +73,16 @@ void Engine::Shutdown() {
     MutexLock lock(&mu_);
     stop_ = true;
   }
+  timeline_cv_.SignalAll();  // a timeline change still waiting fails
   AbortDevice("ringrun_shutdown was called with device collectives pending");
   RingDoorbell(doorbell());
   if (thread_.joinable()) thread_.join();
   // What the engine thread owned goes now rather than with the object: the C API never
   // destroys a runtime (a call on another thread may still be in it; see c_api.cc), and the
   // peers must see this rank's connections close. The doorbell goes back to the pool, open (a
-  // late Abort or submission may still ring it), and the Timeline object stays (submissions
-  // test its pointer without a lock), closed. Idempotent.
+  // late Abort or submission may still ring it), and the timeline is closed. Idempotent.
   ReturnDoorbell(doorbell_.exchange(-1));
-  if (timeline_) timeline_->Close();
+  timeline_.reset();
   {
     MutexLock lock(&device_mu_);
     device_live_ = nullptr;
@@ -114,6 +112,58 @@ void Engine::Abort(const Status& st) {
   }
   AbortDevice(st.message());
   RingDoorbell(doorbell());
+}
+
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (!options_.timeline_dynamic && options_.timeline_path.empty()) {
+    return InvalidArgument(
+        "the timeline is not enabled: set HOROVOD_TIMELINE=DYNAMIC (or a file) to start one from "
+        "the program");
+  }
+  if (path.empty()) return InvalidArgument("start_timeline: an empty file name");
+  return ChangeTimeline({true, path, mark_cycles});
+}
+
+Status Engine::StopTimeline() { return ChangeTimeline({}); }
+
+Status Engine::ChangeTimeline(TimelineChange change) {
+  MutexLock serial(&timeline_call_mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  uint64_t mine;
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return Aborted("ringrun is shutting down");
+    if (doorbell() < 0) return failed_;  // no engine thread (see the constructor)
+    timeline_change_ = std::move(change);
+    mine = ++timeline_posted_;
+  }
+  RingDoorbell(doorbell());
+  MutexLock lock(&mu_);
+  while (timeline_applied_ < mine) {
+    if (stop_) return Aborted("ringrun was shut down before the timeline changed");
+    if (!timeline_cv_.WaitUntil(&mu_, deadline) && timeline_applied_ < mine) {
+      // Not taken yet: withdrawn. Taken: the engine thread applies it later.
+      if (timeline_change_ && timeline_posted_ == mine) timeline_change_.reset();
+      return Timeout("rank " + std::to_string(options_.rank) +
+                     ": the engine did not change the timeline within " +
+                     std::to_string(options_.timeout_ms) + " ms (RINGRUN_TIMEOUT_MS)");
+    }
+  }
+  return timeline_result_;
+}
+
+Status Engine::ApplyTimeline(const TimelineChange& change) {
+  if (!change.start) {
+    timeline_.reset();
+  } else if (!timeline_ || timeline_->path() != change.path) {
+    Result<std::unique_ptr<Timeline>> t = Timeline::Open(change.path, options_.rank, clock_);
+    if (!t.ok()) return t.status();
+    timeline_.reset(std::move(t.value()));
+  }
+  mark_cycles_ = change.mark_cycles;
+  controller_.set_record_announcements(static_cast<bool>(timeline_));
+  return Status::Ok();
 }
 
 }  // namespace ringrun::runtime::engine

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -70,7 +71,12 @@ struct EngineOptions {
   // 32 such windows passed (CollectBurst). 0: a round starts with what woke the engine; so is
   // it when the engine thread may run on one CPU only (it would share it with the submitter).
   int64_t burst_quiet_ns = kDefaultBurstQuietNs;
-  std::string timeline_path;  // "": no timeline
+  // The timeline (timeline.h): the file written from the start ("": none), whether the program
+  // may start and stop one (StartTimeline; as Horovod, once HOROVOD_TIMELINE names a file or
+  // DYNAMIC), and whether it marks every round with Horovod's CYCLE_START.
+  std::string timeline_path;
+  bool timeline_dynamic = false;
+  bool timeline_mark_cycles = false;
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
   const Clock* clock = nullptr;  // default: SteadyClock()
@@ -121,6 +127,17 @@ class Engine {
   // Stops the engine thread; pending handles fail with kAborted. Idempotent.
   void Shutdown();
   const EngineOptions& options() const { return options_; }
+  // Start or stop the timeline from any thread, while collectives are in flight: the engine
+  // thread applies the change between two rounds (never inside one), and the call waits until
+  // it has, at most the collective timeout (kTimeout). StartTimeline opens `path` (truncating
+  // it) after closing the one open, or, when `path` is the one open, keeps writing it; either
+  // way mark_cycles says from now on whether rounds are marked. Refused: kInvalidArgument when
+  // the timeline was not enabled (timeline_path and timeline_dynamic unset, as Horovod refuses
+  // without HOROVOD_TIMELINE), the error of opening `path` (the open timeline then stays),
+  // kAborted once shutting down. StopTimeline closes the file (strict JSON); with none open it
+  // does nothing and succeeds, as Horovod's.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  Status StopTimeline();
   // OK until the engine fails for good (a broken transport, a stall shutdown, no doorbell at
   // construction); then what every later submission is refused with.
   Status failure();
@@ -234,6 +251,15 @@ class Engine {
   void CollectBurst(std::vector<Slot*>& fresh);
   CollectiveContext Context();
   int64_t Now() const { return NowMicros(*clock_); }
+  // A timeline change posted for the engine thread (StartTimeline, StopTimeline).
+  struct TimelineChange {
+    bool start = false;
+    std::string path;
+    bool mark_cycles = false;
+  };
+  Status ChangeTimeline(TimelineChange change);
+  // The engine thread's side: applies a change taken from timeline_change_.
+  Status ApplyTimeline(const TimelineChange& change);
 
   const EngineOptions options_;
   const Clock* const clock_;
@@ -256,6 +282,15 @@ class Engine {
   bool stop_ GUARDED_BY(mu_) = false;
   Status abort_ GUARDED_BY(mu_);
   Status failed_ GUARDED_BY(mu_);
+  // A timeline change waiting for the engine thread, and its number; the number and result of
+  // the last one applied (timeline_cv_ tells, and Shutdown). One change at a time:
+  // timeline_call_mu_ is held through ChangeTimeline.
+  std::optional<TimelineChange> timeline_change_ GUARDED_BY(mu_);
+  uint64_t timeline_posted_ GUARDED_BY(mu_) = 0;
+  uint64_t timeline_applied_ GUARDED_BY(mu_) = 0;
+  Status timeline_result_ GUARDED_BY(mu_);
+  CondVar timeline_cv_;
+  Mutex timeline_call_mu_;  // taken before mu_
   std::atomic<bool> sleeping_{false};
   // Submissions pushed so far: written under mu_, read by CollectBurst without it.
   std::atomic<uint64_t> pushed_{0};
@@ -268,7 +303,8 @@ class Engine {
   StallInspector stall_;
   FusionBuffer fusion_;
   Scratch scratch_;
-  std::unique_ptr<Timeline> timeline_;
+  TimelineHolder timeline_;
+  bool mark_cycles_ = false;  // a CYCLE_START per round while the timeline is open
   // Announced and not complete: by the cache id they were announced under, or by name.
   std::vector<Slot*> by_cache_id_;
   NameTable<Slot> announced_full_;

@@ -1,5 +1,7 @@
 // Execution: running a plan's batches (host or device, by kind) and completing this rank's
 // entries and their handles.
+#include <algorithm>
+
 #include "runtime/src/engine/engine.h"
 
 namespace ringrun::runtime::engine {
@@ -31,14 +33,15 @@ Status Engine::RunBatch(Batch& b) {
       const Response* x = b.responses[i];
       const Entry* local = b.locals[i];
       if (!local) continue;
+      // Submitted before the timeline started (no timestamp, or an earlier one): from its start.
+      const int64_t from = std::max(local->submit_us, timeline_->origin_us());
       std::string who;
       for (size_t k = 0; k < x->announced_us.size(); ++k) {
         if (x->announced_us[k] < 0) continue;
         who += (who.empty() ? "" : ", ") + std::string("\"rank ") + std::to_string(k) +
-               "\": " + std::to_string(x->announced_us[k] - local->submit_us);
+               "\": " + std::to_string(x->announced_us[k] - from);
       }
-      timeline_->Span(x->req.name, "NEGOTIATE", local->submit_us, now,
-                      "\"announced_after_us\": {" + who + "}");
+      timeline_->Span(x->req.name, "NEGOTIATE", from, now, "\"announced_after_us\": {" + who + "}");
     }
   }
   if (r.req.device) return RunDevice(b);

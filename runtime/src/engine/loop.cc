@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "ringrun/common/defaults.h"
 #include "runtime/src/engine/doorbell.h"
@@ -76,12 +77,22 @@ void Engine::Loop() {
     fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
     bool failed;
     Status abort;
+    std::optional<TimelineChange> change;
+    uint64_t change_number = 0;
     {
       MutexLock lock(&mu_);
       if (stop_) break;
       fresh.swap(queue_);
       failed = !failed_.ok();
       abort = std::exchange(abort_, Status::Ok());
+      if (timeline_change_) change.swap(timeline_change_), change_number = timeline_posted_;
+    }
+    if (change) {
+      // Between rounds: no collective is running, and the change holds from the next round on.
+      Status applied = ApplyTimeline(*change);
+      MutexLock lock(&mu_);
+      timeline_applied_ = change_number, timeline_result_ = std::move(applied);
+      timeline_cv_.SignalAll();
     }
     if (!abort.ok() && !failed) {
       // A blocking call gave up waiting: name who is missing, then break (no buffer of a
@@ -111,7 +122,7 @@ void Engine::Loop() {
       sleeping_.store(true);
       {
         MutexLock lock(&mu_);
-        if (stop_ || !queue_.empty() || !abort_.ok()) {
+        if (stop_ || !queue_.empty() || !abort_.ok() || timeline_change_) {
           sleeping_.store(false);
           continue;
         }
@@ -286,6 +297,7 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_, &responses);
   if (!ready.ok()) return ready.status();
   if (timeline_) {
+    if (mark_cycles_) timeline_->MarkCycle(start);
     timeline_->Mark("ROUND", start,
                     "\"round\": " + std::to_string(controller_.round()) + ", \"announced\": " +
                         std::to_string(fresh.size()) + ", \"ready\": " + std::to_string(*ready));

@@ -1,7 +1,9 @@
 #include "runtime/src/engine/timeline.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <utility>
 
 namespace ringrun::runtime::engine {
 
@@ -25,11 +27,11 @@ Result<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path, int ra
                                                  const Clock* clock) {
   std::FILE* f = std::fopen(path.c_str(), "we");
   if (!f) return ErrnoStatus("timeline: open " + path, errno);
-  return std::unique_ptr<Timeline>(new Timeline(f, rank, clock));
+  return std::unique_ptr<Timeline>(new Timeline(f, path, rank, clock));
 }
 
-Timeline::Timeline(std::FILE* f, int rank, const Clock* clock)
-    : f_(f), rank_(rank), origin_us_(NowMicros(*clock)) {
+Timeline::Timeline(std::FILE* f, std::string path, int rank, const Clock* clock)
+    : f_(f), path_(std::move(path)), rank_(rank), origin_us_(NowMicros(*clock)) {
   std::fprintf(f_,
                "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
                "{\"name\": \"rank %d\"}},\n",
@@ -69,6 +71,7 @@ void Timeline::Span(const std::string& tensor, const char* phase, int64_t start_
                     const std::string& args) {
   if (!f_) return;  // closed
   const int tid = Row(tensor);
+  start_us = std::max(start_us, origin_us_);  // begun before the file was opened
   std::fprintf(f_,
                "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, "
                "\"dur\": %lld, \"args\": {\"tensor\": %s%s%s}},\n",
@@ -83,6 +86,14 @@ void Timeline::Mark(const char* what, int64_t at_us, const std::string& args) {
                "{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"t\", \"pid\": %d, \"tid\": 0, "
                "\"ts\": %lld, \"args\": {%s}},\n",
                what, rank_, static_cast<long long>(at_us - origin_us_), args.c_str());
+}
+
+void Timeline::MarkCycle(int64_t at_us) {
+  if (!f_) return;
+  std::fprintf(f_,
+               "{\"name\": \"CYCLE_START\", \"ph\": \"i\", \"s\": \"g\", \"pid\": %d, "
+               "\"tid\": 0, \"ts\": %lld},\n",
+               rank_, static_cast<long long>(at_us - origin_us_));
 }
 
 void Timeline::Flush() {

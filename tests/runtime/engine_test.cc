@@ -930,7 +930,7 @@ TEST_CASE("engine: a dynamic timeline starts and stops while collectives are in 
   ::rmdir(dir);
 }
 
-TEST_CASE("engine: the timeline cannot start unless enabled; toggling races no collective",
+TEST_CASE("engine: the timeline cannot start unless enabled, and toggling it races no collective",
           "[engine][timeline]") {
   char dir[] = "/tmp/ringrun-timeline-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);

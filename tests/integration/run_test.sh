@@ -565,6 +565,86 @@ t_horovodrun_flags() {
   expect_no_orphans
 }
 
+# Open MPI's mpirun, as root here; its ranks carry this test's tag (mpirun passes its environment).
+mpirun_np() {  # NP ARGS...
+  command -v mpirun >/dev/null || { echo "SKIP: no mpirun (openmpi-bin)"; exit 77; }
+  local np=$1
+  shift
+  mpirun --allow-run-as-root --oversubscribe -np "$np" "$@"
+}
+
+# The rank of mpirun's job whose OMPI_COMM_WORLD_RANK is $1.
+mpirun_rank_pid() {
+  for p in $(tagged_pids); do
+    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo $p
+  done | head -1
+}
+
+t_mpirun() {
+  # libringrun under mpirun, without ringrun: joined through PMIx, its numbering the launcher's.
+  local worker="$BIN/runtime_test_worker" r
+  mpirun_np 4 "$worker" launched >"$WORK/out" 2>"$WORK/err" ||
+    fail "mpirun -np 4: $(tail -5 "$WORK/err")"
+  for r in 0 1 2 3; do
+    expect_contains "$WORK/out" "launched rank=$r size=4 local=$r/4 cross=0/1 sum=10"
+    expect_contains "$WORK/out" "ok rank=$r size=4"
+    expect_contains "$WORK/out" "rank $r of 4 found its peers through PMIx (mpirun (Open MPI), namespace "
+  done
+  # Over TCP alone; named submissions from two threads; three rounds of init and shutdown.
+  mpirun_np 3 -x RINGRUN_DISABLE_SHM=1 "$worker" check >"$WORK/out" 2>"$WORK/err" ||
+    fail "mpirun -np 3, no shared memory: $(tail -5 "$WORK/err")"
+  for r in 0 1 2; do expect_contains "$WORK/out" "ok rank=$r size=3"; done
+  mpirun_np 4 "$worker" engine >"$WORK/out" 2>"$WORK/err" || fail "engine: $(tail -5 "$WORK/err")"
+  mpirun_np 3 "$worker" reinit >"$WORK/out" 2>"$WORK/err" || fail "reinit: $(tail -5 "$WORK/err")"
+  mpirun_np 1 "$worker" check >"$WORK/out" 2>"$WORK/err" || fail "-np 1: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/out" "ok rank=0 size=1"
+  # Under ringrun, ringrun's job wins over PMIx variables left in the environment.
+  PMIX_RANK=0 PMIX_NAMESPACE=stale "$RINGRUN" -np 2 "$worker" check >"$WORK/out" 2>"$WORK/err" ||
+    fail "ringrun with PMIX_ variables: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/out" "[1]<stdout>:ok rank=1 size=2"
+  expect_not_contains "$WORK/out" "through PMIx"
+  # mpirun's variables without a PMIx server to join: refused, naming mpirun and why.
+  local rc
+  OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 PMIX_RANK=1 PMIX_NAMESPACE=stale \
+    "$worker" check >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "mpirun's variables, no PMIx server"
+  expect_contains "$WORK/err" "one of 4 processes started by mpirun (Open MPI)"
+  expect_contains "$WORK/err" "its PMIx server could not be joined: PMIx_Init: "
+  expect_contains "$WORK/err" "ringrun -np 4"
+  OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 "$worker" check >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "mpirun's variables, no PMIX_"
+  expect_contains "$WORK/err" "one of 4 processes started by mpirun (Open MPI) (OMPI_COMM_WORLD_SIZE=4"
+  expect_no_orphans
+}
+
+t_mpirun_kill() {
+  # A rank of an mpirun job killed in the middle of allreduces. mpirun ends the job naming it;
+  # with --enable-recovery mpirun leaves the others running, and they fail by themselves,
+  # naming it, in bounded time.
+  local worker="$BIN/runtime_test_worker" recovery rc start pid victim r
+  for recovery in "" --enable-recovery; do
+    mpirun_np 4 $recovery -x RINGRUN_TIMEOUT_MS=20000 "$worker" loop >"$WORK/out" 2>"$WORK/err" &
+    pid=$!
+    wait_for_lines "$WORK/out" "looping rank=" 4 30
+    victim=$(mpirun_rank_pid 2)
+    [[ -n $victim ]] || fail "rank 2 not found"
+    start=$SECONDS
+    kill -9 "$victim"
+    wait $pid; rc=$?
+    (( SECONDS - start < 15 )) || fail "mpirun $recovery took $((SECONDS - start)) s to end"
+    if [[ -z $recovery ]]; then
+      [[ $rc != 0 ]] || fail "mpirun exited 0 with a rank killed"
+      expect_contains "$WORK/err" "process rank 2 with PID"
+    else
+      for r in 1 3; do
+        expect_contains "$WORK/err" "rank $r: allreduce failed: rank $r: peer rank 2 (127.0.0.1:"
+      done
+      [[ $(grep -c "allreduce failed: " "$WORK/err") == 3 ]] || fail "not every survivor failed"
+    fi
+    expect_no_orphans
+  done
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

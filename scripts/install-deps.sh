@@ -10,6 +10,7 @@ pkgs=(
   libyaml-cpp-dev  # --config-file
   openssh-server openssh-client iproute2 procps util-linux
   openmpi-bin libopenmpi-dev libgloo-dev
+  libpmix-dev  # joining mpirun and srun --mpi=pmix jobs (RINGRUN_WITH_PMIX)
   slurmctld slurmd slurm-client munge  # the slurm tests: a real Slurm 22.05 (scripts/test-slurm-cluster.sh)
   dataset-fashion-mnist
   python3-torch  # torch.distributed for the env:// contract test; ringrun.torch's framework

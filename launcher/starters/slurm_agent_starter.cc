@@ -20,6 +20,7 @@
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/env_contract.h"
 #include "ringrun/common/fd.h"
+#include "ringrun/common/interfaces.h"
 #include "ringrun/common/line_tail.h"
 #include "ringrun/common/log.h"
 #include "ringrun/common/spawn.h"
@@ -287,32 +288,11 @@ Result<std::string> SlurmLauncherAddress(const SlurmStarterConfig& config) {
   for (int h : config.active_hosts) {
     const std::string& name = config.host_names.at(static_cast<size_t>(h));
     if (hosts::IsLocalHost(name)) continue;
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_DGRAM;
-    if (int rc = ::getaddrinfo(name.c_str(), "9", &hints, &res); rc != 0) {
-      return NotFound(name + ": cannot resolve the node's name (" + gai_strerror(rc) +
-                      "); pass --launcher-address or --network-interfaces");
-    }
     // The source address of the route to the node: where its agent can reach us.
-    std::string found;
-    for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
-      UniqueFd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-      if (!fd.valid() || ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) continue;
-      sockaddr_storage local{};
-      socklen_t len = sizeof(local);
-      if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-      char buf[INET6_ADDRSTRLEN] = "";
-      const void* a =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (::inet_ntop(local.ss_family, a, buf, sizeof(buf))) found = buf;
-    }
-    ::freeaddrinfo(res);
-    if (found.empty()) {
-      return NotFound(name +
-                      ": no route to the node; pass --launcher-address or "
+    Result<std::string> found = RouteSourceAddress(name);
+    if (!found.ok()) {
+      return NotFound(found.status().message() +
+                      " (a node of the allocation); pass --launcher-address or "
                       "--network-interfaces");
     }
     return found;

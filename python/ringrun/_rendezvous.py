@@ -7,8 +7,10 @@
     MASTER_ADDR:MASTER_PORT, handed to ringrun_init_with_store. The store of
     torch.distributed's default process group when one is initialized, else the one
     torch.distributed.rendezvous("env://") makes (torchrun's agent store, or rank 0's).
-  - anything else: ringrun_init, which runs a single process as a job of size 1 and refuses a
-    process that the environment shows to be one of several (ringrun.h).
+  - anything else: ringrun_init, which joins through the launcher's PMIx server where
+    PMIX_RANK and PMIX_NAMESPACE are set (mpirun, srun --mpi=pmix), runs a single process as a
+    job of size 1, and refuses a process that the environment shows to be one of several
+    (ringrun.h).
 """
 import ctypes
 import datetime

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ringrun/common/env_contract.h"
 #include "ringrun/common/gpu_info.h"
 #include "ringrun/common/thread_annotations.h"
 #include "ringrun/ringrun.h"
@@ -16,6 +17,7 @@
 #include "runtime/src/job_client.h"
 #include "runtime/src/reduce.h"
 #include "runtime/src/rendezvous/callback_store.h"
+#include "runtime/src/rendezvous/pmix_store.h"
 #include "runtime/src/rendezvous/store_job_client.h"
 #include "runtime/src/runtime.h"
 
@@ -28,6 +30,7 @@ namespace {
 using ringrun::Code;
 using ringrun::Status;
 using ringrun::runtime::Runtime;
+namespace rdzv = ringrun::runtime::rendezvous;
 
 // The edge: the C API's status of a Status code (the runtime and the engine speak Code).
 ringrun_status ToC(Code code) {
@@ -72,6 +75,9 @@ struct Process {
   std::atomic<Runtime*> current{nullptr};
   std::vector<std::unique_ptr<Runtime>> runtimes GUARDED_BY(init_mu);  // every one initialized
   uint32_t joins GUARDED_BY(init_mu) = 0;  // rendezvous rounds joined so far
+  // Under a PMIx launcher: the process's PMIx client, connected at the first ringrun_init and
+  // kept until the process exits (rendezvous/pmix_store.h); later rounds join through it too.
+  std::unique_ptr<rdzv::PmixStore> pmix GUARDED_BY(init_mu);
 };
 inline Process& TheProcess() {
   static Process* p = new Process;  // never destroyed: usable from atexit handlers
@@ -185,6 +191,72 @@ ringrun_status JoinAndKeep(Process& p, ringrun::runtime::JobEnv& env, const std:
   return st.ok() ? RINGRUN_OK : Fail(st);
 }
 
+// The job client of a rendezvous through `store` for e.rank of e.size, rank 0's secret shared
+// through the store into e.secret first.
+ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>> StoreClient(
+    rdzv::Store& store, ringrun::runtime::JobEnv& e, int timeout_ms) {
+  if (e.size > 1) {
+    ringrun::Result<std::string> secret =
+        rdzv::ShareSecret(store, e.rank, e.generation, timeout_ms);
+    if (!secret.ok()) return secret.status().Annotate("rank " + std::to_string(e.rank));
+    e.secret = std::move(secret.value());
+  }
+  return rdzv::MakeStoreJobClient(store);
+}
+
+int JoinTimeoutMs(const ringrun::runtime::JobEnv& e) {
+  return e.join_timeout_ms > 0 ? e.join_timeout_ms : ringrun::kJoinTimeoutMs;
+}
+
+// ringrun_init under a PMIx launcher (env.pmix_launcher): the rank and size from PMIx, the
+// secret and the peers through the PMIx store. A PMIx server that cannot be joined fails the
+// init; where the environment shows a job of several processes, with the refusal that names it.
+ringrun_status JoinPmix(Process& p, ringrun::runtime::JobEnv& env) REQUIRES(p.init_mu) {
+  const std::string where = "ringrun_init: ";
+  // What a failure says: the refusal of the job the environment shows, else this.
+  auto refuse = [&](const Status& why) {
+    if (env.foreign) return Fail(rdzv::RefuseForeignJob(*env.foreign, why.message()));
+    return Fail(
+        Status(why.code(), where + "this process was started by " + env.pmix_launcher +
+                               " (PMIX_RANK=" + std::getenv("PMIX_RANK") +
+                               " PMIX_NAMESPACE=" + std::getenv("PMIX_NAMESPACE") +
+                               "), but its PMIx server could not be joined: " + why.message()));
+  };
+  if (!p.pmix) {
+    ringrun::Result<std::unique_ptr<rdzv::PmixStore>> store = rdzv::ConnectPmix(rdzv::SetterOf);
+    if (!store.ok()) return refuse(store.status());
+    p.pmix = std::move(store.value());
+  }
+  rdzv::PmixStore* store = p.pmix.get();
+  const rdzv::PmixJob& job = store->job();
+  if (env.foreign && env.foreign->size > 1 && env.foreign->size != job.size) {
+    return refuse(ringrun::InvalidArgument(
+        "PMIx says that namespace " + job.nspace + " has " + std::to_string(job.size) +
+        " processes, the environment " + std::to_string(env.foreign->size)));
+  }
+  env.in_job = true;
+  env.foreign.reset();
+  env.rank = job.rank, env.size = job.size;
+  env.local_rank = env.local_size = env.cross_rank = env.cross_size = -1;  // from the peers
+  env.job_service.clear();
+  env.job_id = job.nspace;
+  env.source = "PMIx (" + env.pmix_launcher + ", namespace " + job.nspace + ")";
+  if (const char* given = std::getenv(ringrun::env::kHostAddr); given && *given) {
+    env.host_addr = given;
+  } else {
+    ringrun::Result<std::string> addr = rdzv::PmixHostAddress(job);
+    if (!addr.ok()) {
+      return Fail(addr.status().Annotate(where + "rank " + std::to_string(job.rank) +
+                                         ": this host's data-plane address"));
+    }
+    env.host_addr = *addr;
+  }
+  const int timeout_ms = JoinTimeoutMs(env);
+  return JoinAndKeep(p, env, where, [&](ringrun::runtime::JobEnv& e) {
+    return StoreClient(*store, e, timeout_ms);
+  });
+}
+
 // ringrun_init with `spin` (-1, 0 or 1; see ringrun_init_with_spin).
 ringrun_status Init(int spin) {
   t_error.clear();
@@ -200,6 +272,7 @@ ringrun_status Init(int spin) {
   if (!env.ok()) return Fail(env.status());
   if (env->spin < 0) env->spin = spin;
   env->generation = p.joins;
+  if (!env->in_job && !env->pmix_launcher.empty()) return JoinPmix(p, *env);
   return JoinAndKeep(p, *env, "ringrun_init: ", [](ringrun::runtime::JobEnv& e) {
     std::unique_ptr<ringrun::runtime::JobClient> client;
     if (e.in_job && e.size > 1)
@@ -211,7 +284,6 @@ ringrun_status Init(int spin) {
 // ringrun_init_with_store (ringrun.h): the environment's settings, the rank and size from
 // `o`, the secret and the peers from the store.
 ringrun_status InitWithStore(const ringrun_store* store, const ringrun_store_options* o) {
-  namespace rdzv = ringrun::runtime::rendezvous;
   t_error.clear();
   const std::string where = "ringrun_init_with_store: ";
   if (store == nullptr || o == nullptr || !rdzv::CallbackStore::Valid(*store)) {
@@ -246,21 +318,12 @@ ringrun_status InitWithStore(const ringrun_store* store, const ringrun_store_opt
   env->source = o->source ? std::string(o->source) + "'s store" : std::string("a store");
   if (env->spin < 0) env->spin = o->spin;
   env->generation = p.joins;
-  const int timeout_ms = env->join_timeout_ms > 0 ? env->join_timeout_ms : ringrun::kJoinTimeoutMs;
+  const int timeout_ms = JoinTimeoutMs(*env);
   // The store outlives the join (Runtime::Join uses the client, which holds a reference).
   rdzv::CallbackStore callbacks(*store);
-  return JoinAndKeep(p, *env, where,
-                     [&](ringrun::runtime::JobEnv& e)
-                         -> ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>> {
-                       if (o->size > 1) {
-                         ringrun::Result<std::string> secret =
-                             rdzv::ShareSecret(callbacks, o->rank, e.generation, timeout_ms);
-                         if (!secret.ok())
-                           return secret.status().Annotate("rank " + std::to_string(o->rank));
-                         e.secret = std::move(secret.value());
-                       }
-                       return rdzv::MakeStoreJobClient(callbacks);
-                     });
+  return JoinAndKeep(p, *env, where, [&](ringrun::runtime::JobEnv& e) {
+    return StoreClient(callbacks, e, timeout_ms);
+  });
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   RINGRUN_RETURN_IF_ERROR(ReadKnobs(getenv, &e));
   if (rank == nullptr && size == nullptr) {  // not under ringrun
     e.foreign = rendezvous::DetectForeignJob(getenv);
+    e.pmix_launcher = rendezvous::PmixLauncher(getenv).value_or("");
     return e;
   }
   if (rank == nullptr || size == nullptr) {

@@ -38,6 +38,10 @@ struct JobEnv {
   // Not in a ringrun job: another launcher's job of size > 1 that the environment shows
   // (rendezvous/foreign_job.h). Runtime::Join refuses to run such a process as size 1.
   std::optional<rendezvous::ForeignJob> foreign;
+  // Not in a ringrun job: the PMIx launcher that started this process (rendezvous::PmixLauncher),
+  // through whose PMIx server ringrun_init joins; empty: none. `foreign` is what is refused
+  // when that server cannot be joined.
+  std::string pmix_launcher;
   // What found the peers, for the log line at the join ("torch's store (torchrun)"); empty:
   // the ringrun job service (logged at debug level only).
   std::string source;

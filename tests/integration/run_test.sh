@@ -565,6 +565,105 @@ t_horovodrun_flags() {
   expect_no_orphans
 }
 
+# Open MPI's mpirun, as root here; its ranks carry this test's tag (mpirun passes its environment).
+mpirun_np() {  # NP ARGS...
+  command -v mpirun >/dev/null || { echo "SKIP: no mpirun (openmpi-bin)"; exit 77; }
+  local np=$1
+  shift
+  mpirun --allow-run-as-root --oversubscribe -np "$np" "$@"
+}
+
+# The rank of mpirun's job whose OMPI_COMM_WORLD_RANK is $1.
+mpirun_rank_pid() {
+  for p in $(tagged_pids); do
+    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo $p
+  done | head -1
+}
+
+t_mpirun() {
+  # libringrun under mpirun, without ringrun: joined through PMIx, its numbering the launcher's.
+  local worker="$BIN/runtime_test_worker" r
+  mpirun_np 4 "$worker" launched >"$WORK/out" 2>"$WORK/err" ||
+    fail "mpirun -np 4: $(tail -5 "$WORK/err")"
+  for r in 0 1 2 3; do
+    expect_contains "$WORK/out" "launched rank=$r size=4 local=$r/4 cross=0/1 sum=10"
+    expect_contains "$WORK/out" "ok rank=$r size=4"
+    expect_contains "$WORK/out" "rank $r of 4 found its peers through PMIx (mpirun (Open MPI), namespace "
+  done
+  # Over TCP alone; named submissions from two threads; three rounds of init and shutdown.
+  mpirun_np 3 -x RINGRUN_DISABLE_SHM=1 "$worker" check >"$WORK/out" 2>"$WORK/err" ||
+    fail "mpirun -np 3, no shared memory: $(tail -5 "$WORK/err")"
+  for r in 0 1 2; do expect_contains "$WORK/out" "ok rank=$r size=3"; done
+  mpirun_np 4 "$worker" engine >"$WORK/out" 2>"$WORK/err" || fail "engine: $(tail -5 "$WORK/err")"
+  mpirun_np 3 "$worker" reinit >"$WORK/out" 2>"$WORK/err" || fail "reinit: $(tail -5 "$WORK/err")"
+  mpirun_np 1 "$worker" check >"$WORK/out" 2>"$WORK/err" || fail "-np 1: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/out" "ok rank=0 size=1"
+  # Under ringrun, ringrun's job wins over PMIx variables left in the environment.
+  PMIX_RANK=0 PMIX_NAMESPACE=stale "$RINGRUN" -np 2 "$worker" check >"$WORK/out" 2>"$WORK/err" ||
+    fail "ringrun with PMIX_ variables: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/out" "[1]<stdout>:ok rank=1 size=2"
+  expect_not_contains "$WORK/out" "through PMIx"
+  # mpirun's variables without a PMIx server to join: refused, naming mpirun and why.
+  local rc
+  OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 PMIX_RANK=1 PMIX_NAMESPACE=stale \
+    "$worker" check >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "mpirun's variables, no PMIx server"
+  expect_contains "$WORK/err" "one of 4 processes started by mpirun (Open MPI)"
+  expect_contains "$WORK/err" "its PMIx server could not be joined: PMIx_Init: "
+  expect_contains "$WORK/err" "ringrun -np 4"
+  OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 "$worker" check >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "mpirun's variables, no PMIX_"
+  expect_contains "$WORK/err" "one of 4 processes started by mpirun (Open MPI) (OMPI_COMM_WORLD_SIZE=4"
+  expect_no_orphans
+}
+
+t_mpirun_kill() {
+  # A rank of an mpirun job killed in the middle of allreduces: mpirun ends the job in bounded
+  # time, naming it; with --enable-recovery mpirun leaves the others running, and they fail by
+  # themselves in bounded time, naming a closed peer. Then a rank that never joins.
+  local worker="$BIN/runtime_test_worker" recovery rc start pid victim r
+  for recovery in "" --enable-recovery; do
+    mpirun_np 4 $recovery -x RINGRUN_TIMEOUT_MS=20000 "$worker" loop >"$WORK/out" 2>"$WORK/err" &
+    pid=$!
+    wait_for_lines "$WORK/out" "looping rank=" 4 30
+    victim=$(mpirun_rank_pid 2)
+    [[ -n $victim ]] || fail "rank 2 not found"
+    start=$SECONDS
+    kill -9 "$victim"
+    wait $pid; rc=$?
+    (( SECONDS - start < 15 )) || fail "mpirun $recovery took $((SECONDS - start)) s to end"
+    if [[ -z $recovery ]]; then
+      [[ $rc != 0 ]] || fail "mpirun exited 0 with a rank killed"
+      # mpirun names rank 2, unless a survivor's failure (naming it) reached mpirun first.
+      grep -qE "process rank 2 with PID|: peer rank 2 \(127.0.0.1:" "$WORK/err" ||
+        fail "neither mpirun nor a survivor named rank 2: $(grep -v info "$WORK/err" | head -20)"
+    else
+      # Each survivor names the first of its peers whose connection it found closed: rank 2, or
+      # a survivor that had failed already (ranks 1 and 3 usually name rank 2, not always).
+      expect_contains "$WORK/err" ": peer rank 2 (127.0.0.1:"
+      [[ $(grep -c "allreduce failed: rank [013]: peer rank [0-3] (127.0.0.1:" "$WORK/err") == 3 ]] ||
+        fail "not every survivor failed naming a peer"
+    fi
+    expect_no_orphans
+  done
+  # A rank that exits before it joins. mpirun ends the job naming it when the others had
+  # connected to PMIx first; else they fail at the join timeout, naming it.
+  start=$SECONDS
+  mpirun_np 4 -x RINGRUN_JOIN_TIMEOUT_MS=3000 sh -c \
+    '[ "$OMPI_COMM_WORLD_RANK" = 3 ] && exit 0; exec "$0" check' "$worker" >"$WORK/out" 2>"$WORK/err"
+  rc=$?
+  [[ $rc != 0 ]] || fail "mpirun exited 0 with a rank that never joined"
+  (( SECONDS - start < 15 )) || fail "a rank that never joined: $((SECONDS - start)) s"
+  if ! grep -q "due to process rank 3 with PID" "$WORK/err"; then
+    expect_contains "$WORK/err" "ringrun_init failed: rank 0: rank 3 (of 4) did not join within"
+  fi
+  if grep -q "did not join within" "$WORK/err"; then
+    [[ $(grep "ringrun_init failed: " "$WORK/err" | grep -vc "rank 3 (of 4) did not join") == 0 ]] ||
+      fail "a rank failed without naming rank 3: $(grep 'ringrun_init failed' "$WORK/err")"
+  fi
+  expect_no_orphans
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

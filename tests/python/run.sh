@@ -15,6 +15,8 @@
 #   torchrun_kill    under torchrun, rank 1 is killed after the join: rank 0 fails naming it
 #   torchrun_nodes   torchrun --nnodes 2 --nproc_per_node 2, both nodes on this host: one host of
 #                    4 ranks to ringrun, with a warning that torchrun's LOCAL_RANK differs
+#   mpirun           mpirun -np 4 (Open MPI, joined through PMIx): ringrun.torch checks the
+#                    shape against OMPI_COMM_WORLD_*, allreduces, and logs that it used PMIx
 #   refuse_size1     torchrun's variables of a job of 2 without a reachable store: init() fails
 #                    naming torchrun and the variables, within the join timeout
 set -uo pipefail
@@ -141,6 +143,23 @@ torchrun|torchrun_kill|torchrun_nodes)
     [[ $(grep -c 'of 2: local [01] of 2, allreduce 3.0' "$WORK/out") == 2 ]] || fail "torchrun ($rdzv): both ranks must allreduce"
     [[ $(grep -c "found its peers through torchrun's store" "$WORK/out") == 2 ]] || fail "torchrun ($rdzv): no log of the source"
   done ;;
+mpirun)
+  command -v mpirun >/dev/null || { echo "needs openmpi-bin"; exit 77; }
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -np 4 $PY -c '
+import os, torch
+import ringrun.torch as hvd
+hvd.init()
+env = [int(os.environ["OMPI_COMM_WORLD_" + k]) for k in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")]
+shape = [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()]
+assert shape == env, (shape, env)
+total = hvd.allreduce(torch.full((1000,), float(hvd.rank() + 1)), op=hvd.Sum, name="ranks")
+assert total.eq(10).all(), total[:4]
+print(f"rank {hvd.rank()} of {hvd.size()}: local {hvd.local_rank()} of {hvd.local_size()}, "
+      f"allreduce {total[0].item()}", flush=True)
+hvd.shutdown()' >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "mpirun"; }
+  cat "$WORK/out"
+  [[ $(grep -c 'of 4: local [0-3] of 4, allreduce 10.0' "$WORK/out") == 4 ]] || fail "every rank must allreduce"
+  [[ $(grep -c "found its peers through PMIx (mpirun (Open MPI)" "$WORK/out") == 4 ]] || fail "no log of the source" ;;
 refuse_size1)
   closed=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   try() {  # try LABEL EXPECTED VAR=VALUE...: init() must fail within 20 s with EXPECTED in its message

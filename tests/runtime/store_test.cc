@@ -11,6 +11,7 @@
 
 #include "runtime/src/rendezvous/callback_store.h"
 #include "runtime/src/rendezvous/foreign_job.h"
+#include "runtime/src/rendezvous/pmix_store.h"
 #include "runtime/src/rendezvous/store_job_client.h"
 #include "runtime/src/runtime.h"
 
@@ -79,6 +80,30 @@ std::vector<RankResult> RunRanks(Store& store, const std::vector<const char*>& a
   return results;
 }
 
+// A fake of PMIx's data model (pmix_store.h): one process's view, in which a value lives under
+// the rank that set it and a get asks the rank that SetterOf names.
+class PerProcessStore final : public Store {
+ public:
+  PerProcessStore(MemoryStore& shared, int rank) : shared_(shared), rank_(rank) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return shared_.Set(std::to_string(rank_) + ":" + key, value);
+  }
+  Result<std::string> Get(const std::string& key, int timeout_ms) override {
+    return shared_.Get(std::to_string(SetterOf(key)) + ":" + key, timeout_ms);
+  }
+  Status Wait(const std::vector<std::string>& keys, int timeout_ms) override {
+    for (const std::string& key : keys) RINGRUN_RETURN_IF_ERROR(Get(key, timeout_ms).status());
+    return Status::Ok();
+  }
+  Result<int64_t> Add(const std::string& key, int64_t) override {
+    return InvalidArgument("add to '" + key + "'");
+  }
+
+ private:
+  MemoryStore& shared_;
+  const int rank_;
+};
+
 }  // namespace
 
 TEST_CASE("ranks join through a store: one secret, hosts by address, then an allreduce",
@@ -100,6 +125,101 @@ TEST_CASE("ranks join through a store: one secret, hosts by address, then an all
     CHECK(r[i].shape.cross_size == 2);
   }
   CHECK(r[0].secret.size() == 64);
+}
+
+TEST_CASE("each store key is read from the rank that sets it (PMIx's model), without add",
+          "[store][pmix]") {
+  CHECK(SetterOf("ringrun/0/join/3") == 3);
+  CHECK(SetterOf("ringrun/7/join/0") == 0);
+  CHECK(SetterOf("ringrun/0/secret") == 0);
+  CHECK(SetterOf("ringrun/2/peers") == 0);
+  CHECK(SetterOf("ringrun/0/join/3x") == 0);
+  CHECK(SetterOf("other/0/join/3") == 0);
+
+  MemoryStore shared;
+  std::vector<PerProcessStore> views;
+  for (int r = 0; r < 4; ++r) views.emplace_back(shared, r);
+  std::vector<RankResult> results(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back(
+        [&, r] { results[r] = JoinAndSum(views[r], r, 4, r < 2 ? "127.0.0.1" : "127.0.0.2"); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].status.ToString());
+    REQUIRE(results[r].status.ok());
+    CHECK(results[r].sum == 10);
+    CHECK(results[r].secret == results[0].secret);
+    CHECK(results[r].shape.local_size == 2);
+  }
+}
+
+TEST_CASE(
+    "a PMIx launcher is recognized, RINGRUN_RANK wins over it, and a PMIx server that "
+    "cannot be joined is named in the refusal",
+    "[store][pmix]") {
+  CHECK_FALSE(PmixLauncher(Env({})));
+  CHECK_FALSE(PmixLauncher(Env({{"PMIX_RANK", "1"}})));
+  CHECK_FALSE(PmixLauncher(Env({{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", ""}})));
+  CHECK(PmixLauncher(Env({{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "ns"}})) == "a PMIx launcher");
+  CHECK(PmixLauncher(
+            Env({{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "ns"}, {"OMPI_COMM_WORLD_SIZE", "4"}})) ==
+        "mpirun (Open MPI)");
+  CHECK(PmixLauncher(Env({{"PMIX_RANK", "1"},
+                          {"PMIX_NAMESPACE", "slurm.pmix.7.0"},
+                          {"SLURM_PROCID", "1"},
+                          {"SLURM_STEP_ID", "0"}})) == "srun (Slurm)");
+
+  const std::map<std::string, std::string> mpirun = {{"OMPI_COMM_WORLD_SIZE", "4"},
+                                                     {"OMPI_COMM_WORLD_RANK", "1"},
+                                                     {"PMIX_RANK", "1"},
+                                                     {"PMIX_NAMESPACE", "1234"}};
+  Result<JobEnv> under_mpirun = ReadJobEnv(Env(mpirun));
+  REQUIRE(under_mpirun.ok());
+  CHECK_FALSE(under_mpirun->in_job);
+  CHECK(under_mpirun->pmix_launcher == "mpirun (Open MPI)");
+  // What is refused when PMIx cannot be joined (ringrun_init's JoinPmix).
+  REQUIRE(under_mpirun->foreign);
+  const std::string m =
+      RefuseForeignJob(*under_mpirun->foreign, "PMIx_Init: UNREACHABLE").message();
+  INFO(m);
+  CHECK(Has(m, "one of 4 processes started by mpirun (Open MPI)"));
+  CHECK(Has(m, "(its PMIx server could not be joined: PMIx_Init: UNREACHABLE)"));
+  CHECK(Has(m, "ringrun -np 4"));
+
+  std::map<std::string, std::string> under_ringrun = mpirun;
+  under_ringrun["RINGRUN_RANK"] = "0";
+  under_ringrun["RINGRUN_SIZE"] = "1";
+  Result<JobEnv> ringrun = ReadJobEnv(Env(under_ringrun));
+  REQUIRE(ringrun.ok());
+  CHECK(ringrun->in_job);
+  CHECK(ringrun->pmix_launcher.empty());
+  CHECK_FALSE(ringrun->foreign);
+
+  // srun without --mpi=pmix: no PMIx to join, refused with the way to start it.
+  Result<JobEnv> srun = ReadJobEnv(
+      Env({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}}));
+  REQUIRE(srun.ok());
+  CHECK(srun->pmix_launcher.empty());
+  REQUIRE(srun->foreign);
+  CHECK(Has(RefuseForeignJob(*srun->foreign).message(), "srun --mpi=pmix -n 2"));
+}
+
+TEST_CASE("a PMIx rank's data-plane address: loopback on one node, else a routable one",
+          "[store][pmix]") {
+  PmixJob one_node;
+  one_node.size = 4, one_node.local_size = 4;
+  CHECK(PmixHostAddress(one_node).value() == "127.0.0.1");
+  PmixJob nodes;
+  nodes.size = 4, nodes.local_size = 2, nodes.rank0_host = "localhost";
+  Result<std::string> addr = PmixHostAddress(nodes);
+  INFO(addr.status().ToString());
+  if (addr.ok()) {
+    CHECK(addr->rfind("127.", 0) != 0);  // rank 0's loopback name is no address for the others
+  } else {
+    CHECK(Has(addr.status().message(), "RINGRUN_HOST_ADDR"));  // a host with loopback only
+  }
 }
 
 TEST_CASE("a rank that never joins a store is named by rank 0, and the others fail with that",
@@ -261,7 +381,7 @@ TEST_CASE("another launcher's job of several processes is detected", "[store]") 
   REQUIRE(srun);
   CHECK(srun->launcher == "srun (Slurm)");
   CHECK(srun->size == 4);
-  CHECK(Has(srun->advice, "srun -n 4"));
+  CHECK(Has(srun->advice, "srun --mpi=pmix -n 4"));
 
   auto pmix = DetectForeignJob(Env({{"PMIX_RANK", "3"}}));
   REQUIRE(pmix);

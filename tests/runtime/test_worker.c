@@ -25,6 +25,11 @@
  *                               naming a peer (exit 3), or exit 4
  *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
  *                               must fail with the stall report (exit 5), or exit 1
+ *   runtime_test_worker launched   under another launcher (mpirun, srun --mpi=pmix): rank,
+ *                               size, local rank and size (and cross rank and size where the
+ *                               launcher says) agree with the launcher's own variables
+ *                               (OMPI_COMM_WORLD_*, else SLURM_*), an allreduce of rank + 1
+ *                               sums to size * (size + 1) / 2, then `check`
  *   runtime_test_worker nofd    a job of one whose process cannot open another descriptor:
  *                               ringrun_init must fail naming the eventfd and the limit, within
  *                               20 s (SIGALRM otherwise), then succeed once one is closed
@@ -618,6 +623,46 @@ static int nofd(void) {
   return 0;
 }
 
+/* The launcher's value of the first of two variables that is set, or -1. */
+static int launcher_int(const char* name, const char* other) {
+  const char* v = getenv(name);
+  if (v == NULL && other != NULL) v = getenv(other);
+  return v != NULL && *v != '\0' ? atoi(v) : -1;
+}
+
+static int launched(void) {
+  const int rank = launcher_int("OMPI_COMM_WORLD_RANK", "SLURM_PROCID");
+  const int size = launcher_int("OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS");
+  const int local_rank = launcher_int("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID");
+  /* Slurm says how many tasks each node has only as a list ("2(x2)"): the test says it. */
+  const int local_size = launcher_int("OMPI_COMM_WORLD_LOCAL_SIZE", "RINGRUN_TEST_LOCAL_SIZE");
+  const int cross_rank = launcher_int("SLURM_NODEID", NULL);
+  const int cross_size = launcher_int("SLURM_NNODES", NULL);
+  EXPECT(rank >= 0 && size > 0 && local_rank >= 0, "no launcher variables (OMPI_ or SLURM_)");
+  EXPECT(ringrun_rank() == rank, "ringrun_rank %d, launcher's %d", ringrun_rank(), rank);
+  EXPECT(ringrun_size() == size, "ringrun_size %d, launcher's %d", ringrun_size(), size);
+  EXPECT(ringrun_local_rank() == local_rank, "ringrun_local_rank %d, launcher's %d",
+         ringrun_local_rank(), local_rank);
+  EXPECT(local_size < 0 || ringrun_local_size() == local_size,
+         "ringrun_local_size %d, launcher's %d", ringrun_local_size(), local_size);
+  EXPECT(cross_rank < 0 || ringrun_cross_rank() == cross_rank,
+         "ringrun_cross_rank %d, launcher's %d", ringrun_cross_rank(), cross_rank);
+  EXPECT(cross_size < 0 || ringrun_cross_size() == cross_size,
+         "ringrun_cross_size %d, launcher's %d", ringrun_cross_size(), cross_size);
+  if (local_size == size) {
+    EXPECT(ringrun_cross_rank() == 0 && ringrun_cross_size() == 1, "one host: cross %d of %d",
+           ringrun_cross_rank(), ringrun_cross_size());
+  }
+  int64_t v = rank + 1;
+  CHECK_RC(ringrun_allreduce(&v, &v, 1, RINGRUN_INT64, RINGRUN_SUM));
+  EXPECT(v == (int64_t)size * (size + 1) / 2, "allreduce of rank + 1: %lld", (long long)v);
+  printf("launched rank=%d size=%d local=%d/%d cross=%d/%d sum=%lld\n", ringrun_rank(),
+         ringrun_size(), ringrun_local_rank(), ringrun_local_size(), ringrun_cross_rank(),
+         ringrun_cross_size(), (long long)v);
+  fflush(stdout);
+  return check();
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "check";
   if (strcmp(mode, "nofd") == 0) return nofd();
@@ -633,10 +678,11 @@ int main(int argc, char** argv) {
            : strcmp(mode, "late") == 0   ? late()
            : strcmp(mode, "delayed") == 0
                ? (sleep(argc > 2 ? (unsigned)atoi(argv[2]) : 2u), check())
-           : strcmp(mode, "engine") == 0 ? engine()
-           : strcmp(mode, "fused") == 0  ? fused()
-           : strcmp(mode, "stall") == 0  ? stall()
-                                         : check();
+           : strcmp(mode, "engine") == 0   ? engine()
+           : strcmp(mode, "fused") == 0    ? fused()
+           : strcmp(mode, "stall") == 0    ? stall()
+           : strcmp(mode, "launched") == 0 ? launched()
+                                           : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());
   ringrun_shutdown();
   if (rc == 0 && uninitialized("after ringrun_shutdown") != 0) return 1;

@@ -13,6 +13,8 @@
 #   sigint / sigterm   Ctrl-C (SIGINT) / SIGTERM to ringrun: 130 / 143
 #   kill9      kill -9 of ringrun: the agents notice, nothing is left; a second job runs
 #   agentkill  kill -9 of one node's agent: the job fails naming it; a second job runs
+#   srunpmix   libringrun under `srun --mpi=pmix` without ringrun (PMIx rendezvous): shape, an
+#              allreduce, a rank killed after the join named by the others, srun --mpi=none refused
 #   timelimit  the allocation's time limit with --signal=USR1@50: ranks see SIGUSR1, then
 #              everything ends
 # Each fault case checks that it ends in bounded time, that no tagged process (agent or rank)
@@ -250,6 +252,30 @@ timelimit)
   [[ $(grep -c "got-.-USR1" "$LOG") -ge 6 ]] && pass "every rank got --signal's SIGUSR1" || { fail "SIGUSR1 did not reach every rank"; cat "$LOG"; }
   expect_nothing_left 15
   wait_gone 15 agent_steps "$JOB" || fail "steps left"
+  ;;
+srunpmix)
+  # libringrun under srun --mpi=pmix, without ringrun: 3 nodes x 2 tasks join through Slurm's
+  # PMIx server; rank, local and cross numbering are Slurm's; an allreduce sums.
+  worker=$BIN_DIR/runtime_test_worker
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=2 srun --mpi=pmix -n 6 --ntasks-per-node=2 \
+    env RINGRUN_TEST_LOCAL_SIZE=2 "$worker" launched 2>&1)
+  rc=$?
+  [[ $rc == 0 ]] && pass "srun --mpi=pmix -n 6 across 3 nodes" || { fail "srun --mpi=pmix rc $rc"; echo "$out"; }
+  for r in 0 1 2 3 4 5; do
+    expect_in "$out" "launched rank=$r size=6 local=$((r % 2))/2 cross=$((r / 2))/3 sum=21" "rank $r's shape and sum"
+    expect_in "$out" "rank $r of 6 found its peers through PMIx (srun (Slurm), namespace " "rank $r logs PMIx"
+  done
+  # A rank killed after the join: the others fail naming it, in bounded time.
+  start=$SECONDS
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=1 srun --mpi=pmix -n 3 bash -c \
+    "RINGRUN_TIMEOUT_MS=20000 $worker loop & w=\$!; [[ \$SLURM_PROCID == 1 ]] && { sleep 3; kill -9 \$w; }; wait \$w" 2>&1)
+  (( SECONDS - start < 60 )) && pass "the step ended in $((SECONDS - start)) s" || fail "the step took $((SECONDS - start)) s"
+  expect_in "$out" ": peer rank 1 (" "a survivor's allreduce fails naming the killed rank"
+  # srun without PMIx: refused, naming srun and how to start the step.
+  out=$(salloc -J "rr-test-$$" -N2 --ntasks-per-node=1 srun --mpi=none -n 2 "$worker" check 2>&1)
+  expect_in "$out" "one of 2 processes started by srun (Slurm)" "srun --mpi=none is refused"
+  expect_in "$out" "srun --mpi=pmix -n 2" "the refusal says how to start it"
+  expect_nothing_left 10
   ;;
 *)
   echo "unknown case $CASE"; exit 2 ;;

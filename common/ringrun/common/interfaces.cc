@@ -2,10 +2,14 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
+
+#include "ringrun/common/fd.h"
 
 namespace ringrun {
 
@@ -55,6 +59,32 @@ Result<std::string> FirstInterfaceAddress(const std::vector<NetInterface>& inter
            (it == interfaces.end() ? ": no such interface" : ": no usable address");
   }
   return NotFound("--network-interfaces " + why);
+}
+
+Result<std::string> RouteSourceAddress(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (int rc = ::getaddrinfo(host.c_str(), "9", &hints, &res); rc != 0) {
+    return NotFound(host + ": cannot resolve the name (" + gai_strerror(rc) + ")");
+  }
+  std::string found;
+  for (addrinfo* ai = res; ai && found.empty(); ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid() || ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    char buf[INET6_ADDRSTRLEN] = "";
+    const void* a =
+        local.ss_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    if (::inet_ntop(local.ss_family, a, buf, sizeof(buf))) found = buf;
+  }
+  ::freeaddrinfo(res);
+  if (found.empty()) return NotFound(host + ": no route to it");
+  return found;
 }
 
 }  // namespace ringrun

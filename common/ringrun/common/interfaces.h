@@ -24,4 +24,9 @@ Result<std::vector<NetInterface>> ListInterfaces();
 Result<std::string> FirstInterfaceAddress(const std::vector<NetInterface>& interfaces,
                                           const std::vector<std::string>& names);
 
+// The source address of this host's route to `host` (a name or an address): where `host` can
+// reach this host. Found with a UDP connect, which sends nothing. NotFound names `host` and
+// says whether its name did not resolve or no route leads there.
+Result<std::string> RouteSourceAddress(const std::string& host);
+
 }  // namespace ringrun

@@ -3,8 +3,9 @@
  * A worker calls ringrun_init() once; it joins the job that the launcher described in the
  * environment (RINGRUN_RANK, RINGRUN_SIZE, RINGRUN_JOB_SERVICE, ...). Without that environment
  * the program is a job of size 1 and every collective is a local copy, unless another launcher
- * started it as one of several (then ringrun_init fails; see there). Ranks that another
- * launcher started join through a store instead: ringrun_init_with_store.
+ * started it as one of several (then ringrun_init fails; see there). Ranks that a PMIx
+ * launcher started (mpirun, srun --mpi=pmix) join through its PMIx server in ringrun_init;
+ * ranks that another launcher started join through a store instead: ringrun_init_with_store.
  *
  * Two ways to call a collective:
  *
@@ -160,11 +161,16 @@ RINGRUN_API ringrun_status ringrun_init(void);
  * RINGRUN_SPIN (see above) when that variable is not set; 0 sleeps at once, 1 busy-waits,
  * -1 keeps the default. Another value is RINGRUN_ERR_INVALID_ARGUMENT. */
 RINGRUN_API ringrun_status ringrun_init_with_spin(int spin);
-/* Not in a ringrun job (no RINGRUN_RANK, RINGRUN_SIZE), ringrun_init() runs the process as a
- * job of size 1, unless the environment shows another launcher's job of several processes:
- * WORLD_SIZE > 1 (torchrun), HOROVOD_SIZE > 1, OMPI_COMM_WORLD_SIZE > 1 (mpirun), an srun step
- * of SLURM_NTASKS > 1, PMIX_RANK > 0. Then it fails with RINGRUN_ERR_INVALID_ARGUMENT, and the
- * message names the launcher, the variables seen and what to do. */
+/* Not in a ringrun job (no RINGRUN_RANK, RINGRUN_SIZE) but with PMIX_RANK and PMIX_NAMESPACE
+ * set (Open MPI's mpirun, Slurm's srun --mpi=pmix), ringrun_init() joins through the
+ * launcher's PMIx server: rank and size are PMIx's, and the process stays connected to it until
+ * it exits (PMIx_Finalize runs at exit); a PMIx server that cannot be joined fails it, never
+ * a job of size 1. Otherwise it runs the process as a job of size 1, unless the environment
+ * shows another launcher's job of several processes: WORLD_SIZE > 1 (torchrun),
+ * HOROVOD_SIZE > 1, OMPI_COMM_WORLD_SIZE > 1 (mpirun), an srun step of SLURM_NTASKS > 1,
+ * PMIX_RANK > 0. Then it fails with RINGRUN_ERR_INVALID_ARGUMENT, and the message names the
+ * launcher, the variables seen, why PMIx could not be joined (where it was tried) and what to
+ * do. */
 
 /* A key-value store that every rank of the job reaches, implemented by the caller: how ranks
  * that another launcher started find each other (the Python package hands in torch's

@@ -79,7 +79,9 @@ std::optional<ForeignJob> DetectForeignJob(const std::function<const char*(const
       s.Get("OMPI_COMM_WORLD_RANK");
       s.Get("PMIX_RANK");
       return ForeignJob{"mpirun (Open MPI)", static_cast<int>(size), s.Take(),
-                        "ringrun does not join an mpirun job yet: start the job with " +
+                        "ringrun joins an mpirun job through PMIx (Open MPI 4 or later, which "
+                        "sets PMIX_RANK and PMIX_NAMESPACE, and a libringrun built with PMIx); "
+                        "or start the job with " +
                             Ringrun(size) + " (with -H or --hostfile for several hosts)"};
     }
   }
@@ -91,32 +93,45 @@ std::optional<ForeignJob> DetectForeignJob(const std::function<const char*(const
     if (size < 0) size = Count(s.Get("SLURM_NTASKS"));
     if (procid != nullptr && step != nullptr && size > 1) {
       return ForeignJob{"srun (Slurm)", static_cast<int>(size), s.Take(),
-                        "ringrun does not join an srun step yet: run `ringrun` once in the "
-                        "allocation (it starts the ranks on the allocation's nodes) instead of "
-                        "`srun -n " +
-                            std::to_string(size) + "`"};
+                        "start the step with `srun --mpi=pmix -n " + std::to_string(size) +
+                            "` (ringrun joins it through PMIx), or run `ringrun` once in the "
+                            "allocation (it starts the ranks on the allocation's nodes)"};
     }
   }
   {
     Seen s(getenv);
     if (Count(s.Get("PMIX_RANK")) > 0) {
       return ForeignJob{"a PMIx launcher (mpirun or srun --mpi=pmix)", -1, s.Take(),
-                        "ringrun does not join a PMIx job yet: start the job with " + Ringrun(-1)};
+                        "ringrun joins a PMIx job when PMIX_RANK and PMIX_NAMESPACE are set "
+                        "and its PMIx server can be reached; or start the job with " +
+                            Ringrun(-1)};
     }
   }
   return std::nullopt;
 }
 
-Status RefuseForeignJob(const ForeignJob& job) {
+std::optional<std::string> PmixLauncher(const std::function<const char*(const char*)>& getenv) {
+  auto set = [&](const char* name) {
+    const char* v = getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  if (!set("PMIX_RANK") || !set("PMIX_NAMESPACE")) return std::nullopt;
+  if (set("OMPI_COMM_WORLD_SIZE")) return "mpirun (Open MPI)";
+  if (set("SLURM_STEP_ID")) return "srun (Slurm)";
+  return "a PMIx launcher";
+}
+
+Status RefuseForeignJob(const ForeignJob& job, const std::string& pmix_failure) {
   std::string seen;
   for (const std::string& v : job.seen) seen += (seen.empty() ? "" : " ") + v;
-  return InvalidArgument(
-      "this process is one of " +
-      (job.size > 1 ? std::to_string(job.size) : std::string("several")) +
-      " processes started by " + job.launcher + " (" + seen +
-      "), but it has no ringrun rendezvous to join; it will not run as a job of size 1. To "
-      "join: " +
-      job.advice + ".");
+  return InvalidArgument("this process is one of " +
+                         (job.size > 1 ? std::to_string(job.size) : std::string("several")) +
+                         " processes started by " + job.launcher + " (" + seen +
+                         "), but it has no ringrun rendezvous to join" +
+                         (pmix_failure.empty()
+                              ? std::string()
+                              : " (its PMIx server could not be joined: " + pmix_failure + ")") +
+                         "; it will not run as a job of size 1. To join: " + job.advice + ".");
 }
 
 }  // namespace ringrun::runtime::rendezvous

@@ -1,7 +1,8 @@
 // Another launcher's job around this process, read from its environment. Where ringrun_init
-// finds no ringrun job to join, a process that torchrun, mpirun, srun or horovodrun started as
-// one of several must not run as a job of size 1: every rank would believe it is rank 0,
-// nothing would be averaged and checkpoints would collide, without an error.
+// finds no ringrun job to join (and no PMIx server to join through: PmixLauncher), a process
+// that torchrun, mpirun, srun or horovodrun started as one of several must not run as a job of
+// size 1: every rank would believe it is rank 0, nothing would be averaged and checkpoints
+// would collide, without an error.
 #pragma once
 
 #include <functional>
@@ -32,8 +33,15 @@ struct ForeignJob {
 // A single process, or a job of size 1 under any of them, shows none.
 std::optional<ForeignJob> DetectForeignJob(const std::function<const char*(const char*)>& getenv);
 
+// The launcher that started this process through PMIx, which ringrun_init joins (pmix_store.h):
+// "mpirun (Open MPI)" (OMPI_COMM_WORLD_SIZE set), "srun (Slurm)" (SLURM_STEP_ID set) or "a PMIx
+// launcher", when PMIX_RANK and PMIX_NAMESPACE are both set; nullopt otherwise. (Whether
+// RINGRUN_RANK, which wins, is set is the caller's to check.)
+std::optional<std::string> PmixLauncher(const std::function<const char*(const char*)>& getenv);
+
 // The refusal ringrun_init returns for `job`: kInvalidArgument naming the launcher, the
-// variables seen and what to do.
-Status RefuseForeignJob(const ForeignJob& job);
+// variables seen, why its PMIx server could not be joined (`pmix_failure`, where one was
+// tried) and what to do.
+Status RefuseForeignJob(const ForeignJob& job, const std::string& pmix_failure = "");
 
 }  // namespace ringrun::runtime::rendezvous

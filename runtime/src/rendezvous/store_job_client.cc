@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <unordered_map>
 #include <vector>
 
@@ -168,6 +169,17 @@ Result<std::string> ShareSecret(Store& store, int rank, uint32_t generation, int
                            std::to_string(2 * kSecretBytes) + " characters");
   }
   return secret;
+}
+
+int SetterOf(const std::string& key) {
+  const std::string join = "/join/";
+  const size_t at = key.rfind(join);
+  if (key.rfind(kStorePrefix, 0) != 0 || at == std::string::npos) return 0;
+  const char* digits = key.c_str() + at + join.size();
+  char* end = nullptr;
+  const long rank = std::strtol(digits, &end, 10);
+  return end != digits && *end == '\0' && rank >= 0 && rank <= (1 << 24) ? static_cast<int>(rank)
+                                                                         : 0;
 }
 
 std::unique_ptr<JobClient> MakeStoreJobClient(Store& store) {

@@ -27,6 +27,11 @@ inline constexpr char kStorePrefix[] = "ringrun/";
 // (docs/security.md).
 Result<std::string> ShareSecret(Store& store, int rank, uint32_t generation, int timeout_ms);
 
+// The rank that sets `key` in this rendezvous: r for ".../join/<r>", rank 0 for every other key
+// (the secret, the peer table). Stores that keep each value under the process that set it
+// (PMIx: pmix_store.h) read a key there.
+int SetterOf(const std::string& key);
+
 // A JobClient that joins through `store`, which must outlive it. Join fails with kTimeout when
 // ranks did not come within the timeout (rank 0 names them), kInvalidArgument when ranks
 // disagree on the size or two processes claim one rank, and with the store's own error when

@@ -1,0 +1,17 @@
+# Resolves RINGRUN_WITH_PMIX (AUTO|ON|OFF) into RINGRUN_HAVE_PMIX (0/1) and, when found, the
+# imported target PkgConfig::PMIX (Debian's libpmix-dev, through pkg-config's `pmix`).
+set(RINGRUN_HAVE_PMIX 0)
+if(NOT RINGRUN_WITH_PMIX STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(PMIX QUIET IMPORTED_TARGET pmix>=4)
+  endif()
+  if(PMIX_FOUND)
+    set(RINGRUN_HAVE_PMIX 1)
+    message(STATUS "ringrun: PMIx rendezvous ON (PMIx ${PMIX_VERSION}, ${PMIX_LIBDIR})")
+  elseif(RINGRUN_WITH_PMIX STREQUAL "ON")
+    message(FATAL_ERROR "RINGRUN_WITH_PMIX=ON but pkg-config finds no pmix >= 4 (apt-get install libpmix-dev)")
+  else()
+    message(STATUS "ringrun: PMIx rendezvous OFF (pkg-config finds no pmix >= 4)")
+  endif()
+endif()

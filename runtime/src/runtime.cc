@@ -244,11 +244,11 @@ Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
   return engine_->StartTimeline(TimelinePath(path, shape_.rank, shape_.size), mark_cycles);
 }
 
-Status Runtime::SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::HandleState>* handle) {
-  const std::string name = entry.req.name;
-  const bool join = entry.req.kind == engine::Kind::kJoin;
+Status Runtime::SubmitAndWait(std::string_view name, const engine::TensorArgs& tensor,
+                              std::shared_ptr<engine::HandleState>* handle) {
+  const bool join = tensor.kind == engine::Kind::kJoin;
   engine::HandleState* raw = nullptr;
-  RINGRUN_RETURN_IF_ERROR(engine_->Submit(name, &entry, 1, /*group=*/false, &raw));
+  RINGRUN_RETURN_IF_ERROR(engine_->Submit(name, &tensor, 1, /*group=*/false, &raw));
   std::shared_ptr<engine::HandleState> owned;
   if (handle) owned = engine::ShareHandle(raw);  // else released below
   engine::HandleState& h = *raw;
@@ -275,52 +275,53 @@ Status Runtime::SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::Handl
 
 Status Runtime::Allreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, void* stream) {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kAllreduce;
-  e.req.dtype = dtype, e.req.op = op, e.req.count = count;
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kAllreduce;
+  e.dtype = dtype, e.op = op, e.count = count;
   e.send = send, e.recv = recv, e.stream = stream;
-  return SubmitAndWait(std::move(e));
+  return SubmitAndWait({}, e);
 }
 
 Status Runtime::Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root, void* stream) {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kBroadcast;
-  e.req.dtype = dtype, e.req.count = count, e.req.root = root;
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kBroadcast;
+  e.dtype = dtype, e.count = count, e.root = root;
   e.send = buf, e.recv = buf, e.stream = stream;
-  return SubmitAndWait(std::move(e));
+  return SubmitAndWait({}, e);
 }
 
 Status Runtime::Allgather(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           void* stream) {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kAllgather;
-  e.req.dtype = dtype, e.req.count = count, e.req.row_elems = 1, e.req.fixed = true;
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kAllgather;
+  e.dtype = dtype, e.count = count, e.row_elems = 1, e.fixed = true;
   e.send = send, e.recv = recv, e.stream = stream;
-  return SubmitAndWait(std::move(e));
+  return SubmitAndWait({}, e);
 }
 
 Status Runtime::ReduceScatter(const void* send, void* recv, size_t recvcount, ringrun_dtype dtype,
                               ringrun_op op) {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kReduceScatter;
-  e.req.dtype = dtype, e.req.op = op, e.req.count = recvcount;
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kReduceScatter;
+  e.dtype = dtype, e.op = op, e.count = recvcount;
   e.send = send, e.recv = recv;
-  return SubmitAndWait(std::move(e));
+  return SubmitAndWait({}, e);
 }
 
 Status Runtime::Alltoall(const void* send, void* recv, size_t count_per_rank, ringrun_dtype dtype) {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kAlltoall;
-  e.req.dtype = dtype, e.req.count = count_per_rank, e.req.row_elems = 1, e.req.fixed = true;
-  e.req.send_rows.assign(shape_.size, count_per_rank);
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kAlltoall;
+  e.dtype = dtype, e.count = count_per_rank, e.row_elems = 1, e.fixed = true;
+  const std::vector<uint64_t> send_rows(shape_.size, count_per_rank);
+  e.send_rows = send_rows.data();
   e.send = send, e.recv = recv;
-  return SubmitAndWait(std::move(e));
+  return SubmitAndWait({}, e);
 }
 
 Status Runtime::Barrier() {
-  engine::Entry e;
-  e.req.kind = engine::Kind::kBarrier;
-  return SubmitAndWait(std::move(e));
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kBarrier;
+  return SubmitAndWait({}, e);
 }
 
 }  // namespace ringrun::runtime

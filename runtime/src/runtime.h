@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ringrun/common/defaults.h"
@@ -118,12 +119,13 @@ class Runtime {
   const Shape& shape() const { return shape_; }
   engine::Engine& engine() { return *engine_; }
 
-  // Submits one entry under its req.name (engine::Engine::Submit) and waits; a request that
-  // has not completed within the collective timeout breaks the runtime (naming the ranks that
-  // did not submit it) and fails. A join waits without that bound: the other ranks may train
-  // for as long as they have data (a failure or shutdown ends it). *handle (if given) keeps
-  // the completed handle (a join's last rank).
-  Status SubmitAndWait(engine::Entry entry, std::shared_ptr<engine::HandleState>* handle = nullptr);
+  // Submits one tensor under `name` ("": unnamed; engine::Engine::Submit) and waits; a request
+  // that has not completed within the collective timeout breaks the runtime (naming the ranks
+  // that did not submit it) and fails. A join waits without that bound: the other ranks may
+  // train for as long as they have data (a failure or shutdown ends it). *handle (if given)
+  // keeps the completed handle (a join's last rank).
+  Status SubmitAndWait(std::string_view name, const engine::TensorArgs& tensor,
+                       std::shared_ptr<engine::HandleState>* handle = nullptr);
 
   // The blocking collectives. With a `stream` (a cudaStream_t), device memory only: enqueued
   // on it, returns once enqueued.

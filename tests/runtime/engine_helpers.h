@@ -12,12 +12,25 @@
 
 namespace ringrun::runtime::testing {
 
+// The tests describe a submission as an Entry (its req.name the name to submit under); this
+// is what the engine is given of it. The view reads e's send_rows: e must outlive its use.
+inline engine::TensorArgs ArgsOf(const engine::Entry& e) {
+  const engine::Request& r = e.req;
+  engine::TensorArgs t;
+  t.kind = r.kind, t.dtype = r.dtype, t.op = r.op, t.root = r.root, t.count = r.count;
+  t.row_elems = r.row_elems, t.prescale = r.prescale, t.postscale = r.postscale;
+  t.flags = r.flags, t.fixed = r.fixed;
+  t.send_rows = r.send_rows.empty() ? nullptr : r.send_rows.data();
+  t.send = e.send, t.recv = e.recv, t.stream = e.stream;
+  return t;
+}
+
 // Submits one entry under its req.name; nullptr (and *err set) when the submission is refused.
-inline std::shared_ptr<engine::HandleState> Submit(Runtime& rt, engine::Entry e,
+inline std::shared_ptr<engine::HandleState> Submit(Runtime& rt, const engine::Entry& e,
                                                    std::string* err = nullptr) {
   engine::HandleState* h = nullptr;
-  const std::string name = e.req.name;
-  Status st = rt.engine().Submit(name, &e, 1, /*group=*/false, &h);
+  const engine::TensorArgs t = ArgsOf(e);
+  Status st = rt.engine().Submit(e.req.name, &t, 1, /*group=*/false, &h);
   if (err) *err = st.message();
   return h ? engine::ShareHandle(h) : nullptr;
 }
@@ -30,8 +43,10 @@ struct Submitted {
 inline Submitted SubmitGroup(Runtime& rt, std::vector<engine::Entry> entries) {
   engine::HandleState* h = nullptr;
   const std::string name = entries.empty() ? std::string() : entries[0].req.name;
+  std::vector<engine::TensorArgs> ts;
+  for (const engine::Entry& e : entries) ts.push_back(ArgsOf(e));
   Submitted out;
-  out.status = rt.engine().Submit(name, entries.data(), entries.size(), /*group=*/true, &h);
+  out.status = rt.engine().Submit(name, ts.data(), ts.size(), /*group=*/true, &h);
   if (h) out.handle = engine::ShareHandle(h);
   return out;
 }

@@ -726,7 +726,7 @@ TEST_CASE("engine: a blocking join outlasts the collective timeout and the stall
         Entry j;
         j.req.name = "join", j.req.kind = Kind::kJoin;
         std::shared_ptr<HandleState> h;
-        Status st = rt.SubmitAndWait(std::move(j), &h);
+        Status st = rt.SubmitAndWait(j.req.name, ArgsOf(j), &h);
         if (!st.ok()) return f.Add(rank, "join: " + st.message());
         if (h->last_joined != 1) f.Add(rank, "last joined " + std::to_string(h->last_joined));
       },

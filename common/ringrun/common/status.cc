@@ -33,12 +33,17 @@ const char* CodeName(Code code) {
   return "unknown";
 }
 
-Status Status::Annotate(const std::string& context) const {
-  if (ok()) return *this;
-  return Status(code_, context + ": " + message_);
+const std::string& Status::message() const {
+  static const std::string* const kEmpty = new std::string;  // never freed
+  return rep_ ? rep_->message : *kEmpty;
 }
 
-std::string Status::ToString() const { return ok() ? "ok" : message_; }
+Status Status::Annotate(const std::string& context) const {
+  if (ok()) return *this;
+  return Status(rep_->code, context + ": " + rep_->message);
+}
+
+std::string Status::ToString() const { return ok() ? "ok" : rep_->message; }
 
 Status ErrnoStatus(const std::string& what, int err) {
   Code code = Code::kInternal;

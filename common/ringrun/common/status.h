@@ -25,22 +25,47 @@ enum class Code {
 
 const char* CodeName(Code code);
 
+// One pointer: null when OK, so that returning, testing and destroying an OK Status (the
+// common case, on hot paths such as every submission) costs a store, a compare and nothing;
+// the code and message are allocated only for an error (as LevelDB's and Abseil's Status).
+// Copies copy the message; moves move the pointer and leave the source OK.
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  // An OK code makes an OK Status (its message is dropped).
+  Status(Code code, std::string message)
+      : rep_(code == Code::kOk ? nullptr : new Rep{code, std::move(message)}) {}
+  Status(const Status& o) : rep_(o.rep_ ? new Rep(*o.rep_) : nullptr) {}
+  Status(Status&& o) noexcept : rep_(o.rep_) { o.rep_ = nullptr; }
+  Status& operator=(const Status& o) {
+    if (this != &o) *this = Status(o);
+    return *this;
+  }
+  Status& operator=(Status&& o) noexcept {  // o is left OK
+    if (this != &o) {
+      delete rep_;
+      rep_ = o.rep_;
+      o.rep_ = nullptr;
+    }
+    return *this;
+  }
+  ~Status() { delete rep_; }
   static Status Ok() { return Status(); }
 
-  bool ok() const { return code_ == Code::kOk; }
-  Code code() const { return code_; }
-  const std::string& message() const { return message_; }
+  bool ok() const { return rep_ == nullptr; }
+  Code code() const { return rep_ ? rep_->code : Code::kOk; }
+  // Empty when ok().
+  const std::string& message() const;
   // "<context>: <message>", keeping the code.
   Status Annotate(const std::string& context) const;
   std::string ToString() const;
 
  private:
-  Code code_ = Code::kOk;
-  std::string message_;
+  struct Rep {
+    Code code;
+    std::string message;
+  };
+  Rep* rep_ = nullptr;
 };
 
 inline Status InvalidArgument(std::string m) {

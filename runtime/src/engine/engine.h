@@ -108,17 +108,18 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // The one way in: validates and queues the n entries at `entries` (moved from) under one
-  // handle, all or none, and never waits for other ranks. `name` names them whatever their
-  // req.name: a lone entry's name, or a group's base name (group: a grouped allreduce, whose
-  // entries are "<name>.<i>of<n>"); empty: a default that is the same on every rank (the k-th
-  // unnamed submission of its kind). Several entries must be a group. On success *handle is
-  // the caller's reference (ReleaseHandle drops it). Refused: kInvalidArgument (a bad
-  // argument, named), kDuplicate (a name still in flight on this rank), kAborted (shutting
-  // down), or the failure that broke the engine. A named allreduce of host memory whose name
-  // has a kept slot (the commonest submission of training) is queued without a lookup of its
-  // buffers or a string built (QueueKept).
-  Status Submit(std::string_view name, Entry* entries, size_t n, bool group, HandleState** handle);
+  // The one way in: validates and queues the n tensors at `tensors` (read during the call,
+  // not kept) under one handle, all or none, and never waits for other ranks. `name` names a
+  // lone tensor, or a group's base name (group: a grouped allreduce, whose tensors are
+  // "<name>.<i>of<n>"); empty: a default that is the same on every rank (the k-th unnamed
+  // submission of its kind). Several tensors must be a group. On success *handle is the
+  // caller's reference (ReleaseHandle drops it). Refused: kInvalidArgument (a bad argument,
+  // named), kDuplicate (a name still in flight on this rank), kAborted (shutting down), or the
+  // failure that broke the engine. A named allreduce of host memory whose name has a kept slot
+  // (the commonest submission of training) is queued without a lookup of its buffers, and
+  // builds no string, Entry or error (QueueKept).
+  Status Submit(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
+                HandleState** handle);
   int timeout_ms() const { return options_.timeout_ms; }
   // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
   // it, naming the ranks that have not submitted what is pending. For a blocking call that
@@ -171,17 +172,17 @@ class Engine {
     bool fast_ok = false;
   };
   static constexpr size_t kKeptSlots = 16384;
-  // Submit's short path for e, a lone named allreduce: queues it when its name has a kept
-  // slot that is not in flight and e is host memory with valid arguments (true: *handle is the
+  // Submit's short path for t, a lone named allreduce: queues it when its name has a kept
+  // slot that is not in flight and t is host memory with valid arguments (true: *handle is the
   // caller's). Otherwise it does nothing and returns false, and Submit takes its general path,
   // which also says what is wrong. Builds no string; checks nothing again when the arguments
   // and buffers are those of the name's last submission through here.
-  bool QueueKept(std::string_view name, const Entry& e, HandleState** handle);
+  bool QueueKept(std::string_view name, const TensorArgs& t, HandleState** handle);
   // Whether Validate would accept these arguments for an allreduce of host memory.
   bool ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, double prescale, double postscale, uint32_t flags) const;
   // Submit's path for everything else, which says what is wrong with a refused submission.
-  Status SubmitGeneral(std::string_view name, Entry* entries, size_t n, bool group,
+  Status SubmitGeneral(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
                        HandleState** handle);
   Slot* NewSlot(std::string_view name, bool named) REQUIRES(mu_);
   void ReleaseSlot(Slot* s) REQUIRES(mu_) {  // not in flight any more
@@ -192,10 +193,10 @@ class Engine {
   }
   // e's arguments into s (mu_ held, s not in flight).
   static void MoveInto(Slot& s, Entry& e);
-  // r's arguments (all but the name) into q, writing only fields that differ; whether any did.
-  // R: a Request, or anything with its argument fields (the short submission path's).
+  // r's arguments (all but the name and send_rows) and `device` into q, writing only fields
+  // that differ; whether any did. R: a Request or a TensorArgs.
   template <typename R>
-  static bool UpdateArgs(Request& q, const R& r);
+  static bool UpdateArgs(Request& q, const R& r, bool device);
   // This rank's slot for a ready response, or nullptr (the rank had joined).
   Slot* Local(const Response& r);
   void Loop();

@@ -26,8 +26,8 @@ const char* KindName(Kind k);
 
 // The negotiated description of one tensor on one rank. Every field but `rows` and
 // `send_rows` (allgather and alltoall, which may differ per rank) must be equal on every rank.
-// A new field must be added to Engine::MoveInto too (it copies them one by one), and to
-// Encode, Decode, Identical and Differs.
+// A new field must be added to TensorArgs and Engine::UpdateArgs too (a submission's arguments
+// are copied field by field), and to Encode, Decode, Identical and Differs.
 struct Request {
   std::string name;
   Kind kind = Kind::kAllreduce;
@@ -68,7 +68,28 @@ struct Request {
 // The state a caller holds: one per submission (a grouped allreduce has one for n entries).
 struct HandleState;
 
-// One tensor of a submission on this rank.
+// One tensor of a submission as its caller gives it to Engine::Submit: the arguments and the
+// buffers, viewed. It owns nothing (no string, vector or shared pointer), so that submitting
+// costs no construction and no destruction; Submit copies what it keeps into the tensor's
+// Entry. The defaults are those of a plain allreduce. `device` is not an argument: Submit
+// finds it from the buffers.
+struct TensorArgs {
+  Kind kind = Kind::kAllreduce;
+  ringrun_dtype dtype = RINGRUN_FLOAT32;
+  ringrun_op op = RINGRUN_SUM;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t row_elems = 1;
+  double prescale = 1.0, postscale = 1.0;
+  uint32_t flags = 0;
+  bool fixed = false;
+  const uint64_t* send_rows = nullptr;  // alltoall: one per rank of the job (read at Submit)
+  const void* send = nullptr;
+  void* recv = nullptr;
+  void* stream = nullptr;
+};
+
+// The engine's record of one tensor on this rank while in flight (see Engine::Slot).
 struct Entry {
   Request req;
   const void* send = nullptr;

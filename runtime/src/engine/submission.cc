@@ -114,7 +114,7 @@ bool Update(T& field, const T& value) {
 }  // namespace
 
 template <typename R>
-inline bool Engine::UpdateArgs(Request& q, const R& r) {
+inline bool Engine::UpdateArgs(Request& q, const R& r, bool device) {
   // Field by field, writing only what changed, and never the name (the slot keeps its own):
   // the engine thread read this slot last step, and a field left alone stays in both cores'
   // caches instead of moving back and forth each step.
@@ -122,7 +122,7 @@ inline bool Engine::UpdateArgs(Request& q, const R& r) {
   bool changed = Update(q.kind, r.kind);
   changed |= Update(q.dtype, r.dtype);
   changed |= Update(q.op, r.op);
-  changed |= Update(q.device, r.device);
+  changed |= Update(q.device, device);
   changed |= Update(q.root, r.root);
   changed |= Update(q.count, r.count);
   changed |= Update(q.row_elems, r.row_elems);
@@ -141,7 +141,7 @@ inline bool Engine::UpdateArgs(Request& q, const R& r) {
 void Engine::MoveInto(Slot& s, Entry& e) {
   s.fast_ok = false;  // written by the general path: QueueKept checks again
   Request& q = s.req;
-  bool changed = UpdateArgs(q, e.req);
+  bool changed = UpdateArgs(q, e.req, e.req.device);
   if (q.send_rows != e.req.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
   if (changed) s.args_changed = true;
   Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
@@ -173,13 +173,24 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
   return s;
 }
 
-Status Engine::SubmitGeneral(std::string_view name, Entry* entries, size_t n, bool group,
+Status Engine::SubmitGeneral(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
                              HandleState** handle) {
   if (n == 0) return InvalidArgument("nothing to submit");
   if (n > 1 && !group) return InvalidArgument("several entries in one submission must be a group");
   const int64_t now = timeline_ ? Now() : 0;  // submit_us: for the timeline only
+  // The tensors as the engine keeps them (moved into their slots below).
+  Entry one[1];
+  std::vector<Entry> many;
+  Entry* entries = n == 1 ? one : (many.resize(n), many.data());
   for (size_t i = 0; i < n; ++i) {
+    const TensorArgs& t = tensors[i];
     Entry& e = entries[i];
+    Request& r = e.req;
+    r.kind = t.kind, r.dtype = t.dtype, r.op = t.op, r.root = t.root, r.count = t.count;
+    r.row_elems = t.row_elems, r.prescale = t.prescale, r.postscale = t.postscale;
+    r.flags = t.flags, r.fixed = t.fixed;
+    if (t.send_rows) r.send_rows.assign(t.send_rows, t.send_rows + options_.size);
+    e.send = t.send, e.recv = t.recv, e.stream = t.stream;
     const bool send_device = is_device_(e.send);
     const bool recv_device = e.recv == e.send ? send_device : is_device_(e.recv);
     e.req.device = send_device || recv_device;
@@ -300,22 +311,22 @@ bool Engine::ValidHostAllreduce(const void* send, void* recv, size_t count, ring
 }
 
 // Inlined into Submit, its one caller: the commonest submission pays no call for it.
-__attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view name, const Entry& e,
+__attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view name,
+                                                             const TensorArgs& t,
                                                              HandleState** handle) {
   // Fields that a plain allreduce leaves at their defaults, set otherwise (or a stream): the
   // general path stores them as given.
-  if (e.stream != nullptr || e.ready || e.req.root != 0 || e.req.row_elems != 1 || e.req.fixed ||
-      !e.req.send_rows.empty()) {
+  if (t.stream != nullptr || t.root != 0 || t.row_elems != 1 || t.fixed || t.send_rows) {
     return false;
   }
   if (name.empty() || name.size() > RINGRUN_MAX_NAME_BYTES || name == kJoinName) return false;
-  const void* const send = e.send;
-  void* const recv = e.recv;
-  const uint64_t count = e.req.count;
-  const ringrun_dtype dtype = e.req.dtype;
-  const ringrun_op op = e.req.op;
-  const double prescale = e.req.prescale, postscale = e.req.postscale;
-  const uint32_t flags = e.req.flags;
+  const void* const send = t.send;
+  void* const recv = t.recv;
+  const uint64_t count = t.count;
+  const ringrun_dtype dtype = t.dtype;
+  const ringrun_op op = t.op;
+  const double prescale = t.prescale, postscale = t.postscale;
+  const uint32_t flags = t.flags;
   const int64_t now = timeline_ ? Now() : 0;
   const size_t hash = NameHash{}(name);
   HandleState* h = nullptr;
@@ -344,21 +355,7 @@ __attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view na
         if (!same) {
           // The arguments as the general path would store them (the name stays the slot's
           // own; no string or vector is built).
-          struct {
-            Kind kind = Kind::kAllreduce;
-            ringrun_dtype dtype;
-            ringrun_op op;
-            bool device = false;
-            int32_t root = 0;
-            uint64_t count;
-            uint64_t row_elems = 1;
-            uint32_t flags;
-            bool fixed = false;
-            double prescale, postscale;
-          } r;
-          r.dtype = dtype, r.op = op, r.count = count, r.flags = flags;
-          r.prescale = prescale, r.postscale = postscale;
-          bool changed = UpdateArgs(s->req, r);
+          bool changed = UpdateArgs(s->req, t, /*device=*/false);
           if (!s->req.send_rows.empty()) s->req.send_rows.clear(), changed = true;
           if (changed) s->args_changed = true;
           Update(s->send, send), Update(s->recv, recv);
@@ -385,14 +382,14 @@ __attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view na
   return true;
 }
 
-Status Engine::Submit(std::string_view name, Entry* entries, size_t n, bool group,
+Status Engine::Submit(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
                       HandleState** handle) {
   *handle = nullptr;
-  if (n == 1 && !group && entries[0].req.kind == Kind::kAllreduce &&
-      QueueKept(name, entries[0], handle)) {
+  if (n == 1 && !group && tensors[0].kind == Kind::kAllreduce &&
+      QueueKept(name, tensors[0], handle)) {
     return Status::Ok();
   }
-  return SubmitGeneral(name, entries, n, group, handle);
+  return SubmitGeneral(name, tensors, n, group, handle);
 }
 
 }  // namespace ringrun::runtime::engine

@@ -74,6 +74,9 @@ StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool/%n
 SlurmdPidFile=$STATE/run/slurmd-%n.pid
 SlurmdLogFile=$STATE/log/slurmd-%n.log
+# Per node, as on real nodes: Slurm's PMIx plugin makes its client directories there, under
+# names that are the same on every node of a step.
+TmpFS=$STATE/tmp/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmctldDebug=info
@@ -133,7 +136,7 @@ start_ctld() {
 start_slurmd() {  # i
   local i=$1 name=$P-h$1
   pid_alive "$STATE/run/slurmd-$name.pid" && return 0
-  mkdir -p "$STATE/spool/$name"
+  mkdir -p "$STATE/spool/$name" "$STATE/tmp/$name"
   nsenter --net="/run/netns/$name" unshare --uts /bin/sh -c \
     "hostname $name && exec /usr/sbin/slurmd -f '$SLURM_CONF'" >>"$STATE/log/slurmd-$name.out" 2>&1 8>&-
 }

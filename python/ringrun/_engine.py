@@ -216,8 +216,20 @@ def _release_deferred(deadline_s=None):
         time.sleep(0.001)
 
 
-def _submit(what, call, name, finish=None, keep=()):
-    """call(pointer to the C handle) is one ringrun_*_submit; returns its Handle."""
+def _give_shapes(what, shapes):
+    """ringrun_next_shapes(shapes): the shapes (tuples of ints) of the next submission's
+    tensors, which the ranks must agree on (ringrun.h)."""
+    ndims = (ctypes.c_int * len(shapes))(*[len(s) for s in shapes])
+    flat = [int(d) for s in shapes for d in s]
+    dims = (ctypes.c_int64 * len(flat))(*flat)
+    status = _lib.lib.ringrun_next_shapes(len(shapes), ndims, dims)
+    if status != 0:
+        raise ValueError(f"{what}: {_lib.error_message() or 'shape refused (%d)' % status}")
+
+
+def _submit(what, call, name, finish=None, keep=(), shapes=None):
+    """call(pointer to the C handle) is one ringrun_*_submit; returns its Handle. shapes: the
+    shape of each of its tensors, or None (not compared across ranks)."""
     if _deferred:
         _release_deferred()
     if _detached:
@@ -225,6 +237,8 @@ def _submit(what, call, name, finish=None, keep=()):
     holder = ctypes.c_void_p()
     _live[id(holder)] = (holder, keep)  # before the call: see Handle
     try:
+        if shapes is not None:
+            _give_shapes(what, shapes)  # taken by the call below, whatever it returns
         status = call(ctypes.byref(holder))
         if status == 0:
             return Handle(holder, name, finish, keep)
@@ -348,16 +362,21 @@ def check_scales(dtype, prescale, postscale, what):
                          f"{_lib.DTYPE_NAMES[dtype]}")
 
 
-def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=()):
-    """recv = postscale * op over ranks of (prescale * send)."""
+def allreduce(send, recv, count, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=(),
+              shape=None):
+    """recv = postscale * op over ranks of (prescale * send). shape: the tensor's, which every
+    rank must give alike (None: not compared); so for the other collectives."""
     name = auto_name("allreduce", name)
     check_scales(dtype, prescale, postscale, f"allreduce '{name}'")
     return _submit(f"allreduce '{name}'", lambda h: _lib.lib.ringrun_allreduce_submit(
-        _name(name), send, recv, count, dtype, op, prescale, postscale, 0, h), name, keep=keep)
+        _name(name), send, recv, count, dtype, op, prescale, postscale, 0, h), name, keep=keep,
+        shapes=None if shape is None else [shape])
 
 
-def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=()):
-    """entries: [(send, recv, count)], all of one dtype; one submission for the group."""
+def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0, keep=(),
+                      shapes=None):
+    """entries: [(send, recv, count)], all of one dtype; one submission for the group. shapes:
+    one per entry, or None."""
     name = auto_name("grouped_allreduce", name)
     check_scales(dtype, prescale, postscale, f"grouped allreduce '{name}'")
     n = len(entries)
@@ -367,17 +386,18 @@ def grouped_allreduce(entries, dtype, op, name=None, prescale=1.0, postscale=1.0
     return _submit(
         f"grouped allreduce '{name}'", lambda h: _lib.lib.ringrun_grouped_allreduce_submit(
             _name(name), n, sends, recvs, counts, dtype, op, prescale, postscale, 0, h),
-        name, keep=(keep, sends, recvs, counts))
+        name, keep=(keep, sends, recvs, counts), shapes=shapes)
 
 
-def broadcast(send, recv, count, dtype, root, name=None, keep=()):
+def broadcast(send, recv, count, dtype, root, name=None, keep=(), shape=None):
     """recv becomes root's send. Host memory may have send != recv (copied first); device
     memory needs send == recv."""
     name = auto_name("broadcast", name)
     if recv != send:
         _copy(recv, send, count * _lib.dtype_size(dtype))
     return _submit(f"broadcast '{name}'", lambda h: _lib.lib.ringrun_broadcast_submit(
-        _name(name), recv, count, dtype, root, h), name, keep=keep)
+        _name(name), recv, count, dtype, root, h), name, keep=keep,
+        shapes=None if shape is None else [shape])
 
 
 def _copy_output(h, n, dtype, alloc, device_copy):
@@ -400,7 +420,8 @@ def _copy_output(h, n, dtype, alloc, device_copy):
     return result
 
 
-def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_copy=None):
+def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_copy=None,
+               shape=None):
     """Concatenates every rank's `rows` rows (row_elems elements each) in rank order.
     alloc(rows_per_rank) -> (result, recv_pointer) runs when the handle completes; the
     handle's result is alloc's result. device_copy: for device memory (see _copy_output)."""
@@ -409,10 +430,11 @@ def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_c
         f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
         lambda h, n=_lib.lib.ringrun_size(): _copy_output(h, n, dtype, alloc, device_copy),
-        keep)
+        keep, None if shape is None else [shape])
 
 
-def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_copy=None):
+def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_copy=None,
+              shape=None):
     """Rows splits[j] of send (in order) go to rank j. alloc(received_splits) ->
     (result, recv_pointer); the handle's result is alloc's result. device_copy: as for
     allgatherv."""
@@ -421,19 +443,22 @@ def alltoallv(send, splits, row_elems, dtype, alloc, name=None, keep=(), device_
     return _submit(
         f"alltoall '{name}'", lambda h: _lib.lib.ringrun_alltoall_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h, n=len(splits): _copy_output(h, n, dtype, alloc, device_copy), (keep, rows))
+        lambda h, n=len(splits): _copy_output(h, n, dtype, alloc, device_copy), (keep, rows),
+        None if shape is None else [shape])
 
 
-def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
+def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=(), shape=None):
     """Reduces send (rows rows) and leaves this rank's share of rows in recv: rows // size each,
     the first rows % size ranks one more (as Horovod). Host memory when the shares are
     uneven."""
     name = auto_name("reducescatter", name)
     n, me = _lib.lib.ringrun_size(), _lib.lib.ringrun_rank()
     what = f"reducescatter '{name}'"
+    shapes = None if shape is None else [shape]
     if rows % n == 0:
         return _submit(what, lambda h: _lib.lib.ringrun_reducescatter_submit(
-            _name(name), send, recv, rows // n * row_elems, dtype, op, h), name, keep=keep)
+            _name(name), send, recv, rows // n * row_elems, dtype, op, h), name, keep=keep,
+            shapes=shapes)
     # Uneven shares: the full reduction, then this rank's rows.
     esize = _lib.dtype_size(dtype)
     tmp = _buffer(rows * row_elems * esize)
@@ -444,7 +469,7 @@ def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=()):
         _copy(recv, _addr(tmp) + first * row_elems * esize, mine * row_elems * esize)
     return _submit(what, lambda h: _lib.lib.ringrun_allreduce_submit(
         _name(name), send, _addr(tmp), rows * row_elems, dtype, op, 1.0, 1.0, 0, h), name,
-        finish, (keep, tmp))
+        finish, (keep, tmp), shapes)
 
 
 def barrier(name=None):

@@ -83,6 +83,8 @@ _SIGNATURES = {
     "ringrun_handle_last_joined_rank": (_c_int, [_vp]),
     "ringrun_release": (None, [_vp]),
     # Submissions.
+    "ringrun_next_shapes": (_c_int, [_c_size, ctypes.POINTER(_c_int),
+                                     ctypes.POINTER(ctypes.c_int64)]),
     "ringrun_allreduce_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _c_double,
                                           _c_double, _c_uint, _hp]),
     "ringrun_grouped_allreduce_submit": (_c_int, [_cstr, _c_size, ctypes.POINTER(_vp),

@@ -88,6 +88,16 @@ inline Process& TheProcess() {
 // %fs-relative access instead of a call to __tls_get_addr.
 __attribute__((tls_model("initial-exec"))) thread_local std::string t_error;
 
+// The shapes that ringrun_next_shapes gave for this thread's next submission: t_shapes_n
+// tensors (0: none; a plain load, so that a submission without shapes pays one instruction),
+// tensor i's t_shapes.ndims[i] dimensions following those before it in t_shapes.dims.
+struct PendingShapes {
+  std::vector<uint32_t> ndims;
+  std::vector<int64_t> dims;
+};
+__attribute__((tls_model("initial-exec"))) thread_local size_t t_shapes_n = 0;
+__attribute__((tls_model("initial-exec"))) thread_local PendingShapes t_shapes;
+
 // The current runtime, or null (see Process).
 Runtime* Current() { return TheProcess().current.load(std::memory_order_acquire); }
 
@@ -99,6 +109,11 @@ ringrun_status Fail(ringrun_status code, const std::string& message) {
   t_error = message;
   return code;
 }
+// A submit call that fails before submitting: it still takes this thread's pending shapes.
+ringrun_status Refuse(ringrun_status code, const std::string& message) {
+  t_shapes_n = 0;
+  return Fail(code, message);
+}
 
 // Runs f(runtime) -> ringrun_status, turning "not initialized" and any exception into errors
 // (nothing may unwind through the C API; a failed submission has communicated nothing).
@@ -107,6 +122,7 @@ ringrun_status Call(F&& f) {
   t_error.clear();
   Runtime* rt = Current();
   if (!rt) {
+    t_shapes_n = 0;  // a submit call takes them, whatever it returns
     return Fail(RINGRUN_ERR_NOT_INITIALIZED,
                 "ringrun is not initialized (call ringrun_init first)");
   }
@@ -127,14 +143,36 @@ HandleState* State(ringrun_handle h) { return reinterpret_cast<HandleState*>(h);
 
 ringrun_status FromStatus(const Status& st) { return st.ok() ? RINGRUN_OK : Fail(st); }
 
+// Gives tensors[0, n) the pending shapes of this thread (ringrun_next_shapes), taking them.
+Status TakeShapes(TensorArgs* tensors, size_t n) {
+  const size_t given = t_shapes_n;
+  t_shapes_n = 0;
+  const Kind kind = tensors[0].kind;
+  if (kind == Kind::kBarrier || kind == Kind::kJoin) return Status::Ok();  // nothing to shape
+  if (given != n) {
+    return ringrun::InvalidArgument("ringrun_next_shapes gave " + std::to_string(given) +
+                                    " shapes for a submission of " + std::to_string(n) +
+                                    " tensors");
+  }
+  const int64_t* dims = t_shapes.dims.data();
+  for (size_t i = 0; i < n; ++i) {
+    tensors[i].shape = dims, tensors[i].ndims = t_shapes.ndims[i];
+    dims += t_shapes.ndims[i];
+  }
+  return Status::Ok();
+}
+
 // Submits n tensors named `name` (NULL: unnamed; a group's base name) and wraps the result in
-// a new handle. Inlined into each submit function: a warm allreduce's submission pays one call
-// into the engine, not two.
-__attribute__((always_inline)) inline ringrun_status SubmitTensors(Runtime& rt,
-                                                                   const TensorArgs* tensors,
+// a new handle; they take this thread's pending shapes. Inlined into each submit function: a
+// warm allreduce's submission pays one call into the engine, not two.
+__attribute__((always_inline)) inline ringrun_status SubmitTensors(Runtime& rt, TensorArgs* tensors,
                                                                    size_t n, const char* name,
                                                                    ringrun_handle* handle,
                                                                    bool group = false) {
+  if (__builtin_expect(t_shapes_n != 0, 0)) {
+    const Status st = TakeShapes(tensors, n);
+    if (!st.ok()) return Fail(st);
+  }
   HandleState* h = nullptr;
   const Status st =
       rt.engine().Submit(name ? std::string_view(name) : std::string_view(), tensors, n, group, &h);
@@ -522,11 +560,44 @@ void ringrun_release(ringrun_handle h) {
 
 /* ---- submissions ---- */
 
+ringrun_status ringrun_next_shapes(size_t n, const int* ndims, const int64_t* dims) {
+  t_error.clear();
+  t_shapes_n = 0;
+  if (n == 0) return RINGRUN_OK;
+  if (!ndims) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_next_shapes: ndims is NULL");
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (ndims[i] < 0 || ndims[i] > RINGRUN_MAX_DIMS) {
+      return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_next_shapes: " + std::to_string(ndims[i]) +
+                                                    " dimensions (at most " +
+                                                    std::to_string(RINGRUN_MAX_DIMS) + ")");
+    }
+    total += static_cast<size_t>(ndims[i]);
+  }
+  if (total > 0 && !dims) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_next_shapes: dims is NULL");
+  }
+  for (size_t i = 0; i < total; ++i) {
+    if (dims[i] < 0) {
+      return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                  "ringrun_next_shapes: dimension " + std::to_string(dims[i]));
+    }
+  }
+  try {
+    t_shapes.ndims.assign(ndims, ndims + n);
+    t_shapes.dims.assign(dims, dims + total);
+  } catch (const std::bad_alloc&) {
+    return Fail(RINGRUN_ERR_INTERNAL, "out of memory");
+  }
+  t_shapes_n = n;
+  return RINGRUN_OK;
+}
+
 ringrun_status ringrun_allreduce_submit(const char* name, const void* sendbuf, void* recvbuf,
                                         size_t count, ringrun_dtype dtype, ringrun_op op,
                                         double prescale, double postscale, unsigned flags,
                                         ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kAllreduce, sendbuf, recvbuf, count, dtype);
@@ -539,10 +610,10 @@ ringrun_status ringrun_grouped_allreduce_submit(const char* name, size_t n,
                                                 const size_t* counts, ringrun_dtype dtype,
                                                 ringrun_op op, double prescale, double postscale,
                                                 unsigned flags, ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   if (n == 0 || !sendbufs || !recvbufs || !counts) {
-    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "grouped allreduce: empty group or NULL array");
+    return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "grouped allreduce: empty group or NULL array");
   }
   return Call([&](Runtime& rt) {
     std::vector<TensorArgs> v;
@@ -556,7 +627,7 @@ ringrun_status ringrun_grouped_allreduce_submit(const char* name, size_t n,
 }
 ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t count,
                                         ringrun_dtype dtype, int root, ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kBroadcast, buf, buf, count, dtype);
@@ -567,7 +638,7 @@ ringrun_status ringrun_broadcast_submit(const char* name, void* buf, size_t coun
 ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf, size_t rows,
                                         size_t row_elems, ringrun_dtype dtype,
                                         ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kAllgather, sendbuf, nullptr, rows, dtype);
@@ -578,9 +649,9 @@ ringrun_status ringrun_allgather_submit(const char* name, const void* sendbuf, s
 ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
                                        const size_t* send_rows, size_t row_elems,
                                        ringrun_dtype dtype, ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
-  if (!send_rows) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
+  if (!send_rows) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
   return Call([&](Runtime& rt) {
     static_assert(sizeof(size_t) == sizeof(uint64_t));
     TensorArgs e = MakeArgs(Kind::kAlltoall, sendbuf, nullptr, 0, dtype);
@@ -593,7 +664,7 @@ ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
 ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf, void* recvbuf,
                                             size_t recvcount, ringrun_dtype dtype, ringrun_op op,
                                             ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kReduceScatter, sendbuf, recvbuf, recvcount, dtype);
@@ -602,7 +673,7 @@ ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbu
   });
 }
 ringrun_status ringrun_barrier_submit(ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kBarrier, nullptr, nullptr, 0, RINGRUN_UINT8);
@@ -610,7 +681,7 @@ ringrun_status ringrun_barrier_submit(ringrun_handle* handle) {
   });
 }
 ringrun_status ringrun_join_submit(ringrun_handle* handle) {
-  if (!handle) return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
+  if (!handle) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "handle is NULL");
   *handle = nullptr;
   return Call([&](Runtime& rt) {
     TensorArgs e = MakeArgs(Kind::kJoin, nullptr, nullptr, 0, RINGRUN_UINT8);

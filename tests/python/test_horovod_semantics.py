@@ -428,6 +428,50 @@ def test_a_mismatch_fails_everywhere_and_later_collectives_run():
     assert torch.equal(hvd.broadcast(torch.full((1,), float(r)), 0), torch.zeros(1))
 
 
+@pytest.mark.parametrize("case", ["allreduce", "grouped", "broadcast", "reducescatter",
+                                  "allgather", "alltoall"])
+def test_shapes_that_differ_with_the_same_count_fail_on_every_rank(case):
+    """Horovod's "Mismatched ... tensor shapes": allreduce, broadcast and reducescatter need one
+    shape on every rank, allgather and alltoall the same dimensions after the first. The odd
+    ranks send the transposed shape; every rank raises, naming both shapes and their ranks, and
+    the job goes on."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    mine = (3, 2) if r % 2 else (2, 3)
+    name = f"shape.{case}"
+    if case == "allreduce":  # a kept name: the same shape twice, then another on odd ranks
+        for _ in range(2):
+            assert torch.equal(hvd.allreduce(torch.ones(2, 3), name=name, op=hvd.Sum),
+                               torch.full((2, 3), float(n)))
+    calls = {
+        "allreduce": lambda s: hvd.allreduce(torch.ones(s), name=name),
+        "grouped": lambda s: hvd.grouped_allreduce([torch.ones(4), torch.ones(s)], name=name),
+        "broadcast": lambda s: hvd.broadcast(torch.ones(s), 0, name=name),
+        "reducescatter": lambda s: hvd.reducescatter(torch.ones((n * s[0], s[1])), name=name),
+        "allgather": lambda s: hvd.allgather(torch.ones((1,) + s), name=name),
+        "alltoall": lambda s: hvd.alltoall(torch.ones((n,) + s), name=name),
+    }
+    lead = {"reducescatter": lambda s: (n * s[0], s[1]), "allgather": lambda s: (1,) + s,
+            "alltoall": lambda s: (n,) + s}.get(case, lambda s: s)
+    even, odd = (lead(s) for s in ((2, 3), (3, 2)))
+    want = (r"disagree on the shape: ranks? 0[0-9, ]* sent \(%s\); ranks? 1[0-9, ]* sent \(%s\)"
+            % (", ".join(map(str, even)), ", ".join(map(str, odd))))
+    with pytest.raises(hvd.HorovodInternalError, match=want):
+        calls[case](mine)
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
+
+
+def test_an_allgather_of_rows_that_differ_across_ranks_still_runs():
+    """Only the first dimension may differ between ranks: the number of dimensions may not."""
+    n, r = hvd.size(), hvd.rank()
+    out = hvd.allgather(torch.full((r + 1, 2, 2), float(r)), name="shape.rows")
+    assert out.shape == (n * (n + 1) // 2, 2, 2)
+    if n > 1:
+        with pytest.raises(hvd.HorovodInternalError, match="disagree on the shape"):
+            hvd.allgather(torch.ones((1, 4) if r % 2 else (1, 2, 2)), name="shape.ndims")
+
+
 # ---- optimizer state ---------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@
 namespace ringrun::runtime::testing {
 
 // The tests describe a submission as an Entry (its req.name the name to submit under); this
-// is what the engine is given of it. The view reads e's send_rows: e must outlive its use.
+// is what the engine is given of it. The view reads e's send_rows and shape: e must outlive
+// its use.
 inline engine::TensorArgs ArgsOf(const engine::Entry& e) {
   const engine::Request& r = e.req;
   engine::TensorArgs t;
@@ -21,6 +22,7 @@ inline engine::TensorArgs ArgsOf(const engine::Entry& e) {
   t.row_elems = r.row_elems, t.prescale = r.prescale, t.postscale = r.postscale;
   t.flags = r.flags, t.fixed = r.fixed;
   t.send_rows = r.send_rows.empty() ? nullptr : r.send_rows.data();
+  if (r.shaped) t.shape = r.shape.data(), t.ndims = static_cast<uint32_t>(r.shape.size());
   t.send = e.send, t.recv = e.recv, t.stream = e.stream;
   return t;
 }

@@ -37,6 +37,7 @@ using namespace ringrun::runtime::transport;
 using engine::Entry;
 using engine::HandleState;
 using engine::Kind;
+using engine::KindName;
 
 ThreadJobOptions Opts(int np, bool shm = true) {
   ThreadJobOptions o;
@@ -530,6 +531,131 @@ TEST_CASE("engine: mismatches fail on every rank naming tensor, field and ranks"
         msg.find("rank 1 sent 2") == std::string::npos) {
       f.Add(rank, msg);
     }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+// Every rank submits `kind` of 6 floats named "s" (the rows of shape[0] for allgather; 3 to
+// each rank for reducescatter), shaped shape_of(rank);
+// every rank's handle must fail when `mismatch` (naming the shape of each rank), succeed
+// otherwise, and the next collective must succeed either way.
+void CheckShapes(Kind kind, const std::function<std::vector<int64_t>(int)>& shape_of, bool mismatch,
+                 const std::string& detail) {
+  const int np = 2;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> buf(6, 1.0f), out(6);
+    Entry e;
+    e.req.name = "s", e.req.kind = kind, e.req.dtype = RINGRUN_FLOAT32, e.req.count = 6;
+    e.send = buf.data(), e.recv = kind == Kind::kAllgather ? nullptr : out.data();
+    e.req.shaped = true, e.req.shape = shape_of(rank);
+    if (kind == Kind::kAllgather) {
+      e.req.count = e.req.shape[0];
+      e.req.row_elems = 6 / e.req.shape[0];
+    }
+    if (kind == Kind::kReduceScatter) e.req.count = 3;
+    auto h = Submit(rt, e);
+    if (!h) return f.Add(rank, "refused");
+    auto [st, msg] = WaitStatus(*h);
+    if (!mismatch && st != Code::kOk) f.Add(rank, std::string(CodeName(st)) + ": " + msg);
+    if (mismatch && (st != Code::kMismatch || msg.find(detail) == std::string::npos)) {
+      f.Add(rank, std::string(CodeName(st)) + ": '" + msg + "' lacks '" + detail + "'");
+    }
+    std::vector<float> x(3, 1.0f);
+    auto h2 = Submit(rt, Allreduce("after", x.data(), x.data(), 3));
+    std::string err = h2 ? WaitOk(*h2) : "refused";
+    if (!err.empty() || x[0] != np) f.Add(rank, "after: " + err);
+  });
+  INFO(std::string(KindName(kind)) + ": " + failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("engine: shapes that differ with the same count are a mismatch, as in Horovod",
+          "[engine]") {
+  auto two = [](std::vector<int64_t> a, std::vector<int64_t> b) {
+    return [=](int rank) { return rank == 0 ? a : b; };
+  };
+  for (Kind k : {Kind::kAllreduce, Kind::kBroadcast, Kind::kReduceScatter}) {
+    CheckShapes(k, two({2, 3}, {3, 2}), true,
+                "tensor 's': ranks disagree on the shape: rank 0 sent (2, 3); rank 1 sent (3, 2)");
+    CheckShapes(k, two({6}, {6, 1}), true, "rank 0 sent (6,); rank 1 sent (6, 1)");
+    CheckShapes(k, two({2, 3}, {2, 3}), false, "");
+  }
+  CheckShapes(Kind::kAllgather, two({2, 3}, {3, 2}), true,
+              "ranks disagree on the shape: rank 0 sent (2, 3); rank 1 sent (3, 2)");
+  CheckShapes(Kind::kAllgather, two({1, 6}, {6}), true, "rank 0 sent (1, 6); rank 1 sent (6,)");
+  // The first dimension may differ (rows per rank); the rest may not.
+  CheckShapes(Kind::kAllgather, two({1, 6}, {2, 3}), true, "disagree on the shape");
+}
+
+TEST_CASE("engine: a request's shape travels in its encoding, and only when given", "[engine]") {
+  engine::Request r;
+  r.name = "t", r.kind = Kind::kAllgather, r.count = 2, r.row_elems = 3;
+  std::string plain;
+  r.Encode(&plain);
+  r.shaped = true, r.shape = {2, 3};
+  std::string shaped;
+  r.Encode(&shaped);
+  CHECK(shaped.size() == plain.size() + 4 + 2 * 8);
+  engine::Request back;
+  size_t pos = 0;
+  REQUIRE(back.Decode(shaped, &pos));
+  CHECK(pos == shaped.size());
+  CHECK(back.Identical(r));
+  pos = 0;
+  REQUIRE(back.Decode(plain, &pos));
+  CHECK(!back.shaped);
+  CHECK(back.shape.empty());
+  pos = 0;
+  CHECK(!back.Decode(shaped.substr(0, shaped.size() - 1), &pos));
+}
+
+TEST_CASE("engine: an allgather's first dimension may differ across ranks", "[engine]") {
+  const int np = 2;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> buf(4 * (rank + 1), 1.0f);
+    Entry e;
+    e.req.name = "g", e.req.kind = Kind::kAllgather, e.req.dtype = RINGRUN_FLOAT32;
+    e.req.count = rank + 1, e.req.row_elems = 4, e.send = buf.data();
+    e.req.shaped = true, e.req.shape = {rank + 1, 2, 2};
+    auto h = Submit(rt, e);
+    std::string err = h ? WaitOk(*h) : "refused";
+    if (!err.empty()) f.Add(rank, err);
+    if (h && h->rows != std::vector<size_t>{1, 2}) f.Add(rank, "rows wrong");
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("engine: a kept name whose shape changes is announced again", "[engine]") {
+  // Steps of "w" with shape (2, 3) on every rank go the warm way (QueueKept); then rank 1
+  // submits (3, 2) with the same buffers and count, which must fail on both ranks; then
+  // (2, 3) works again, and so does a submission without a shape.
+  const int np = 2;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    std::vector<float> buf(6);
+    auto step = [&](std::vector<int64_t> shape, bool shaped = true) {
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      Entry e = Allreduce("w", buf.data(), buf.data(), 6);
+      e.req.shaped = shaped, e.req.shape = shape;
+      auto h = Submit(rt, e);
+      return h ? WaitStatus(*h) : std::make_pair(Code::kInternal, std::string("refused"));
+    };
+    for (int s = 0; s < 3; ++s) {
+      auto [st, msg] = step({2, 3});
+      if (st != Code::kOk || buf[0] != np) return f.Add(rank, "step " + std::to_string(s) + msg);
+    }
+    auto [st, msg] = step(rank == 1 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
+    if (st != Code::kMismatch || msg.find("rank 1 sent (3, 2)") == std::string::npos) {
+      return f.Add(rank, "mismatch: " + std::string(CodeName(st)) + ": " + msg);
+    }
+    for (int s = 0; s < 2; ++s) {
+      auto [st2, msg2] = step({2, 3});
+      if (st2 != Code::kOk || buf[0] != np) return f.Add(rank, "after: " + msg2);
+    }
+    // Unknown on one rank: not compared.
+    auto [st3, msg3] = step({2, 3}, rank == 0);
+    if (st3 != Code::kOk || buf[0] != np) f.Add(rank, "one rank without a shape: " + msg3);
   });
   INFO(failures);
   CHECK(failures.empty());

@@ -298,6 +298,41 @@ static int engine(void) {
            "mismatch: %s", ringrun_handle_message(h));
   }
   ringrun_release(h);
+  /* Shapes (ringrun_next_shapes): one count, shapes (2, 3) and (3, 2), fail on every rank;
+   * the next submission has none. A grouped one takes one shape per tensor. */
+  {
+    float sh[6] = {1, 1, 1, 1, 1, 1};
+    const int nd[2] = {2, 1};
+    const int64_t dims[3] = {r == 0 ? 2 : 3, r == 0 ? 3 : 2, 6};
+    CHECK_RC(ringrun_next_shapes(1, nd, dims));
+    CHECK_RC(
+        ringrun_allreduce_submit("sh", sh, sh, 6, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+    if (n > 1) {
+      EXPECT(ringrun_wait(h) == RINGRUN_ERR_MISMATCH &&
+                 strstr(ringrun_handle_message(h), "disagree on the shape: rank 0 sent (2, 3); ") !=
+                     NULL,
+             "shape mismatch: %s", ringrun_handle_message(h));
+    } else {
+      EXPECT(ringrun_wait(h) == RINGRUN_OK, "one rank's shape: %s", ringrun_handle_message(h));
+    }
+    ringrun_release(h);
+    CHECK_RC(
+        ringrun_allreduce_submit("sh", sh, sh, 6, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK, "unshaped: %s", ringrun_handle_message(h));
+    ringrun_release(h);
+    CHECK_RC(ringrun_next_shapes(1, nd, dims));
+    EXPECT(ringrun_grouped_allreduce_submit(
+               "shg", 1, (const void* const[]){sh}, (void* const[]){sh}, (const size_t[]){6},
+               RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0, &h) == RINGRUN_OK,
+           "grouped with a shape: %s", ringrun_error_message());
+    EXPECT(ringrun_wait(h) == (n > 1 ? RINGRUN_ERR_MISMATCH : RINGRUN_OK), "grouped shape: %s",
+           ringrun_handle_message(h));
+    ringrun_release(h);
+    CHECK_RC(ringrun_next_shapes(2, nd, dims)); /* two shapes for one tensor: refused */
+    EXPECT(ringrun_allreduce_submit("sh", sh, sh, 6, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0, 1.0, 0,
+                                    &h) == RINGRUN_ERR_INVALID_ARGUMENT,
+           "two shapes for one tensor were taken");
+  }
   /* A duplicate is refused at once: rank 0's "d" cannot complete before the others submit it,
    * which they do only after the barrier. */
   if (n > 1) {

@@ -395,7 +395,8 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                                                        postscale_factor, n)
     _prepare_device(tensor, output, send, recv)  # after _reduction, which may scale on the device
     h = _submit(lambda: _engine.allreduce(send.data_ptr(), recv.data_ptr(), send.numel(), d,
-                                          c_op, name, pre, post, keep=(send, recv)))
+                                          c_op, name, pre, post, keep=(send, recv),
+                                          shape=tuple(tensor.shape)))
 
     def finish(_):
         if after is not None:
@@ -489,8 +490,9 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         _prepare_device(*[p[0] for p in group], *[p[1] for p in group])  # one device
         _, _, _, c_op, pre, post, _ = group[0]
         entries = [(p[0].data_ptr(), p[1].data_ptr(), p[0].numel()) for p in group]
+        shapes = [tuple(inputs[i].shape) for i in idx]
         handles.append(_submit(lambda: _engine.grouped_allreduce(
-            entries, d, c_op, group_name, pre, post, keep=plans)))
+            entries, d, c_op, group_name, pre, post, keep=plans, shapes=shapes)))
 
     def finish(_):
         for p in plans:
@@ -597,7 +599,7 @@ def _allgather_async(tensor, name):
         return out[0], out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
     h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems * k, dtype, alloc, name,
-                                           keep=(t,), device_copy=copy))
+                                           keep=(t,), device_copy=copy, shape=tuple(t.shape)))
     return h, counts_out
 
 
@@ -702,7 +704,8 @@ def _broadcast_async(tensor, output, root_rank, name):
         tensor = output
     _prepare_device(tensor, output)
     h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel() * k,
-                                          dtype, root_rank, name, keep=(tensor, output)))
+                                          dtype, root_rank, name, keep=(tensor, output),
+                                          shape=tuple(tensor.shape)))
     return _register([h], lambda _: output, (tensor, output))
 
 
@@ -790,7 +793,8 @@ def _alltoall_async(tensor, splits, name):
         return (out[0], received), out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
     return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems * k, dtype, alloc,
-                                             name, keep=(t,), device_copy=copy))
+                                             name, keep=(t,), device_copy=copy,
+                                             shape=tuple(t.shape)))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
@@ -874,13 +878,15 @@ def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
         out = torch.empty_like(t)
         _prepare_device(t, out)
         h = _submit(lambda: _engine.allreduce(t.data_ptr(), out.data_ptr(), rows * row_elems,
-                                              dtype, c_op, name, keep=(t, out)))
+                                              dtype, c_op, name, keep=(t, out),
+                                              shape=tuple(t.shape)))
         shard = out.narrow(0, first, mine)
     else:
         out = torch.empty((mine,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
         _prepare_device(t, out)
         h = _submit(lambda: _engine.reducescatter(t.data_ptr(), out.data_ptr(), rows, row_elems,
-                                                  dtype, c_op, name, keep=(t, out)))
+                                                  dtype, c_op, name, keep=(t, out),
+                                                  shape=tuple(t.shape)))
         shard = out
 
     def finish(_):

@@ -150,6 +150,8 @@ typedef enum {
 } ringrun_op;
 
 #define RINGRUN_MAX_NAME_BYTES 1024
+/* Dimensions of a tensor's shape (ringrun_next_shapes). */
+#define RINGRUN_MAX_DIMS 64
 
 /* Joins the job described by the environment that ringrun sets. Calling it again while
  * initialized is a no-op returning RINGRUN_OK. Blocks until every rank has joined, or fails at
@@ -281,6 +283,20 @@ RINGRUN_API void ringrun_release(ringrun_handle handle);
 
 /* ---- Submissions (asynchronous, named) -------------------------------------------------- */
 /* Each returns RINGRUN_OK and sets *handle, or returns an error and leaves *handle NULL. */
+
+/* The shapes of the tensors of this thread's next ringrun_*_submit call, so that ranks that
+ * disagree fail it with RINGRUN_ERR_MISMATCH (the handle's message names each rank's shape), as
+ * in Horovod: allreduce, broadcast and reducescatter need the same shape on every rank;
+ * allgather and alltoall the same number of dimensions and the same dimensions after the first.
+ * n is that call's number of tensors (1, or a grouped allreduce's n); tensor i has ndims[i]
+ * dimensions (at most RINGRUN_MAX_DIMS), which follow those of the tensors before it in dims.
+ * The next submit call on this thread takes them, whatever it returns (RINGRUN_ERR_INVALID_ARGUMENT
+ * if it has another number of tensors; a barrier or join ignores them); n = 0 withdraws them.
+ * A submission without shapes has none, and a rank without one is compared with nobody on its
+ * shape: C callers that never call this, and the blocking calls, are checked on counts only.
+ * The engine only compares shapes: counts still say what moves. A kept name's submission with
+ * the same shape as its last one costs a few instructions more than one without. */
+RINGRUN_API ringrun_status ringrun_next_shapes(size_t n, const int* ndims, const int64_t* dims);
 
 /* Average over the ranks that contributed (not joined) instead of over the job's size. */
 #define RINGRUN_AVERAGE_BY_CONTRIBUTORS 1u

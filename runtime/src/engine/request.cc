@@ -1,7 +1,9 @@
 #include "runtime/src/engine/request.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "runtime/src/engine/wire.h"
@@ -48,11 +50,35 @@ std::string Request::FieldValue(const std::string& field) const {
   if (field == "count") return std::to_string(count);
   if (field == "row size") return std::to_string(row_elems);
   if (field == "call") return fixed ? "blocking" : "submitted";
+  if (field == "shape") {
+    if (!shaped) return "no shape";
+    std::string v = "(";
+    for (size_t i = 0; i < shape.size(); ++i) v += (i ? ", " : "") + std::to_string(shape[i]);
+    return v + (shape.size() == 1 ? ",)" : ")");
+  }
   return "?";
 }
 
+bool Request::ShapesAgree(const Request& o) const {
+  if (!shaped || !o.shaped) return true;
+  switch (kind) {
+    case Kind::kAllreduce:
+    case Kind::kReduceScatter:
+    case Kind::kBroadcast:
+      return shape == o.shape;
+    case Kind::kAllgather:
+    case Kind::kAlltoall:
+      return shape.size() == o.shape.size() &&
+             (shape.empty() || std::equal(shape.begin() + 1, shape.end(), o.shape.begin() + 1));
+    case Kind::kBarrier:
+    case Kind::kJoin:
+      return true;
+  }
+  return true;
+}
+
 bool Request::Matches(const Request& o) const {
-  if (kind != o.kind || device != o.device) return false;
+  if (kind != o.kind || device != o.device || !ShapesAgree(o)) return false;
   switch (kind) {
     case Kind::kAllreduce:
       return dtype == o.dtype && op == o.op && prescale == o.prescale && postscale == o.postscale &&
@@ -97,8 +123,13 @@ std::string Request::Differs(const Request& o) const {
     case Kind::kJoin:
       break;
   }
+  // The shape after the dtype (as Horovod checks them) and before the counts it implies:
+  // "(2, 3)" against "(3, 2)" says more than 6 against 6.
+  if (!ShapesAgree(o)) fields.insert(fields.begin() + 3, "shape");
   for (const char* f : fields) {
-    if (FieldValue(f) != o.FieldValue(f)) return f;
+    if (f == std::string_view("shape") ? !ShapesAgree(o) : FieldValue(f) != o.FieldValue(f)) {
+      return f;
+    }
   }
   return "";
 }
@@ -110,7 +141,7 @@ bool Request::SameArguments(const Request& o) const {
          fixed == o.fixed && root == o.root && count == o.count && row_elems == o.row_elems &&
          std::memcmp(&prescale, &o.prescale, sizeof(double)) == 0 &&
          std::memcmp(&postscale, &o.postscale, sizeof(double)) == 0 && flags == o.flags &&
-         send_rows == o.send_rows;
+         send_rows == o.send_rows && shaped == o.shaped && shape == o.shape;
 }
 
 void Request::Encode(std::string* out) const {
@@ -118,7 +149,7 @@ void Request::Encode(std::string* out) const {
   Put<uint8_t>(out, static_cast<uint8_t>(kind));
   Put<uint8_t>(out, static_cast<uint8_t>(dtype));
   Put<uint8_t>(out, static_cast<uint8_t>(op));
-  Put<uint8_t>(out, static_cast<uint8_t>((device ? 1 : 0) | (fixed ? 2 : 0)));
+  Put<uint8_t>(out, static_cast<uint8_t>((device ? 1 : 0) | (fixed ? 2 : 0) | (shaped ? 4 : 0)));
   Put<int32_t>(out, root);
   Put<uint64_t>(out, count);
   Put<uint64_t>(out, row_elems);
@@ -127,6 +158,10 @@ void Request::Encode(std::string* out) const {
   Put<uint32_t>(out, flags);
   Put<uint32_t>(out, static_cast<uint32_t>(send_rows.size()));
   for (uint64_t r : send_rows) Put<uint64_t>(out, r);
+  if (shaped) {
+    Put<uint32_t>(out, static_cast<uint32_t>(shape.size()));
+    for (int64_t d : shape) Put<int64_t>(out, d);
+  }
 }
 
 bool Request::Decode(const std::string& in, size_t* pos) {
@@ -140,10 +175,17 @@ bool Request::Decode(const std::string& in, size_t* pos) {
   }
   if (k > static_cast<uint8_t>(Kind::kJoin) || !IsValidDtype(d) || !IsValidOp(o)) return false;
   kind = static_cast<Kind>(k), dtype = static_cast<ringrun_dtype>(d);
-  op = static_cast<ringrun_op>(o), device = bits & 1, fixed = bits & 2;
+  op = static_cast<ringrun_op>(o), device = bits & 1, fixed = bits & 2, shaped = bits & 4;
   if (n > (in.size() - *pos) / 8) return false;
   send_rows.resize(n);
   for (uint64_t& r : send_rows) Get(in, pos, &r);
+  shape.clear();
+  if (shaped) {
+    uint32_t ndims;
+    if (!Get(in, pos, &ndims) || ndims > (in.size() - *pos) / 8) return false;
+    shape.resize(ndims);
+    for (int64_t& d : shape) Get(in, pos, &d);
+  }
   return true;
 }
 

@@ -25,7 +25,8 @@ enum class Kind : uint8_t {
 const char* KindName(Kind k);
 
 // The negotiated description of one tensor on one rank. Every field but `rows` and
-// `send_rows` (allgather and alltoall, which may differ per rank) must be equal on every rank.
+// `send_rows` (allgather and alltoall, which may differ per rank) must be equal on every rank;
+// `shape` is compared as Horovod does (see ShapesAgree).
 // A new field must be added to TensorArgs and Engine::UpdateArgs too (a submission's arguments
 // are copied field by field), and to Encode, Decode, Identical and Differs.
 struct Request {
@@ -41,13 +42,22 @@ struct Request {
   uint32_t flags = 0;               // RINGRUN_AVERAGE_BY_CONTRIBUTORS
   bool fixed = false;               // blocking allgather/alltoall: equal blocks, caller's buffer
   std::vector<uint64_t> send_rows;  // alltoall: rows to each rank
+  // The caller's tensor shape (its dimensions), or none given (`shaped` false: C callers that
+  // do not call ringrun_next_shapes, and the blocking calls). Only compared; the engine moves
+  // `count` elements whatever it says.
+  bool shaped = false;
+  std::vector<int64_t> shape;
 
   // The first field that must match and differs from o's ("collective", "dtype", "count",
   // ...), or "" when they match.
   std::string Differs(const Request& o) const;
+  // Whether the shapes agree: unknown on either side, or equal for allreduce, broadcast and
+  // reducescatter, or of as many dimensions with the same ones after the first for allgather
+  // and alltoall (rows may differ per rank). Other kinds have no shape to agree on.
+  bool ShapesAgree(const Request& o) const;
   // Differs(o).empty(), cheaply.
   bool Matches(const Request& o) const;
-  // This request's value of such a field, for messages ("float32", "(1, 0.5)", ...).
+  // This request's value of such a field, for messages ("float32", "(1, 0.5)", "(2, 3)"...).
   std::string FieldValue(const std::string& field) const;
   // Every field equal, bit for bit (the scale factors too): what the response cache compares.
   bool Identical(const Request& o) const;
@@ -84,6 +94,8 @@ struct TensorArgs {
   uint32_t flags = 0;
   bool fixed = false;
   const uint64_t* send_rows = nullptr;  // alltoall: one per rank of the job (read at Submit)
+  const int64_t* shape = nullptr;       // ndims dimensions (read at Submit), or null: unknown
+  uint32_t ndims = 0;
   const void* send = nullptr;
   void* recv = nullptr;
   void* stream = nullptr;

@@ -111,6 +111,16 @@ bool Update(T& field, const T& value) {
   return true;
 }
 
+// Whether t's shape is the one q holds (both unknown, or the same dimensions).
+inline bool SameShape(const Request& q, const TensorArgs& t) {
+  if (t.shape == nullptr) return !q.shaped;
+  if (!q.shaped || q.shape.size() != t.ndims) return false;
+  for (uint32_t i = 0; i < t.ndims; ++i) {
+    if (q.shape[i] != t.shape[i]) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 template <typename R>
@@ -143,6 +153,9 @@ void Engine::MoveInto(Slot& s, Entry& e) {
   Request& q = s.req;
   bool changed = UpdateArgs(q, e.req, e.req.device);
   if (q.send_rows != e.req.send_rows) q.send_rows = std::move(e.req.send_rows), changed = true;
+  if (q.shaped != e.req.shaped || q.shape != e.req.shape) {
+    q.shaped = e.req.shaped, q.shape = std::move(e.req.shape), changed = true;
+  }
   if (changed) s.args_changed = true;
   Update(s.send, e.send), Update(s.recv, e.recv), Update(s.stream, e.stream);
   if (s.ready || e.ready) s.ready = std::move(e.ready);
@@ -190,6 +203,8 @@ Status Engine::SubmitGeneral(std::string_view name, const TensorArgs* tensors, s
     r.row_elems = t.row_elems, r.prescale = t.prescale, r.postscale = t.postscale;
     r.flags = t.flags, r.fixed = t.fixed;
     if (t.send_rows) r.send_rows.assign(t.send_rows, t.send_rows + options_.size);
+    r.shaped = t.shape != nullptr;
+    if (t.shape) r.shape.assign(t.shape, t.shape + t.ndims);
     e.send = t.send, e.recv = t.recv, e.stream = t.stream;
     const bool send_device = is_device_(e.send);
     const bool recv_device = e.recv == e.send ? send_device : is_device_(e.recv);
@@ -337,7 +352,8 @@ __attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view na
       if (stop_ || !failed_.ok()) return false;
       // A new name, an unnamed slot's, or one in flight (a duplicate) takes the general path.
       Slot* s = slots_.Find(name, hash);
-      if (s == nullptr || !s->kept || s->in_flight) return false;
+      // So does a shape other than its last one (the general path stores it).
+      if (s == nullptr || !s->kept || s->in_flight || !SameShape(s->req, t)) return false;
       // The same arguments and buffers as this name's last submission, which was checked
       // here: valid again, and nothing in the slot changes (the steady state of training).
       const Request& q = s->req;

@@ -7,12 +7,12 @@
 # Runs alternate between this build's library and OTHER_LIB_DIR's (LD_LIBRARY_PATH), RUNS times
 # (default 9); prints the median of each. OTHER_LIB_DIR: the lib/ of a build of another commit.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 build=${1:?usage: connect_setup.sh BUILD [OTHER_LIB_DIR] [RUNS]}
 other=${2:-}
 runs=${3:-9}
 job="$build/bin/runtime_local_job"
 bench="$build/bin/ringrun-bench"
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # time (us) of the single size row of ringrun-bench
 bench_us() {  # libdir np shm args...
   local lib=$1 np=$2 shm=$3

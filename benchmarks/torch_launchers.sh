@@ -14,7 +14,7 @@ export PYTHONPATH=$build/python OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 out=$(mktemp /tmp/ringrun-torch-launchers.XXXXXX)
 trap 'rm -f "$out"' EXIT
 
-field() { grep -o "$1=[0-9.]*" | head -1 | cut -d= -f2; }
+source "$here/lib.sh"
 port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # Debian's torchrun (torch 1.13, Python 3.11) fails at start without --redirects 1 --tee 1.
 torchrun() {
@@ -31,7 +31,6 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # Ratios of the medians, and in brackets the median of each round's ratio (the runs of a round
 # are close in time, so it follows a changing load better).
 echo "| model | np | ringrun.torch under ringrun | ringrun.torch under torchrun | DDP under torchrun | torchrun / ringrun | ringrun.torch / DDP (torchrun) |"

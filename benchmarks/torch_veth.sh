@@ -22,11 +22,11 @@ eval "$("$SRC/scripts/test-cluster.sh" env)"
 A1=$NET.2
 threads=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
 
-field() { grep -o "samples_per_s=[0-9.]*" | head -1 | cut -d= -f2; }
+source "$SRC/benchmarks/lib.sh"
 run_ringrun() {
   env PYTHONPATH="$BUILD/python" "$BUILD/bin/ringrun" -np 2 -H "$P-h1:1,$P-h2:1" -i "$RR_KEY" \
     --ssh-known-hosts "$RR_KNOWN_HOSTS" -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
-    /usr/bin/python3 "$SRC/benchmarks/torch_train.py" "$MODEL" "$STEPS" "$BATCH" 2>/dev/null | field
+    /usr/bin/python3 "$SRC/benchmarks/torch_train.py" "$MODEL" "$STEPS" "$BATCH" 2>/dev/null | field samples_per_s
 }
 run_ddp() {
   local port=$((20000 + RANDOM % 20000)) r out
@@ -37,10 +37,9 @@ run_ddp() {
       /usr/bin/python3 "$ANCHORS/torch_ddp_train.py" "$MODEL" "$STEPS" "$BATCH" 2>/dev/null >>"$out" &
   done
   wait
-  field <"$out"
+  field samples_per_s <"$out"
   rm -f "$out"
 }
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 rr=() ddp=()
 for round in $(seq "$ROUNDS"); do
   d=$(run_ddp) r=$(run_ringrun)

@@ -17,7 +17,7 @@ export PYTHONPATH=$build/python
 out=$(mktemp /tmp/ringrun-torch-bench.XXXXXX)
 trap 'rm -f "$out"' EXIT
 
-field() { grep -o "$1=[0-9.]*" | head -1 | cut -d= -f2; }
+source "$here/lib.sh"
 for ((round = 1; round <= rounds; round++)); do
   for model in $models; do
     for np in $nps; do
@@ -30,7 +30,6 @@ for ((round = 1; round <= rounds; round++)); do
   done
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # ringrun / DDP both ways: the ratio of the two medians, and the median of each round's ratio
 # (the two runs of a round are a minute apart, so the latter follows a changing load better).
 echo "| model | np | DDP samples/s | ringrun samples/s | ringrun / DDP | per-round ratio (median) | ringrun np=N / np=1 |"

@@ -27,10 +27,6 @@ using std::chrono::milliseconds;
 constexpr int kTickMs = 50;             // how often the job polls agents and checks deadlines
 constexpr int kShutdownGraceMs = 1000;  // for the server's calls, then for the agents to exit
 
-bool IsLoopback(const std::string& addr) {
-  return addr.rfind("127.", 0) == 0 || addr == "::1" || addr == "localhost";
-}
-
 std::string DefaultAgentPath() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);

@@ -29,4 +29,9 @@ Result<std::string> FirstInterfaceAddress(const std::vector<NetInterface>& inter
 // says whether its name did not resolve or no route leads there.
 Result<std::string> RouteSourceAddress(const std::string& host);
 
+// Whether `addr` names this host only: 127.0.0.0/8, ::1 or "localhost" (no peer can reach it).
+inline bool IsLoopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "::1" || addr == "localhost";
+}
+
 }  // namespace ringrun

@@ -20,12 +20,12 @@ Result<std::string> PmixHostAddress(const PmixJob& job) {
   if (job.local_size >= job.size) return std::string("127.0.0.1");
   if (!job.rank0_host.empty()) {
     Result<std::string> route = RouteSourceAddress(job.rank0_host);
-    if (route.ok() && route->rfind("127.", 0) != 0 && *route != "::1") return route;
+    if (route.ok() && !IsLoopback(*route)) return route;
   }
   Result<std::vector<NetInterface>> interfaces = ListInterfaces();
   if (!interfaces.ok()) return interfaces.status();
   for (const NetInterface& i : *interfaces) {
-    if (!i.address.empty() && i.address.rfind("127.", 0) != 0 && i.address != "::1") {
+    if (!i.address.empty() && !IsLoopback(i.address)) {
       return i.address;
     }
   }

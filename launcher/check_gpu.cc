@@ -190,6 +190,7 @@ int RunCheckGpu(const Options& options, const job::Starters& starters) {
 
   // Job 1: one probe per host.
   Options probe = options;
+  probe.max_restarts = 0;  // a check reports what it finds, once
   probe.command = {bin + "/ringrun-gpu-probe", "--report-only"};
   for (hosts::HostSpec& h : probe.hosts) h.slots = 1;
   probe.np = static_cast<int>(probe.hosts.size());
@@ -221,6 +222,7 @@ int RunCheckGpu(const Options& options, const job::Starters& starters) {
       allreduce_ok = false;
     } else {
       Options bench = options;
+      bench.max_restarts = 0;
       bench.command = {bin + "/ringrun-bench",
                        "allreduce",
                        "--device",

@@ -90,17 +90,22 @@ int Main(int argc, char** argv) {
   if (options.dry_run) return PrintPlacement(options, *placed);
   auto local = starters::MakeLocalAgentStarter();
   auto remote = starters::MakeSshAgentStarter(starters::SshConfigFromOptions(options));
-  job::Starters starters;
-  starters.local = local.get();
-  starters.remote = remote.get();
+  const starters::SlurmStarterConfig slurm_config = SlurmConfigFor(options, *placed);
   std::unique_ptr<starters::AgentStarter> srun;
-  if (options.starter == Options::Starter::kSlurm) {
-    // Every agent, this machine's included, starts in the job's srun step.
-    srun = starters::MakeSlurmAgentStarter(SlurmConfigFor(options, *placed));
-    starters.local = starters.remote = srun.get();
-  }
-  if (options.check_gpu) return RunCheckGpu(options, starters);
-  return job::RunJob(options, std::move(placed.value()), starters);
+  // Every attempt of the job (--max-restarts) gets its own srun step: a starter starts one.
+  auto starters_for_attempt = [&](int /*restart_count*/) {
+    job::Starters starters;
+    starters.local = local.get();
+    starters.remote = remote.get();
+    if (options.starter == Options::Starter::kSlurm) {
+      // Every agent, this machine's included, starts in the attempt's srun step.
+      srun = starters::MakeSlurmAgentStarter(slurm_config);
+      starters.local = starters.remote = srun.get();
+    }
+    return starters;
+  };
+  if (options.check_gpu) return RunCheckGpu(options, starters_for_attempt(0));
+  return job::RunJob(options, std::move(placed.value()), starters_for_attempt);
 }
 
 }  // namespace

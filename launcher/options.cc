@@ -21,6 +21,7 @@
 #include "launcher/hosts/slurm.h"
 #include "launcher/job/environment.h"
 #include "launcher/job/job_state_machine.h"
+#include "launcher/job/restart_policy.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/strings.h"
 #include "ringrun/common/version.h"
@@ -417,7 +418,7 @@ static_assert(job::kTimeoutExitCode == 124, "--help and the README say --timeout
 
 constexpr char kElastic[] =
     "elastic jobs are not supported yet; ringrun runs a fixed number of ranks (-np) on fixed "
-    "hosts (-H, --hostfile)";
+    "hosts (-H, --hostfile); --max-restarts N starts the whole job again after a failure";
 
 std::string VersionText() { return "ringrun " RINGRUN_VERSION_STRING "\n"; }
 
@@ -452,7 +453,13 @@ const std::vector<FlagGroup>& FlagGroups() {
             "horovodrun.",
             std::to_string(kDefaultStartTimeoutS)},
            {"--timeout", "SECONDS", Int(&Options::timeout_s, 1, 365 * 24 * 3600, " of seconds"),
-            "End the job when it runs longer than this: exit 124. Default: no limit."},
+            "End the job when it runs longer than this, its restarts included: exit 124. "
+            "Default: no limit."},
+           {"--max-restarts --max_restarts", "N", Int(&Options::max_restarts, 0, job::kMaxRestarts),
+            "When a rank fails, end every rank and start the whole job again on the same hosts, "
+            "up to N times (torchrun's flag); ranks get RINGRUN_RESTART_COUNT and "
+            "TORCHELASTIC_RESTART_COUNT. The exit code is the last attempt's.",
+            "0"},
            {"--grace-period", "SECONDS", Value([](const FlagUse& u, Given& g) {
               Result<double> s = ParseDecimalFlag(u, 0, 3600);
               if (s.ok()) g.o.grace_ms = static_cast<int>(std::llround(*s * 1000.0));
@@ -710,7 +717,8 @@ const char kHelpOutro[] =
     "  ringrun --hostfile hosts.txt --check-gpu --allreduce\n"
     "\n"
     "Exit status: the first failing rank's code (128+signal if a signal killed it),\n"
-    "2 for a usage error, 124 when --timeout ends the job, 1 when ringrun itself fails.\n";
+    "2 for a usage error, 124 when --timeout ends the job, 1 when ringrun itself fails;\n"
+    "with --max-restarts, the last attempt's.\n";
 
 std::vector<std::string> Names(const Flag& f) {
   std::istringstream in(f.names);

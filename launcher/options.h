@@ -40,6 +40,9 @@ struct Options {
   int timeout_s = 0;                   // --timeout: the job's wall-clock limit; 0: none
   bool report_bindings = false;        // --report-bindings: each rank's CPUs as it starts
   bool oversubscribe = false;          // --oversubscribe: more ranks than slots
+  // --max-restarts (torchrun's): how many times a failed job starts again on the same hosts
+  // (launcher/job/restart_policy.h); 0: never.
+  int max_restarts = 0;
 
   // Remote hosts (SSH).
   std::string ssh_identity_file;  // -i/--ssh-identity-file

@@ -166,6 +166,7 @@ const std::vector<std::string>& ContractVariableNames() {
       env::kSecret,
       env::kHostAddr,
       env::kHostIndex,
+      env::kRestartCount,
       "HOROVOD_RANK",
       "HOROVOD_SIZE",
       "HOROVOD_LOCAL_RANK",
@@ -300,6 +301,7 @@ std::vector<std::string> BuildRankEnvironment(
   env.Set(env::kSecret, job.secret);
   env.Set(env::kHostAddr, job.host_addr);
   env.Set(env::kHostIndex, std::to_string(placement.host_index));
+  env.Set(env::kRestartCount, std::to_string(job.restart_count));
 
   env.Set("HOROVOD_RANK", rank);
   env.Set("HOROVOD_SIZE", size);
@@ -320,11 +322,11 @@ std::vector<std::string> BuildRankEnvironment(
   env.Set("MASTER_ADDR", job.master_addr);
   env.Set("MASTER_PORT", std::to_string(job.master_port));
   // As torchrun's workers find them: torch.distributed.is_torchelastic_launched() is true, one
-  // role, and no restarts (ringrun does not restart a job).
+  // role, one run id across restarts, and the restart count and limit (--max-restarts).
   env.Set("ROLE_NAME", "default");
-  env.Set("TORCHELASTIC_RUN_ID", job.job_id);
-  env.Set("TORCHELASTIC_RESTART_COUNT", "0");
-  env.Set("TORCHELASTIC_MAX_RESTARTS", "0");
+  env.Set("TORCHELASTIC_RUN_ID", job.run_id.empty() ? job.job_id : job.run_id);
+  env.Set("TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count));
+  env.Set("TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts));
   return std::move(env).Take();
 }
 

@@ -42,6 +42,9 @@ struct JobContext {
   std::string master_addr;  // rank 0's host address
   int master_port = 0;      // a port found free on rank 0's host
   int size = 0;
+  int restart_count = 0;  // the attempt's (--max-restarts): 0 for the first
+  int max_restarts = 0;   // --max-restarts
+  std::string run_id;     // TORCHELASTIC_RUN_ID, one for every attempt; empty: job_id
   // > 0: the rank gets OMP_NUM_THREADS and the BLAS thread counts set to this (see
   // DefaultThreadsPerRank); 0: they are left as inherited.
   int threads_per_rank = 0;
@@ -65,11 +68,13 @@ int DefaultThreadsPerRank(const std::vector<std::string>& launcher_env,
 // variable keeps the position where it first appeared). Entries of launcher_env without '=' or
 // with an empty name are dropped; for a name given twice in launcher_env the first wins, as
 // getenv() would have it. Inherited entries whose name IsDeniedVariable are dropped.
-// Contract values: RINGRUN_* and HOROVOD_* from the placement and `job`; torchrun's RANK,
+// Contract values: RINGRUN_* and HOROVOD_* from the placement and `job` (RINGRUN_RESTART_COUNT =
+// job.restart_count); torchrun's RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (= placement.node_rank),
 // GROUP_WORLD_SIZE (= placement.node_count; left out when 0), ROLE_RANK, ROLE_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, ROLE_NAME ("default"), TORCHELASTIC_RUN_ID (= job.job_id),
-// TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (both "0"). With
+// MASTER_ADDR, MASTER_PORT, ROLE_NAME ("default"), TORCHELASTIC_RUN_ID (= job.run_id, else
+// job.job_id), TORCHELASTIC_RESTART_COUNT (= job.restart_count) and TORCHELASTIC_MAX_RESTARTS
+// (= job.max_restarts). With
 // job.threads_per_rank > 0, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set
 // to it (after the exports).
 std::vector<std::string> BuildRankEnvironment(

@@ -40,14 +40,43 @@ std::string CurrentDir() {
   return ::getcwd(buf, sizeof(buf)) ? std::string(buf) : std::string(".");
 }
 
+// The launcher's signals, to the attempt that runs (RunJob): the signal thread calls OnSignal,
+// the main thread SetRunning.
+class SignalRouter {
+ public:
+  void OnSignal(int signo) {
+    MutexLock lock(&mu_);
+    if (interrupted_ == 0 && signo != SIGUSR1 && signo != SIGUSR2) interrupted_ = signo;
+    if (running_ != nullptr) running_->OnSignal(signo);
+  }
+  // Routes signals to `job` from now on (nullptr: none). Returns false, and routes none, when a
+  // terminating signal has arrived: the job is over.
+  bool SetRunning(Job* job) {
+    MutexLock lock(&mu_);
+    running_ = interrupted_ == 0 ? job : nullptr;
+    return job == nullptr || running_ != nullptr;
+  }
+  // The first SIGINT, SIGTERM or SIGHUP; 0 while none has arrived.
+  int interrupted() {
+    MutexLock lock(&mu_);
+    return interrupted_;
+  }
+
+ private:
+  Mutex mu_;
+  Job* running_ GUARDED_BY(mu_) = nullptr;
+  int interrupted_ GUARDED_BY(mu_) = 0;
+};
+
 }  // namespace
 
 Job::Job(const Options& options, std::vector<hosts::RankPlacement> placement,
-         const Starters& starters, const JobHooks& hooks)
+         const Starters& starters, const JobHooks& hooks, JobAttempt attempt)
     : options_(options),
       placement_(std::move(placement)),
       starters_(starters),
       hooks_(hooks),
+      attempt_(std::move(attempt)),
       clock_(SteadyClock()) {}
 
 Job::~Job() = default;
@@ -64,6 +93,25 @@ void Job::OnAgentEvent(int host, const v1::AgentEvent& event) {
   e.host = host;
   e.agent = event;
   Push(std::move(e));
+}
+
+void Job::OnSignal(int signo) {
+  Event e;
+  e.kind = Event::kSignal;
+  e.signo = signo;
+  Push(std::move(e));
+}
+
+AttemptOutcome Job::outcome() const {
+  AttemptOutcome o;
+  if (state_ == nullptr) {  // ringrun failed before the job started
+    o.exit_code = 1;
+    return o;
+  }
+  o.exit_code = state_->exit_code();
+  o.interrupted = state_->interrupted();
+  o.failure = state_->failure();
+  return o;
 }
 
 void Job::OnSessionEnded(int host, bool /*clean*/, const std::string& why) {
@@ -146,6 +194,9 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
     ctx.master_addr = AddressOf(host0, registered);
     ctx.master_port = registered.at(host0).free_port;
     ctx.size = static_cast<int>(placement_.size());
+    ctx.restart_count = attempt_.restart_count;
+    ctx.max_restarts = options_.max_restarts;
+    ctx.run_id = run_id_;
     ctx.threads_per_rank =
         DefaultThreadsPerRank(launcher_env, options_.exports, p.local_size, host_cores);
     if (ctx.threads_per_rank > 0 && threads_note == 0) {
@@ -162,7 +213,7 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
     spec.set_cwd(cwd_);
     specs[p.host_index].push_back(std::move(spec));
   }
-  if (threads_note > 0) {
+  if (threads_note > 0 && attempt_.restart_count == 0) {  // said once, not per attempt
     std::fprintf(stderr,
                  "ringrun: %d ranks share a host's %d cores: OMP_NUM_THREADS, "
                  "OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set to %d per rank (set one, or "
@@ -378,6 +429,7 @@ int Job::Prepare() {
   }
   secret_ = secret.value();
   job_id_ = job_id.value().substr(0, 12);
+  run_id_ = attempt_.run_id.empty() ? job_id_ : attempt_.run_id;
   agent_path_ = options_.agent_path.empty() ? DefaultAgentPath() : options_.agent_path;
   cwd_ = options_.wdir.empty() ? CurrentDir() : options_.wdir;
 
@@ -385,6 +437,7 @@ int Job::Prepare() {
   oc.echo_to_console = hooks_.echo_to_console;
   oc.prefix_timestamp = options_.prefix_timestamp;
   oc.output_dir = options_.output_dir;
+  oc.append = attempt_.restart_count > 0;  // after the earlier attempts' output
   oc.tail_lines = kStderrTailLines;
   oc.on_line = hooks_.on_line;
   output_ = std::make_unique<OutputRouter>(oc);
@@ -396,6 +449,7 @@ int Job::Prepare() {
   plan.grace_ms = options_.grace_ms;
   plan.start_timeout_s = options_.start_timeout_s;
   plan.timeout_s = options_.timeout_s;
+  plan.timeout_used = attempt_.timeout_used;
   plan.agent_path = agent_path_;
   state_ = std::make_unique<JobStateMachine>(std::move(plan), clock_);
   registry_ = std::make_unique<service::AgentRegistry>(
@@ -474,16 +528,8 @@ void Job::StopAgents() {
 }
 
 int Job::Run() {
-  spdlog::debug("job starting");
+  spdlog::debug("job starting (restart count {})", attempt_.restart_count);
   if (int rc = Prepare(); rc != 0) return rc;
-
-  // Signals go to one thread that turns them into events; every other thread blocks them.
-  SignalForwarder signals({SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}, [this](int signo) {
-    Event e;
-    e.kind = Event::kSignal;
-    e.signo = signo;
-    Push(std::move(e));
-  });
 
   bool all_local = true;
   for (int h : active_hosts_) all_local = all_local && hosts::IsLocalHost(options_.hosts[h].name);
@@ -510,9 +556,34 @@ int Job::Run() {
 }
 
 int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const StartersForAttempt& starters, const JobHooks& hooks) {
+  SignalRouter router;
+  // Signals go to one thread that turns them into events; every other thread blocks them.
+  SignalForwarder signals({SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2},
+                          [&router](int signo) { router.OnSignal(signo); });
+  const auto start = SteadyClock().Now();
+  JobAttempt attempt;
+  for (;;) {
+    Job job(options, placement, starters(attempt.restart_count), hooks, attempt);
+    if (!router.SetRunning(&job)) return 128 + router.interrupted();  // none after a signal
+    const int rc = job.Run();
+    router.SetRunning(nullptr);
+    const RestartDecision next =
+        DecideRestart(options.max_restarts, attempt.restart_count, job.outcome());
+    // A signal that came as the attempt ended, too late for it to see, still ends the job.
+    if (next.restart && router.interrupted() != 0) return 128 + router.interrupted();
+    if (!next.report.empty()) std::fprintf(stderr, "ringrun: %s\n", next.report.c_str());
+    if (!next.restart) return rc;
+    attempt.restart_count++;
+    attempt.run_id = job.run_id();
+    attempt.timeout_used = std::chrono::duration_cast<milliseconds>(SteadyClock().Now() - start);
+  }
+}
+
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
            const Starters& starters, const JobHooks& hooks) {
-  Job job(options, std::move(placement), starters, hooks);
-  return job.Run();
+  return RunJob(
+      options, std::move(placement), [&starters](int) { return starters; }, hooks);
 }
 
 }  // namespace ringrun::launcher::job

@@ -1,10 +1,12 @@
 // One ringrun job, from its placement (computed once, by the caller: hosts::PlaceRanks) to the
 // last rank's exit: starts the job service and the agents, forwards output, forwards signals,
-// tears down. Its rules (first failure, grace,
-// signals, timeouts) live in JobStateMachine (job_state_machine.h); the registrations in
-// AgentRegistry; the server comes from StartJobServer; signals from a SignalForwarder.
+// tears down, and with --max-restarts runs the whole job again after a failure. Its rules
+// (first failure, grace, signals, timeouts) live in JobStateMachine (job_state_machine.h), the
+// restart rules in restart_policy.h; the registrations in AgentRegistry; the server comes from
+// StartJobServer; signals from a SignalForwarder.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -17,6 +19,7 @@
 #include "launcher/hosts/placement.h"
 #include "launcher/job/job_state_machine.h"
 #include "launcher/job/output.h"
+#include "launcher/job/restart_policy.h"
 #include "launcher/options.h"
 #include "launcher/service/agent_registry.h"
 #include "launcher/service/job_service.h"
@@ -41,25 +44,59 @@ struct Starters {
   starters::AgentStarter* remote = nullptr;
 };
 
+// The starters for one attempt of a job, by its restart count (0 for the first). A starter that
+// keeps state for one job (the srun step) is made afresh for each attempt; the caller owns them
+// and keeps them until the next call or the end of RunJob.
+using StartersForAttempt = std::function<Starters(int restart_count)>;
+
 // Runs the job described by `options` (already validated) with its ranks where `placement`
 // puts them (PlaceRanks(options.hosts, options.np)), and returns ringrun's exit code: 0 when
 // every rank exited 0; the first failing rank's code (128+signo for a signal); 130/143 after
-// SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed). Installs handlers for
-// SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
+// SIGINT/SIGTERM; 1 when ringrun itself failed (the reason is printed).
+//
+// With options.max_restarts > 0, a failed attempt is followed by another on the same hosts
+// (restart_policy.h decides and names the line printed). Every attempt is a job of its own: a
+// new secret and job id, a new job service on a new port, new agents, so that a straggler of an
+// earlier attempt cannot join a later one; each starts only once every agent of the one before
+// has ended (the attempt's teardown, then StopAgents). Ranks get the attempt's restart count
+// (RINGRUN_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT), the limit (TORCHELASTIC_MAX_RESTARTS), and
+// one TORCHELASTIC_RUN_ID for every attempt (the first attempt's job id). --output-filename files
+// are appended to by later attempts. The exit code is the last attempt's; a signal to the
+// launcher, during an attempt or between two, ends the job without another.
+//
+// Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
+int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
+           const StartersForAttempt& starters, const JobHooks& hooks = {});
+// The same with the same starters for every attempt (those that keep no state between jobs).
 int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
            const Starters& starters, const JobHooks& hooks = {});
 
-// The job behind RunJob. Its main thread (the one that calls Run) owns the state machine and the
-// agents' handles; gRPC threads, the signal thread and the remote start threads only queue
-// events for it.
+// Which attempt of a job (--max-restarts) a Job is.
+struct JobAttempt {
+  int restart_count = 0;
+  std::string run_id;  // TORCHELASTIC_RUN_ID; empty: this attempt's job id (the first attempt)
+  // Of --timeout, what the earlier attempts took.
+  std::chrono::milliseconds timeout_used{0};
+};
+
+// One attempt of the job behind RunJob. Its main thread (the one that calls Run) owns the state
+// machine and the agents' handles; gRPC threads, the signal thread and the remote start threads
+// only queue events for it. The caller forwards the launcher's signals to OnSignal: Run
+// installs no handler.
 class Job final : public service::JobEvents {
  public:
   // `placement` is not empty (PlaceRanks places at least one rank).
   Job(const Options& options, std::vector<hosts::RankPlacement> placement, const Starters& starters,
-      const JobHooks& hooks);
+      const JobHooks& hooks, JobAttempt attempt = {});
   ~Job() override;
-  // Runs the job to its end (see RunJob). Call once.
+  // Runs the job to its end (see RunJob) and returns its exit code. Call once.
   int Run();
+  // A signal reached the launcher. Thread-safe; before Run it is handled when Run starts.
+  void OnSignal(int signo);
+  // After Run: how the attempt ended.
+  AttemptOutcome outcome() const;
+  // After Run: TORCHELASTIC_RUN_ID as the ranks got it.
+  const std::string& run_id() const { return run_id_; }
 
   // JobEvents, from gRPC threads.
   grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
@@ -102,11 +139,12 @@ class Job final : public service::JobEvents {
   const std::vector<hosts::RankPlacement> placement_;
   const Starters starters_;
   const JobHooks hooks_;
+  const JobAttempt attempt_;
   const Clock& clock_;
 
   // Set up in Run() before any other thread starts; then constant.
   std::vector<int> active_hosts_;
-  std::string secret_, job_id_, agent_path_, cwd_;
+  std::string secret_, job_id_, run_id_, agent_path_, cwd_;
   int port_ = 0;
   std::unique_ptr<service::AgentRegistry> registry_;
   std::unique_ptr<service::Rendezvous> rendezvous_;

@@ -25,7 +25,7 @@ JobStateMachine::JobStateMachine(JobPlan plan, const Clock& clock)
     : plan_(std::move(plan)),
       clock_(clock),
       start_deadline_(clock.Now() + std::chrono::seconds(plan_.start_timeout_s)),
-      job_deadline_(clock.Now() + std::chrono::seconds(plan_.timeout_s)),
+      job_deadline_(clock.Now() + std::chrono::seconds(plan_.timeout_s) - plan_.timeout_used),
       hosts_(plan_.hosts.size()),
       ranks_(plan_.rank_hosts.size()) {
   for (size_t r = 0; r < plan_.rank_hosts.size(); ++r) {
@@ -72,10 +72,11 @@ void JobStateMachine::KillAgent(int host, std::string warning) {
 
 std::vector<JobCommand> JobStateMachine::TakeCommands() { return std::exchange(commands_, {}); }
 
-void JobStateMachine::Fail(int exit_code, const std::string& message) {
-  if (exit_code_) return;
-  exit_code_ = exit_code;
-  Emit(JobCommand::Kind::kReport, 0, 0, message);
+void JobStateMachine::Fail(JobFailure::Cause cause, int exit_code, std::string what,
+                           const std::string& detail) {
+  if (failure_) return;
+  Emit(JobCommand::Kind::kReport, 0, 0, what + detail);
+  failure_ = JobFailure{cause, exit_code, std::move(what)};
   BeginTeardown(plan_.grace_ms);
 }
 
@@ -114,7 +115,8 @@ void JobStateMachine::AgentStarted(int host, bool ok, const std::string& why) {
   hs->start_done = true;
   if (!ok) {
     hs->finished = true;
-    Fail(1, "could not start the agent on host " + plan_.hosts[host].Display() + ": " + why);
+    Fail(JobFailure::Cause::kAgentStart, 1,
+         "could not start the agent on host " + plan_.hosts[host].Display() + ": " + why);
     return;
   }
   hs->has_agent = true;
@@ -142,18 +144,20 @@ void JobStateMachine::RankExited(int rank, int exit_code, int signo,
   std::string what =
       signo ? "was killed by " + SignalName(signo) + " (signal " + std::to_string(signo) + ")"
             : "exited with code " + std::to_string(exit_code);
-  std::string msg = "rank " + std::to_string(rank) + " on host " +
-                    plan_.hosts[ranks_[rank].host].name + " " + what;
+  std::string tail;
   if (!stderr_tail.empty()) {
-    msg += "; the last lines of its stderr:";
+    tail = "; the last lines of its stderr:";
     for (size_t start = 0;;) {  // one line each, as LineTail::Text joins them
       size_t nl = stderr_tail.find('\n', start);
-      msg += "\n  " + stderr_tail.substr(start, nl - start);
+      tail += "\n  " + stderr_tail.substr(start, nl - start);
       if (nl == std::string::npos) break;
       start = nl + 1;
     }
   }
-  Fail(signo ? 128 + signo : exit_code, msg);
+  Fail(JobFailure::Cause::kRank, signo ? 128 + signo : exit_code,
+       "rank " + std::to_string(rank) + " on host " + plan_.hosts[ranks_[rank].host].name + " " +
+           what,
+       tail);
 }
 
 void JobStateMachine::RankSpawnFailed(int rank, int exit_code, const std::string& message) {
@@ -161,9 +165,9 @@ void JobStateMachine::RankSpawnFailed(int rank, int exit_code, const std::string
   ranks_[rank].exited = true;
   ranks_[rank].started = true;
   if (stopping()) return;
-  Fail(exit_code ? exit_code : 127, "rank " + std::to_string(rank) + " on host " +
-                                        plan_.hosts[ranks_[rank].host].name +
-                                        " could not start: " + message);
+  Fail(JobFailure::Cause::kRankStart, exit_code ? exit_code : 127,
+       "rank " + std::to_string(rank) + " on host " + plan_.hosts[ranks_[rank].host].name +
+           " could not start: " + message);
 }
 
 void JobStateMachine::SessionEnded(int host, const std::string& why) {
@@ -176,9 +180,10 @@ void JobStateMachine::SessionEnded(int host, const std::string& why) {
   }
   hs->finished = true;
   if (missing.empty() || stopping()) return;
-  Fail(1, "lost the agent on host " + plan_.hosts[host].name + ": " +
-              (why.empty() ? "the agent closed its session early" : why) + " (ranks " + missing +
-              " were still running)");
+  Fail(JobFailure::Cause::kAgentLost, 1,
+       "lost the agent on host " + plan_.hosts[host].name + ": " +
+           (why.empty() ? "the agent closed its session early" : why) + " (ranks " + missing +
+           " were still running)");
 }
 
 void JobStateMachine::AgentExited(int host, int exit_code, const std::string& stderr_tail) {
@@ -189,10 +194,12 @@ void JobStateMachine::AgentExited(int host, int exit_code, const std::string& st
   const std::string name = plan_.hosts[host].Display();
   const std::string tail = stderr_tail.empty() ? "" : ": " + stderr_tail;
   if (exit_code == 127 && !hs->registered) {
-    Fail(1, "ringrun-agent not found at " + plan_.agent_path + " on host " + name + tail);
+    Fail(JobFailure::Cause::kAgentStart, 1,
+         "ringrun-agent not found at " + plan_.agent_path + " on host " + name + tail);
   } else {
-    Fail(1, "the agent on host " + name + " exited with code " + std::to_string(exit_code) +
-                (hs->registered ? "" : " before registering") + tail);
+    Fail(hs->registered ? JobFailure::Cause::kAgentLost : JobFailure::Cause::kAgentStart, 1,
+         "the agent on host " + name + " exited with code " + std::to_string(exit_code) +
+             (hs->registered ? "" : " before registering") + tail);
   }
 }
 
@@ -237,14 +244,15 @@ void JobStateMachine::Tick() {
       }
     }
     if (!missing.empty()) {
-      Fail(1, "start timeout (" + std::to_string(plan_.start_timeout_s) + " s): " + missing);
+      Fail(JobFailure::Cause::kStartTimeout, 1,
+           "start timeout (" + std::to_string(plan_.start_timeout_s) + " s): " + missing);
     }
   }
   if (plan_.timeout_s > 0 && now >= job_deadline_ && !stopping()) {
-    Fail(kTimeoutExitCode, "--timeout " + std::to_string(plan_.timeout_s) +
-                               ": the job ran longer than " + std::to_string(plan_.timeout_s) +
-                               " s; ending its ranks (exit " + std::to_string(kTimeoutExitCode) +
-                               ")");
+    Fail(JobFailure::Cause::kTimeout, kTimeoutExitCode,
+         "--timeout " + std::to_string(plan_.timeout_s) + ": the job ran longer than " +
+             std::to_string(plan_.timeout_s) + " s; ending its ranks (exit " +
+             std::to_string(kTimeoutExitCode) + ")");
   }
   if (kill_at_ && now >= *kill_at_) {
     kill_at_.reset();
@@ -269,7 +277,7 @@ bool JobStateMachine::finished(int host) const {
 
 int JobStateMachine::exit_code() const {
   if (interrupted_) return interrupted_ == SIGINT ? 130 : 128 + interrupted_;
-  return exit_code_.value_or(0);
+  return failure_ ? failure_->exit_code : 0;
 }
 
 }  // namespace ringrun::launcher::job

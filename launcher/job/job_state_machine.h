@@ -11,8 +11,9 @@
 //   - a first SIGINT/SIGTERM/SIGHUP is forwarded to every rank (SIGHUP as SIGTERM), SIGKILL
 //     follows after the grace period, and the exit code becomes 130 (SIGINT) or 128+signo;
 //     a second one kills every rank at once; SIGUSR1/SIGUSR2 are forwarded and change nothing;
-//   - --timeout: a job still running timeout_s after the state machine was made fails with
-//     kTimeoutExitCode and a message naming the flag and its value (first failure wins);
+//   - --timeout: a job still running timeout_s after the state machine was made (less the time
+//     its earlier attempts took, JobPlan::timeout_used) fails with kTimeoutExitCode and a message
+//     naming the flag and its value (first failure wins);
 //   - after the teardown starts, failures are consequences and are not reported (except an
 //     agent that could not start, reported after a signal too unless a failure came first);
 //   - an agent that has not finished kAbandonAfterGraceMs after the grace period is killed;
@@ -21,6 +22,7 @@
 // Not thread-safe: one thread drives it.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +37,23 @@ inline constexpr int kAbandonAfterGraceMs = 3000;
 
 // The exit code of a job ended by --timeout: coreutils timeout(1)'s.
 inline constexpr int kTimeoutExitCode = 124;
+
+// The first failure of a job, as recorded: what a restart policy (restart_policy.h) decides on.
+struct JobFailure {
+  enum class Cause {
+    kRank,          // a rank exited non-zero or was killed by a signal
+    kRankStart,     // a rank could not start (its command, working directory or CPUs)
+    kAgentLost,     // an agent that had registered was lost while its ranks ran, or died
+    kAgentStart,    // an agent could not start, was not found, or ended before registering
+    kStartTimeout,  // an agent or rank was not up at the start timeout
+    kTimeout,       // --timeout
+  };
+  Cause cause = Cause::kRank;
+  int exit_code = 1;
+  // One line, as the report begins, without the stderr tail that the report quotes:
+  // "rank 3 on host h exited with code 1".
+  std::string what;
+};
 
 // What the state machine asks the job to do.
 struct JobCommand {
@@ -61,7 +80,9 @@ struct JobPlan {
   std::vector<int> rank_hosts;         // the host index of each rank, by rank
   int grace_ms = 0;
   int start_timeout_s = 0;
-  int timeout_s = 0;       // --timeout; 0: none
+  int timeout_s = 0;  // --timeout; 0: none
+  // Of timeout_s, what the job's earlier attempts (--max-restarts) took.
+  std::chrono::milliseconds timeout_used{0};
   std::string agent_path;  // named when the agent is missing on a host
 };
 
@@ -100,6 +121,10 @@ class JobStateMachine {
   bool finished(int host) const;
   // ringrun's exit code: 130/128+signo after a signal, else the first failure's, else 0.
   int exit_code() const;
+  // The first failure, if there was one (a failure after a signal included).
+  const std::optional<JobFailure>& failure() const { return failure_; }
+  // The SIGINT, SIGTERM or SIGHUP that interrupted the job; 0 when none did.
+  int interrupted() const { return interrupted_; }
 
  private:
   struct Host {
@@ -118,8 +143,10 @@ class JobStateMachine {
 
   bool stopping() const { return tearing_down_ || interrupted_ != 0; }
   Host* FindHost(int host);
-  // Records the first failure (later ones are ignored) and starts the teardown.
-  void Fail(int exit_code, const std::string& message);
+  // Records the first failure (later ones are ignored), reports `what` + `detail`, and starts
+  // the teardown.
+  void Fail(JobFailure::Cause cause, int exit_code, std::string what,
+            const std::string& detail = "");
   void BeginTeardown(int grace_ms);
   void CloseRegistration();
   void Emit(JobCommand::Kind kind, int signo = 0, int grace_ms = 0, std::string text = "");
@@ -135,7 +162,7 @@ class JobStateMachine {
   std::vector<Host> hosts_;  // by host index; hosts without ranks are finished from the start
   std::vector<Rank> ranks_;
   std::vector<JobCommand> commands_;
-  std::optional<int> exit_code_;
+  std::optional<JobFailure> failure_;
   bool tearing_down_ = false;
   int interrupted_ = 0;  // the signal that interrupted the job
   bool registration_closing_ = false;

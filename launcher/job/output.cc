@@ -45,9 +45,10 @@ Status OutputRouter::Open(int num_ranks) {
     std::string dir = config_.output_dir + "/" + RankDirName(r, num_ranks);
     RINGRUN_RETURN_IF_ERROR(MakeDirs(dir));
     Files f;
-    f.out = std::fopen((dir + "/stdout").c_str(), "we");
+    const char* mode = config_.append ? "ae" : "we";
+    f.out = std::fopen((dir + "/stdout").c_str(), mode);
     if (!f.out) return ErrnoStatus("--output-filename: open " + dir + "/stdout", errno);
-    f.err = std::fopen((dir + "/stderr").c_str(), "we");
+    f.err = std::fopen((dir + "/stderr").c_str(), mode);
     if (!f.err) {
       std::fclose(f.out);
       return ErrnoStatus("--output-filename: open " + dir + "/stderr", errno);

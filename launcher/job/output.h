@@ -25,6 +25,7 @@ class OutputRouter {
     bool echo_to_console = true;
     bool prefix_timestamp = false;
     std::string output_dir;  // empty: no files
+    bool append = false;     // add to the files (a restarted job's); else truncate them
     size_t tail_lines = 10;
     FILE* out = stdout;  // where rank stdout goes
     FILE* err = stderr;  // where rank stderr goes

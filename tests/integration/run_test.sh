@@ -664,6 +664,138 @@ t_mpirun_kill() {
   expect_no_orphans
 }
 
+# A rank for the --max-restarts tests ($WORK/restart_worker DIR FAILS [hang]): it prints its
+# attempt and contract, records its pid (and its child's) in DIR/pids.N for attempt N, and checks
+# that no process of attempt N-1 is alive (PIDs are not reused within a test's seconds). While RINGRUN_RESTART_COUNT < FAILS, rank 1 exits 10+N
+# and the others ignore SIGTERM and wait (only the teardown's SIGKILL ends them); later, every
+# rank exits 0, or with "hang" prints "attempt N sleeping" and sleeps.
+make_restart_worker() {
+  cat >"$WORK/restart_worker" <<'EOF'
+#!/bin/sh
+dir=$1 fails=$2 n=$RINGRUN_RESTART_COUNT
+echo "rank $RINGRUN_RANK attempt $n torchelastic $TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS run $TORCHELASTIC_RUN_ID job $RINGRUN_JOB_ID"
+if [ "$n" -gt 0 ]; then
+  for p in $(cat "$dir/pids.$((n - 1))"); do
+    # Alive, not a zombie waiting to be reaped.
+    grep -qs '^State:[[:space:]]*[^Z[:space:]]' "/proc/$p/status" &&
+      echo "left behind by attempt $((n - 1)): pid $p"
+  done
+fi
+echo $$ >>"$dir/pids.$n"
+if [ "$n" -lt "$fails" ]; then
+  if [ "$RINGRUN_RANK" = 1 ]; then
+    sleep 0.3
+    echo "rank 1 fails in attempt $n" >&2
+    exit $((10 + n))
+  fi
+  trap '' TERM
+  sleep 60 &
+  echo $! >>"$dir/pids.$n"
+  wait
+fi
+if [ "${3:-}" = hang ]; then
+  echo "attempt $n sleeping"
+  exec sleep 60
+fi
+exit 0
+EOF
+  chmod +x "$WORK/restart_worker"
+}
+
+t_restarts() {
+  # Rank 1 fails in attempts 0 and 1; attempt 2 succeeds: ringrun exits 0 after 3 attempts.
+  make_restart_worker
+  local rc
+  "$RINGRUN" -np 3 -H localhost:2,127.0.0.1:1 --grace-period 0.5 --max-restarts 3 \
+    --output-filename "$WORK/logs" "$WORK/restart_worker" "$WORK" 2 >"$WORK/out" 2>"$WORK/err"
+  rc=$?
+  expect_rc 0 $rc "a job that succeeds in its third attempt"
+  expect_contains "$WORK/err" \
+    "ringrun: restarting the job (attempt 2 of 4) after rank 1 on host localhost exited with code 10"
+  expect_contains "$WORK/err" \
+    "ringrun: restarting the job (attempt 3 of 4) after rank 1 on host localhost exited with code 11"
+  [[ $(grep -c "restarting the job" "$WORK/err") == 2 ]] || fail "expected 2 restart lines"
+  expect_contains "$WORK/err" "rank 1 fails in attempt 1"  # each failure's stderr is quoted
+  for r in 0 1 2; do
+    for n in 0 1 2; do
+      expect_contains "$WORK/out" "[$r]<stdout>:rank $r attempt $n torchelastic $n/3 "
+    done
+    expect_not_contains "$WORK/out" "[$r]<stdout>:rank $r attempt 3"
+  done
+  # Every rank of an attempt is gone before the next starts: none saw a pid of the one before.
+  expect_not_contains "$WORK/out" "left behind"
+  # --output-filename: later attempts append, so that the files hold every attempt in order.
+  [[ $(grep -c "^rank 2 attempt [012] " "$WORK/logs/rank.2/stdout") == 3 ]] ||
+    fail "rank.2/stdout lacks an attempt: $(cat "$WORK/logs/rank.2/stdout")"
+  expect_contains "$WORK/logs/rank.1/stderr" "rank 1 fails in attempt 0"
+  expect_contains "$WORK/logs/rank.1/stderr" "rank 1 fails in attempt 1"
+  [[ -s $WORK/pids.1 && -s $WORK/pids.2 && ! -e $WORK/pids.3 ]] || fail "not exactly 3 attempts"
+  # A fresh job (id, secret, service) per attempt; torchrun's run id is one for all of them.
+  local jobs runs
+  jobs=$(grep -o ' job [0-9a-f]*$' "$WORK/out" | sort -u | wc -l)
+  runs=$(grep -o ' run [0-9a-f]* ' "$WORK/out" | sort -u | wc -l)
+  [[ $jobs == 3 ]] || fail "expected 3 job ids, one per attempt, found $jobs"
+  [[ $runs == 1 ]] || fail "expected one TORCHELASTIC_RUN_ID, found $runs"
+  expect_no_orphans
+  # Without --max-restarts, the count is 0 and the job ends at the first failure.
+  rm -f "$WORK"/pids.*
+  "$RINGRUN" -np 2 --grace-period 0.5 "$WORK/restart_worker" "$WORK" 1 >"$WORK/out" 2>"$WORK/err"
+  rc=$?
+  expect_rc 10 $rc "the first failure without --max-restarts"
+  expect_contains "$WORK/out" "[0]<stdout>:rank 0 attempt 0 torchelastic 0/0 "
+  expect_not_contains "$WORK/err" "restart"
+  expect_no_orphans
+}
+
+t_restarts_exhausted() {
+  # Every attempt fails, each with its own code: ringrun exits with the last one's.
+  make_restart_worker
+  local rc
+  "$RINGRUN" -np 2 --grace-period 0.5 --max_restarts 2 "$WORK/restart_worker" "$WORK" 99 \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 12 $rc "three failed attempts (the last exits 12)"
+  [[ $(grep -c "restarting the job" "$WORK/err") == 2 ]] || fail "expected 2 restart lines"
+  expect_contains "$WORK/err" \
+    "ringrun: no restarts left (--max-restarts 2): every one of the 3 attempts failed; exit code 12, the last attempt's"
+  expect_not_contains "$WORK/out" "left behind"
+  expect_no_orphans
+  # A failure that would repeat itself is not restarted.
+  "$RINGRUN" -np 2 --max-restarts 2 "$WORK/no-such-command" >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 127 $rc "a missing command"
+  expect_contains "$WORK/err" "not restarting the job (--max-restarts 2): what could not start"
+  expect_not_contains "$WORK/err" "restarting the job (attempt"
+  # Usage errors exit 2 naming the flag, and start nothing.
+  "$RINGRUN" -np 1 --max-restarts -1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--max-restarts -1"
+  expect_contains "$WORK/err" "--max-restarts -1: must be at least 0"
+  "$RINGRUN" -np 1 --max-restarts three touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--max-restarts three"
+  expect_contains "$WORK/err" "--max-restarts three: not a whole number"
+  "$RINGRUN" -np 1 --max-restarts 1 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--min-np beside --max-restarts"
+  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
+  [[ ! -e $WORK/started ]] || fail "a usage error started the command"
+  expect_no_orphans
+}
+
+t_restarts_sigint() {
+  # Ctrl-C during the second attempt (restart count 1) ends the job: 130, no third attempt.
+  make_restart_worker
+  local pid rc
+  "$RINGRUN" -np 2 --grace-period 0.5 --max-restarts 5 "$WORK/restart_worker" "$WORK" 1 hang \
+    >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "attempt 1 sleeping" 2 30
+  kill -INT $pid
+  wait $pid; rc=$?
+  expect_rc 130 $rc "SIGINT during the second attempt"
+  [[ $(grep -c "restarting the job" "$WORK/err") == 1 ]] || fail "expected exactly 1 restart line"
+  expect_contains "$WORK/err" "SIGINT received: forwarding it to every rank"
+  [[ ! -e $WORK/pids.2 ]] || fail "a third attempt started after SIGINT"
+  expect_not_contains "$WORK/out" "left behind"
+  expect_no_orphans
+}
+
 name=${1:?test name}
 "t_$name"
 pass "$name"

@@ -65,6 +65,24 @@ ringrun::launcher::job::JobContext Job() {
 
 }  // namespace
 
+TEST_CASE("environment: a restarted job's count, limit and run id", "[environment]") {
+  ringrun::launcher::job::JobContext job = Job();
+  job.restart_count = 2;
+  job.max_restarts = 3;
+  job.run_id = "job-41";  // the first attempt's job id
+  auto env = AsMap(ringrun::launcher::job::BuildRankEnvironment({}, {}, Placement(), job));
+  CHECK(env[ringrun::env::kRestartCount] == "2");
+  CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "2");
+  CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "3");
+  CHECK(env["TORCHELASTIC_RUN_ID"] == "job-41");  // one for every attempt, as torchrun's
+  CHECK(env[ringrun::env::kJobId] == "job-42");   // the attempt's own
+  // Inherited from an enclosing torchrun or ringrun job: replaced, never passed on.
+  env = AsMap(ringrun::launcher::job::BuildRankEnvironment(
+      {"RINGRUN_RESTART_COUNT=9", "TORCHELASTIC_RESTART_COUNT=9"}, {}, Placement(), Job()));
+  CHECK(env[ringrun::env::kRestartCount] == "0");
+  CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+}
+
 TEST_CASE("environment: all three name families", "[environment]") {
   auto env = AsMap(
       ringrun::launcher::job::BuildRankEnvironment({"PATH=/usr/bin"}, {}, Placement(), Job()));
@@ -82,6 +100,7 @@ TEST_CASE("environment: all three name families", "[environment]") {
   CHECK(env[ringrun::env::kSecret] == std::string(64, 'a'));
   CHECK(env[ringrun::env::kHostAddr] == "198.18.0.3");
   CHECK(env[ringrun::env::kHostIndex] == "2");
+  CHECK(env[ringrun::env::kRestartCount] == "0");
   // Horovod's
   CHECK(env["HOROVOD_RANK"] == "5");
   CHECK(env["HOROVOD_SIZE"] == "6");

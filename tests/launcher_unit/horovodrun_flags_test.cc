@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "launcher/config_file.h"
+#include "launcher/job/restart_policy.h"
 #include "launcher/options.h"
 #include "ringrun/common/interfaces.h"
 
@@ -142,7 +143,8 @@ TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name"
       CHECK(out.exit_code == 2);
       CHECK(out.message == name +
                                ": elastic jobs are not supported yet; ringrun runs a fixed "
-                               "number of ranks (-np) on fixed hosts (-H, --hostfile)");
+                               "number of ranks (-np) on fixed hosts (-H, --hostfile); "
+                               "--max-restarts N starts the whole job again after a failure");
     } else if (name == "-cb" || name == "--check-build") {
       CHECK(out.exit_code == 2);  // it runs no command
       CHECK_THAT(out.message, Contains("--check-build runs no command"));
@@ -421,6 +423,27 @@ TEST_CASE("horovodrun: HOROVOD_START_TIMEOUT when --start-timeout is not given",
   CHECK(out.exit_code == 2);
   CHECK(out.message == "HOROVOD_START_TIMEOUT soon: not a whole number of seconds");
   CHECK(Ok({"-np", "1", "prog"}).start_timeout_s == 30);
+}
+
+TEST_CASE("torchrun's --max-restarts: both spellings, a whole number from 0", "[options]") {
+  CHECK(Ok({"-np", "1", "prog"}).max_restarts == 0);
+  CHECK(Ok({"-np", "1", "--max-restarts", "3", "prog"}).max_restarts == 3);
+  CHECK(Ok({"-np", "1", "--max-restarts=0", "prog"}).max_restarts == 0);
+  CHECK(Ok({"-np", "1", "--max_restarts", "2", "prog"}).max_restarts == 2);
+  CHECK(Ok({"-np", "1", "--max_restarts=4", "prog"}).max_restarts == 4);
+  CHECK(Ok({"-np", "1", "--max-r", "5", "prog"}).max_restarts == 5);  // a unique prefix
+  CHECK(Usage({"-np", "1", "--max-restarts", "-1", "prog"}) ==
+        "--max-restarts -1: must be at least 0");
+  CHECK(Usage({"-np", "1", "--max_restarts", "two", "prog"}) ==
+        "--max_restarts two: not a whole number");
+  CHECK(Usage({"-np", "1", "--max-restarts", "1.5", "prog"}) ==
+        "--max-restarts 1.5: not a whole number");
+  CHECK(Usage({"-np", "1", "--max-restarts", "99999999999", "prog"}) ==
+        "--max-restarts 99999999999: must be at most " + std::to_string(job::kMaxRestarts));
+  // The elastic flags stay refused beside it, and say what it does.
+  CHECK_THAT(Usage({"-np", "2", "--max-restarts", "3", "--min-np", "1", "prog"}),
+             Contains("--min-np: elastic jobs are not supported yet") &&
+                 Contains("--max-restarts N starts the whole job again after a failure"));
 }
 
 TEST_CASE("mpirun habits: -wdir, --timeout, --report-bindings, --oversubscribe",

@@ -50,6 +50,15 @@ struct Fixture {
   }
 };
 
+// Both agents started and registered, every rank running, outside a Fixture.
+void StartEverything(JobStateMachine& job) {
+  for (int h : {0, 2}) {
+    job.AgentStarted(h, true, "");
+    job.AgentRegistered(h);
+  }
+  for (int r = 0; r < 3; ++r) job.RankStarted(r);
+}
+
 std::vector<JobCommand> OfKind(const std::vector<JobCommand>& commands, Kind kind) {
   std::vector<JobCommand> out;
   for (const auto& c : commands) {
@@ -97,6 +106,10 @@ TEST_CASE("job: the first failure wins, reported once, and tears the job down", 
   CHECK(OfKind(f.Take(), Kind::kReport).empty());
   CHECK(f.job.done());
   CHECK(f.job.exit_code() == 7);
+  // The failure's first line, without the stderr tail: what a restart line names.
+  REQUIRE(f.job.failure());
+  CHECK(f.job.failure()->what == "rank 1 on host a exited with code 7");
+  CHECK(f.job.failure()->exit_code == 7);
 }
 
 TEST_CASE("job: a rank killed by a signal exits 128+signo", "[job_state]") {
@@ -107,6 +120,10 @@ TEST_CASE("job: a rank killed by a signal exits 128+signo", "[job_state]") {
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].text == "rank 2 on host c was killed by SIGSEGV (signal 11)");
   CHECK(f.job.exit_code() == 139);
+  REQUIRE(f.job.failure());
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kRank);
+  CHECK(f.job.failure()->exit_code == 139);
+  CHECK(f.job.interrupted() == 0);
 }
 
 TEST_CASE("job: a rank that could not start fails the job with its code", "[job_state]") {
@@ -118,6 +135,7 @@ TEST_CASE("job: a rank that could not start fails the job with its code", "[job_
   CHECK(reports[0].text ==
         "rank 0 on host a could not start: cannot execute 'x': command not found in PATH (/bin)");
   CHECK(f.job.exit_code() == 127);
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kRankStart);
 }
 
 TEST_CASE("job: SIGINT is forwarded, SIGKILL follows after the grace period", "[job_state]") {
@@ -150,6 +168,8 @@ TEST_CASE("job: SIGINT is forwarded, SIGKILL follows after the grace period", "[
   f.job.RankExited(0, 0, SIGINT, "");  // ranks dying of it is no failure
   CHECK(OfKind(f.Take(), Kind::kReport).empty());
   CHECK(f.job.exit_code() == 130);
+  CHECK(f.job.interrupted() == SIGINT);
+  CHECK_FALSE(f.job.failure());
 }
 
 TEST_CASE("job: a second signal kills every rank at once", "[job_state]") {
@@ -195,6 +215,7 @@ TEST_CASE("job: a lost agent fails the job, naming its running ranks", "[job_sta
         "lost the agent on host a: no heartbeat from the agent for 10 s (ranks 1 were still "
         "running)");
   CHECK(f.job.exit_code() == 1);
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kAgentLost);
   CHECK(f.job.finished(0));
   CHECK_FALSE(f.job.finished(2));
 }
@@ -214,6 +235,7 @@ TEST_CASE("job: an agent that dies before registering is named", "[job_state]") 
   CHECK(kills[0].host == 0);
   CHECK(f.job.done());
   CHECK(f.job.exit_code() == 1);
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kAgentStart);
 }
 
 TEST_CASE("job: --timeout ends a job that runs too long, with exit 124", "[job_state]") {
@@ -221,11 +243,7 @@ TEST_CASE("job: --timeout ends a job that runs too long, with exit 124", "[job_s
   JobPlan plan = Plan();
   plan.timeout_s = 60;
   JobStateMachine job(plan, clock);
-  for (int h : {0, 2}) {
-    job.AgentStarted(h, true, "");
-    job.AgentRegistered(h);
-  }
-  for (int r = 0; r < 3; ++r) job.RankStarted(r);
+  StartEverything(job);
   clock.Advance(milliseconds(59999));
   job.Tick();
   CHECK(job.TakeCommands().empty());
@@ -241,6 +259,31 @@ TEST_CASE("job: --timeout ends a job that runs too long, with exit 124", "[job_s
   CHECK(OfKind(job.TakeCommands(), Kind::kReport).empty());
   job.RankExited(0, 0, SIGTERM, "");
   CHECK(job.exit_code() == kTimeoutExitCode);
+  CHECK(job.failure()->cause == JobFailure::Cause::kTimeout);
+}
+
+TEST_CASE("job: --timeout counts the time of the job's earlier attempts", "[job_state]") {
+  ManualClock clock;
+  JobPlan plan = Plan();
+  plan.timeout_s = 60;
+  plan.timeout_used = milliseconds(45000);  // --max-restarts: the attempts before this one
+  JobStateMachine job(plan, clock);
+  clock.Advance(milliseconds(14999));
+  job.Tick();
+  CHECK(OfKind(job.TakeCommands(), Kind::kReport).size() == 1);  // the start timeout, at 5 s
+  CHECK(job.failure()->cause == JobFailure::Cause::kStartTimeout);
+
+  JobStateMachine later(plan, clock);
+  StartEverything(later);
+  clock.Advance(milliseconds(14999));
+  later.Tick();
+  CHECK(later.TakeCommands().empty());
+  clock.Advance(milliseconds(1));
+  later.Tick();
+  auto reports = OfKind(later.TakeCommands(), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text ==
+        "--timeout 60: the job ran longer than 60 s; ending its ranks (exit 124)");
 }
 
 TEST_CASE("job: without --timeout a job runs as long as it runs", "[job_state]") {
@@ -268,6 +311,7 @@ TEST_CASE("job: the start timeout names what is missing", "[job_state]") {
   CHECK(reports[0].text ==
         "start timeout (5 s): rank 1 on host a did not start; the agent on host me@c did not "
         "register");
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kStartTimeout);
   auto kills = OfKind(commands, Kind::kKillAgent);
   REQUIRE(kills.size() == 1);
   CHECK(kills[0].host == 2);
@@ -282,6 +326,7 @@ TEST_CASE("job: an agent that could not start fails the job", "[job_state]") {
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].text ==
         "could not start the agent on host me@c: c: connect 198.18.10.4:22: connection refused");
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kAgentStart);
   CHECK(f.job.finished(2));
   CHECK_FALSE(f.job.finished(0));  // its Start() has not returned yet
 

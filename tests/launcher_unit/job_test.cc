@@ -25,23 +25,31 @@ using std::chrono::milliseconds;
 
 // Ranks as scripted by argv[0]: "ok" prints a line and exits 0; "cpus" prints the CPUs it was
 // given and its RINGRUN_CPUS, and exits 0; "fail=R:C" makes rank R exit C and the others run
-// until signalled.
+// until signalled; "restarts=N:R:C" is "fail=R:C" while RINGRUN_RESTART_COUNT is below N, then
+// "ok", whose line then names the restart count.
 class ScriptedSpawner final : public agent::Spawner {
  public:
   Result<agent::SpawnedProcess> Spawn(const agent::SpawnRequest& req) override {
-    int rank = -1;
+    int rank = -1, restart_count = -1;
     std::string cpus_variable = "none";
     for (const auto& kv : req.env) {
       if (kv.rfind("RINGRUN_RANK=", 0) == 0) rank = std::stoi(kv.substr(13));
       if (kv.rfind("RINGRUN_CPUS=", 0) == 0) cpus_variable = kv.substr(13);
+      if (kv.rfind("RINGRUN_RESTART_COUNT=", 0) == 0) restart_count = std::stoi(kv.substr(22));
     }
     agent::SpawnedProcess p;
     p.pid = 1000 + rank;
-    const std::string& script = req.argv.at(0);
+    std::string script = req.argv.at(0);
+    if (script.rfind("restarts=", 0) == 0) {
+      const int n = std::stoi(script.substr(9));
+      script = restart_count < n ? "fail=" + script.substr(script.find(':') + 1) : "ok";
+    }
     if (script == "ok" || script == "cpus") {
       auto out = MakePipe();
       if (!out.ok()) return out.status();
-      std::string line = "hello from " + std::to_string(rank) + "\n";
+      std::string line = "hello from " + std::to_string(rank) +
+                         (restart_count > 0 ? " after " + std::to_string(restart_count) : "") +
+                         "\n";
       if (script == "cpus") {
         line = "cpus";
         for (int c : req.cpus) line += " " + std::to_string(c);
@@ -251,13 +259,77 @@ TEST_CASE("job in-process: an agent that never registers fails the start timeout
   hooks.echo_to_console = false;
   Options options = JobOptions("ok");
   options.start_timeout_s = 1;
+  std::string also;
+  SECTION("without --max-restarts") {}
+  SECTION("with --max-restarts: not restarted, and said so") {
+    options.max_restarts = 2;
+    also =
+        "ringrun: not restarting the job (--max-restarts 2): the job did not start within "
+        "--start-timeout; exit code 1\n";
+  }
   const auto t0 = std::chrono::steady_clock::now();
   StderrCapture err;
   CHECK(RunPlaced(options, starters, hooks) == 1);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(starter.started.size() == 2);  // one attempt
   CHECK(err.Text() ==
         "ringrun: start timeout (1 s): rank 0 on host localhost did not start; rank 1 on host "
-        "localhost did not start; the agent on host 127.0.0.2 did not register\n");
+        "localhost did not start; the agent on host 127.0.0.2 did not register\n" +
+            also);
+}
+
+TEST_CASE("job in-process: --max-restarts runs the job again until it succeeds", "[job][restart]") {
+  ThreadAgentStarter starter;
+  std::map<int, std::string> lines;
+  Options options = JobOptions("restarts=2:2:7");  // rank 2 fails in attempts 1 and 2
+  options.max_restarts = 3;
+  std::vector<int> attempts;
+  StderrCapture err;
+  int rc = RunJob(
+      options, hosts::PlaceRanks(options.hosts, options.np).value(),
+      [&](int restart_count) {
+        attempts.push_back(restart_count);
+        return Starters{&starter, &starter};
+      },
+      [&] {
+        JobHooks hooks;
+        hooks.echo_to_console = false;
+        hooks.on_line = [&](int rank, bool, std::string_view line) {
+          lines[rank] = std::string(line);  // one thread calls it
+        };
+        return hooks;
+      }());
+  CHECK(rc == 0);
+  CHECK(attempts == std::vector<int>{0, 1, 2});
+  CHECK(starter.started.size() == 6);  // both hosts, in each of 3 attempts
+  CHECK(lines[2] == "hello from 2 after 2");
+  CHECK(err.Text() ==
+        "ringrun: rank 2 on host 127.0.0.2 exited with code 7\n"
+        "ringrun: restarting the job (attempt 2 of 4) after rank 2 on host 127.0.0.2 exited with "
+        "code 7\n"
+        "ringrun: rank 2 on host 127.0.0.2 exited with code 7\n"
+        "ringrun: restarting the job (attempt 3 of 4) after rank 2 on host 127.0.0.2 exited with "
+        "code 7\n");
+}
+
+TEST_CASE("job in-process: when every attempt fails, the last one's code is the job's",
+          "[job][restart]") {
+  ThreadAgentStarter starter;
+  Starters starters{&starter, &starter};
+  JobHooks hooks;
+  hooks.echo_to_console = false;
+  Options options = JobOptions("fail=1:3");
+  options.max_restarts = 1;
+  StderrCapture err;
+  CHECK(RunPlaced(options, starters, hooks) == 3);
+  CHECK(starter.started.size() == 4);
+  CHECK(err.Text() ==
+        "ringrun: rank 1 on host localhost exited with code 3\n"
+        "ringrun: restarting the job (attempt 2 of 2) after rank 1 on host localhost exited with "
+        "code 3\n"
+        "ringrun: rank 1 on host localhost exited with code 3\n"
+        "ringrun: no restarts left (--max-restarts 1): every one of the 2 attempts failed; exit "
+        "code 3, the last attempt's\n");
 }
 
 }  // namespace

@@ -19,6 +19,8 @@ inline constexpr char kSecret[] = "RINGRUN_SECRET";
 inline constexpr char kHostAddr[] = "RINGRUN_HOST_ADDR";
 // The index of this rank's host in the host list.
 inline constexpr char kHostIndex[] = "RINGRUN_HOST_INDEX";
+// How many times the job was restarted before this attempt (--max-restarts): 0, 1, ...
+inline constexpr char kRestartCount[] = "RINGRUN_RESTART_COUNT";
 
 // Launcher to agent, not to ranks: the job secret in the environment of an agent started by
 // srun (a step's command line is public). The agent unsets it before anything else.

@@ -8,6 +8,8 @@
 #   sshfail    unknown/changed host key, wrong key, unreachable address, missing agent
 #   secret     the secret on no command line on any host; calls without it are refused
 #   args       arguments and -x values with shell syntax arrive unchanged, nothing executes
+#   restarts   --max-restarts over SSH: a failing rank, then a lost agent, restart the whole job
+#              on the same hosts; counts, one job id per attempt, nothing left between attempts
 # Job processes are found by a unique tag in their environment (-x RR_TEST_TAG=...).
 source "$(dirname "$0")/lib.sh"
 CASE=${1:?usage: job_test.sh CASE}
@@ -195,6 +197,65 @@ args)
     expect_in "$out" "[$r]<stdout>:$expected" "rank $r (${HP}$((r + 1))): every argument and the -x value byte for byte"
   done
   if ls /tmp/rr-pwned-* >/dev/null 2>&1; then fail "something was executed: $(ls /tmp/rr-pwned-*)"; else pass "nothing in them was executed"; fi
+  ;;
+restarts)
+  # --max-restarts over SSH: rank 2 (on host 3) fails in attempts 0 and 1, the others wait until
+  # they are ended; attempt 2 runs on the same hosts and succeeds. Each rank of attempt N>0
+  # checks that no process of attempt N-1 is alive on any host (one PID namespace for all).
+  cat >"$TMP/worker" <<'EOF'
+#!/bin/sh
+n=$RINGRUN_RESTART_COUNT
+echo "attempt $n on $(hostname) rank $RINGRUN_RANK torch $TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS job $RINGRUN_JOB_ID"
+if [ "$n" -gt 0 ]; then
+  for p in $(cat "$1/pids.$((n - 1))"); do
+    grep -qs '^State:[[:space:]]*[^Z[:space:]]' "/proc/$p/status" && echo "left behind: $p"
+  done
+fi
+echo $$ >>"$1/pids.$n"
+if [ "$n" -lt 2 ]; then
+  [ "$RINGRUN_RANK" = 2 ] && { sleep 0.3; echo "boom $n on $(hostname)" >&2; exit 5; }
+  exec sleep 60
+fi
+exit 0
+EOF
+  chmod +x "$TMP/worker"
+  start=$SECONDS
+  out=$(timeout 90 "${RINGRUN[@]}" -np 4 -H "$H4" --grace-period 1 --max-restarts 3 \
+    -x "RR_TEST_TAG=$TAG" "$TMP/worker" "$TMP" 2>&1)
+  rc=$?
+  [[ $rc == 0 ]] && pass "the third attempt succeeds: rc 0 ($((SECONDS - start)) s)" || fail "rc=$rc: $out"
+  for a in 2 3; do
+    expect_in "$out" "ringrun: restarting the job (attempt $a of 4) after rank 2 on host ${HP}3 exited with code 5" \
+      "restart line $((a - 1)) names the rank, host and attempt"
+  done
+  for r in 0 1 2 3; do
+    expect_in "$out" "[$r]<stdout>:attempt 2 on ${HP}$((r + 1)) rank $r torch 2/3" \
+      "rank $r ran its third attempt on the same host, told its restart count"
+  done
+  expect_not_in "$out" "left behind" "no process of an attempt outlived it"
+  expect_not_in "$out" "attempt 3 on" "no fourth attempt"
+  n=$(grep -o 'job [0-9a-f]*$' <<<"$out" | sort -u | wc -l)
+  ((n == 3)) && pass "a job id (and secret) per attempt" || fail "$n job ids in 3 attempts"
+  wait_gone 5 job_left && pass "nothing left on any host" || fail "left: $(job_left)"
+  # A lost agent restarts the job too: kill -9 of host 2's agent in the first attempt.
+  JOB_LOG=$TMP/job.log
+  "${RINGRUN[@]}" -np 4 -H "$H4" --max-restarts 1 -x "RR_TEST_TAG=$TAG" /bin/sh -c \
+    'if [ "$RINGRUN_RESTART_COUNT" = 0 ]; then exec sleep 60; fi; echo "second attempt on $(hostname)"' \
+    >"$JOB_LOG" 2>&1 &
+  JOB_PID=$!
+  cleanup_hooks+=("kill -9 $JOB_PID 2>/dev/null")
+  start=$SECONDS
+  while (($(tagged | wc -l) < 4)) && ((SECONDS - start < 20)); do sleep 0.1; done
+  victim=$(agents_on 2 | head -1)
+  [[ -n $victim ]] || { fail "no agent on ${HP}2"; finish; }
+  kill -9 "$victim"
+  wait_job 40
+  [[ $JOB_RC == 0 ]] && pass "after a lost agent, the second attempt succeeds (${JOB_SECS}s)" ||
+    fail "rc=$JOB_RC after ${JOB_SECS}s: $(cat "$JOB_LOG")"
+  expect_in "$(cat "$JOB_LOG")" "restarting the job (attempt 2 of 2) after" "the restart is announced"
+  expect_in "$(cat "$JOB_LOG")" "${HP}2" "naming the lost host"
+  expect_in "$(cat "$JOB_LOG")" "second attempt on ${HP}2" "the lost host runs the second attempt"
+  wait_gone 10 job_left && pass "nothing left on any host" || fail "left: $(job_left)"
   ;;
 *) fail "unknown case $CASE" ;;
 esac

@@ -8,6 +8,7 @@
 #              the agents' /proc environ once started
 #   bench      libringrun's collectives across the nodes (ringrun-bench, checked results)
 #   rankfail   a rank fails: the job ends with its code; then a second job in the same allocation
+#   restarts   --max-restarts: a failing rank restarts the job, a fresh agents step per attempt
 #   scancelstep / scancel the agents' step / scancel the job
 #   scanceljob
 #   sigint / sigterm   Ctrl-C (SIGINT) / SIGTERM to ringrun: 130 / 143
@@ -190,6 +191,16 @@ rankfail)
   expect_in "$out" "first rc=9" "the job ends with the rank's code"
   expect_in "$out" "rank 5 on host ${HP}3 exited with code 9" "the rank is named"
   expect_in "$out" "second rc=0" "the allocation ran a second job"
+  expect_nothing_left 10
+  ;;
+restarts)
+  # --max-restarts under Slurm: each attempt is a fresh ringrun-agents step in the allocation;
+  # rank 5 (on host 3) fails in attempts 0 and 1, attempt 2 succeeds.
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=2 bash -c "$RINGRUN --grace-period 1 --max-restarts 2 bash -c 'trap \"exit 143\" TERM; echo attempt \$RINGRUN_RESTART_COUNT rank \$RINGRUN_RANK on \$(hostname); if [[ \$RINGRUN_RESTART_COUNT -lt 2 ]]; then [[ \$RINGRUN_RANK == 5 ]] && exit 9; while :; do sleep 0.2; done; fi'; echo first rc=\$?" 2>&1)
+  expect_in "$out" "first rc=0" "the third attempt succeeds"
+  expect_in "$out" "restarting the job (attempt 2 of 3) after rank 5 on host ${HP}3 exited with code 9" "the first restart is named"
+  expect_in "$out" "restarting the job (attempt 3 of 3) after rank 5 on host ${HP}3 exited with code 9" "the second restart is named"
+  expect_in "$out" "[5]<stdout>:attempt 2 rank 5 on ${HP}3" "rank 5 ran its third attempt on its node"
   expect_nothing_left 10
   ;;
 scancelstep)

@@ -195,11 +195,12 @@ void JobStateMachine::AgentExited(int host, int exit_code, const std::string& st
   const std::string tail = stderr_tail.empty() ? "" : ": " + stderr_tail;
   if (exit_code == 127 && !hs->registered) {
     Fail(JobFailure::Cause::kAgentStart, 1,
-         "ringrun-agent not found at " + plan_.agent_path + " on host " + name + tail);
+         "ringrun-agent not found at " + plan_.agent_path + " on host " + name, tail);
   } else {
     Fail(hs->registered ? JobFailure::Cause::kAgentLost : JobFailure::Cause::kAgentStart, 1,
          "the agent on host " + name + " exited with code " + std::to_string(exit_code) +
-             (hs->registered ? "" : " before registering") + tail);
+             (hs->registered ? "" : " before registering"),
+         tail);
   }
 }
 

@@ -220,6 +220,18 @@ TEST_CASE("job: a lost agent fails the job, naming its running ranks", "[job_sta
   CHECK_FALSE(f.job.finished(2));
 }
 
+TEST_CASE("job: an agent that dies while its ranks run is a lost agent", "[job_state]") {
+  Fixture f;
+  f.StartAll();
+  f.job.AgentExited(2, 255, "ssh: connection reset");
+  auto reports = OfKind(f.Take(), Kind::kReport);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].text == "the agent on host me@c exited with code 255: ssh: connection reset");
+  REQUIRE(f.job.failure());
+  CHECK(f.job.failure()->cause == JobFailure::Cause::kAgentLost);
+  CHECK(f.job.failure()->what == "the agent on host me@c exited with code 255");
+}
+
 TEST_CASE("job: an agent that dies before registering is named", "[job_state]") {
   Fixture f;
   f.job.AgentStarted(0, true, "");

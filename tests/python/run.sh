@@ -8,6 +8,8 @@
 #   late_peer        a peer later than RINGRUN_TIMEOUT_MS is waited for
 #   rank_raises      a rank raising mid-training ends the job with its exit code and traceback
 #   example          examples/pytorch at np=2 for a few batches, then resumed from its checkpoint
+#   restarts         examples/pytorch/restart_from_checkpoint.py under --max-restarts: a failure,
+#                    a restart from the checkpoint, and the final loss of a run without failures
 #   install          cmake --install, then import ringrun.torch from a new shell, system-wide
 #                    and in a --system-site-packages venv
 #   torchrun         torchrun --nproc_per_node 2 (static and c10d rendezvous): ringrun.torch
@@ -78,6 +80,23 @@ example)
   cat "$WORK/out2"
   grep -q 'resuming from .* after epoch 2' "$WORK/out2" || fail "did not resume"
   grep -q "test_accuracy=$acc" "$WORK/out2" || fail "resumed model differs: $(grep test_accuracy "$WORK/out2")" ;;
+restarts)
+  # examples/pytorch/restart_from_checkpoint.py under --max-restarts 2: rank 1 exits at step 25
+  # of the first attempt; the second resumes from the step-20 checkpoint and ends with the final
+  # loss of a run without failures, bit for bit.
+  ex=$here/../../examples/pytorch/restart_from_checkpoint.py
+  timeout 120 "$BIN/ringrun" -np 2 --max-restarts 2 $PY "$ex" --checkpoint "$WORK/ckpt" \
+    --fail-at 25 >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "the restarted job"; }
+  cat "$WORK/out"
+  # Rank 0 may fail first, its allreduce failing on rank 1's loss: either is the first failure.
+  grep -q 'restarting the job (attempt 2 of 3) after rank [01] on host localhost exited with code 1' \
+    "$WORK/out" || fail "no restart line"
+  grep -q 'attempt 1: starting at step 20' "$WORK/out" || fail "did not resume at step 20"
+  timeout 120 "$BIN/ringrun" -np 2 $PY "$ex" --checkpoint "$WORK/ckpt2" >"$WORK/out2" 2>&1 ||
+    { cat "$WORK/out2"; fail "the job without failures"; }
+  want=$(grep -o 'final loss=.*' "$WORK/out2")
+  [[ -n $want ]] || fail "no final loss: $(cat "$WORK/out2")"
+  grep -qF "$want" "$WORK/out" || fail "after the restart: $(grep 'final loss' "$WORK/out"), without: $want" ;;
 install)
   build=$(cd "$BIN/.." && pwd)
   prefix=$WORK/prefix

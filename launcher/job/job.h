@@ -62,8 +62,8 @@ class Job final : public service::JobEvents {
   int Run();
 
   // JobEvents, from gRPC threads.
-  grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
-                          v1::RegisterReply* reply) override;
+  bool OnRegisterAsync(const v1::RegisterRequest& req, const std::string& peer_address,
+                       const RegisterDone& done) override;
   void OnAgentEvent(int host, const v1::AgentEvent& event) override;
   void OnSessionEnded(int host, bool clean, const std::string& why) override;
 

@@ -9,9 +9,15 @@ AgentRegistry::AgentRegistry(std::vector<int> hosts, Clock::TimePoint deadline, 
 
 AgentRegistry::~AgentRegistry() {
   Close();
-  alarm_.Cancel();
+  grpc::Alarm* alarm;
+  {
+    MutexLock lock(&mu_);
+    alarm = alarm_.get();
+  }
+  if (alarm == nullptr) return;
+  alarm->Cancel();  // not under mu_: the callback takes it
   MutexLock lock(&mu_);
-  while (alarm_set_ && !alarm_done_) cv_.Wait(&mu_);
+  while (!alarm_done_) cv_.Wait(&mu_);
 }
 
 std::vector<std::function<void()>> AgentRegistry::ReleaseLocked(grpc::Status status) {
@@ -30,6 +36,8 @@ std::vector<std::function<void()>> AgentRegistry::ReleaseLocked(grpc::Status sta
 void AgentRegistry::WhenRanks(int host, RanksDone done) {
   grpc::Status now;
   std::vector<v1::RankSpec> ranks;
+  grpc::Alarm* arm = nullptr;  // set outside mu_: a deadline just past may fire at once
+  bool waits = false;
   {
     MutexLock lock(&mu_);
     if (specs_ready_) {
@@ -41,29 +49,31 @@ void AgentRegistry::WhenRanks(int host, RanksDone done) {
                          "not every agent registered within the start timeout");
     } else {
       waiting_.emplace_back(host, std::move(done));
-      if (!alarm_set_) {
-        alarm_set_ = true;
-        // grpc::Alarm takes a system_clock deadline.
-        const auto at =
-            std::chrono::system_clock::now() + (deadline_ - std::chrono::steady_clock::now());
-        alarm_.Set(at, [this](bool) {
-          std::vector<std::function<void()>> calls;
-          {
-            MutexLock lock(&mu_);
-            calls =
-                ReleaseLocked(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                           "not every agent registered within the start timeout"));
-          }
-          for (auto& call : calls) call();
-          MutexLock lock(&mu_);
-          alarm_done_ = true;
-          cv_.SignalAll();
-        });
+      waits = true;
+      if (alarm_ == nullptr) {
+        alarm_ = std::make_unique<grpc::Alarm>();
+        arm = alarm_.get();
       }
-      return;
     }
   }
-  done(now, std::move(ranks));
+  if (arm != nullptr) {
+    // grpc::Alarm takes a system_clock deadline.
+    const auto at =
+        std::chrono::system_clock::now() + (deadline_ - std::chrono::steady_clock::now());
+    arm->Set(at, [this](bool) {
+      std::vector<std::function<void()>> calls;
+      {
+        MutexLock lock(&mu_);
+        calls = ReleaseLocked(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                           "not every agent registered within the start timeout"));
+      }
+      for (auto& call : calls) call();
+      MutexLock lock(&mu_);
+      alarm_done_ = true;
+      cv_.SignalAll();
+    });
+  }
+  if (!waits) done(now, std::move(ranks));
 }
 
 grpc::Status AgentRegistry::Add(int host, Registration registration) {

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,10 +71,10 @@ class AgentRegistry {
   bool specs_ready_ GUARDED_BY(mu_) = false;
   bool closed_ GUARDED_BY(mu_) = false;
   std::vector<std::pair<int, RanksDone>> waiting_ GUARDED_BY(mu_);  // WhenRanks callers
-  // The deadline for waiting_, armed by the first WhenRanks that waits; its callback has run
-  // once alarm_done_ is set.
-  grpc::Alarm alarm_;
-  bool alarm_set_ GUARDED_BY(mu_) = false;
+  // The deadline for waiting_, made and armed by the first WhenRanks that waits (not before:
+  // a grpc::Alarm starts gRPC, and with it threads that would take the job's signals); its
+  // callback has run once alarm_done_ is set.
+  std::unique_ptr<grpc::Alarm> alarm_ GUARDED_BY(mu_);
   bool alarm_done_ GUARDED_BY(mu_) = false;
 
   // Takes the waiting callers with the answer they get now (under mu_); call them without it.

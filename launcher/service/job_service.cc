@@ -1,5 +1,8 @@
 #include "launcher/service/job_service.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -188,7 +191,14 @@ JobService::JobService(std::string secret, JobEvents* events, Rendezvous* rendez
       rendezvous_(rendezvous),
       heartbeat_interval_ms_(heartbeat_interval_ms),
       heartbeat_timeout_ms_(heartbeat_timeout_ms) {
-  if (events_ != nullptr) ticker_ = std::thread([this] { Tick(); });
+  if (events_ == nullptr) return;
+  // The ticker takes no signals, whichever thread builds the service and whenever: a job's
+  // signals go to its SignalForwarder's thread, which may start after this one.
+  sigset_t all, caller;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &caller);
+  ticker_ = std::thread([this] { Tick(); });
+  pthread_sigmask(SIG_SETMASK, &caller, nullptr);
 }
 
 JobService::~JobService() {

@@ -30,6 +30,7 @@
 #include "launcher/job/job.h"
 #include "launcher/options.h"
 #include "launcher/starters/fake_agents.h"
+#include "ringrun/common/interfaces.h"
 #include "ringrun/common/thread_annotations.h"
 
 namespace {
@@ -50,8 +51,20 @@ int RunAgents(int launch_fd, int ended_fd, int hosts) {
   // As StartJobServer does for the launcher: Debian's Abseil checks lock order by default, a
   // cost that a thousand agent processes would each pay alone, not one process for them all.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Dialled at this machine's first non-loopback address, the agents look remote to the job,
+  // as real ones do (for loopback agents the job looks for another host's address).
+  starters::FakeAgentScript script;
+  if (auto nics = ringrun::ListInterfaces(); nics.ok()) {
+    for (const auto& nic : *nics) {
+      if (!nic.address.empty() && !ringrun::IsLoopback(nic.address) &&
+          nic.address.find(':') == std::string::npos) {
+        script.service_address = nic.address;
+        break;
+      }
+    }
+  }
   ringrun::Mutex mu;
-  starters::FakeAgents agents({}, [&](int host, const starters::FakeAgentResult& r) {
+  starters::FakeAgents agents(script, [&](int host, const starters::FakeAgentResult& r) {
     const bool ok = r.register_status.ok() && r.session_status.ok();
     const std::string line = std::to_string(host) + (ok ? " 0\n" : " 1\n");
     ringrun::MutexLock lock(&mu);

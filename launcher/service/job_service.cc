@@ -31,9 +31,11 @@ std::string PeerAddress(const std::string& peer) {
 }
 
 // One agent's Session. Reads are serialized by gRPC; everything the service's other threads
-// touch is guarded by the service's mu_. Lifetime: owned by gRPC until OnDone, which deletes
-// it; the service forgets it (End, under mu_) before it calls Finish, and never calls Finish
-// while a write is in flight, so every pointer the service holds is to a live reactor.
+// touch is guarded by the service's mu_. It ends in two steps: End (under mu_: the service
+// forgets it and cancels the call if the agent has not half-closed), then, once its last read
+// and write are done, Conclude (the job hears of the end, then Finish). So every event reaches
+// the job before the end does, and every pointer the service holds is to a live reactor (it
+// is deleted in OnDone, which follows Finish).
 class JobService::SessionReactor final
     : public grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand> {
  public:
@@ -47,10 +49,14 @@ class JobService::SessionReactor final
   void OnDone() override;
 
   // Stops the Session: nothing more is written and the service forgets it. Cancels the call
-  // when the agent has not half-closed (the old stream's reads must end). Returns whether the
-  // caller must Finish (outside mu_): false when a write is in flight (OnWriteDone finishes)
-  // or the Session was already ending.
+  // when the agent has not half-closed, so that the outstanding read ends. Returns Ready().
   bool End(bool clean, std::string why) REQUIRES(service_.mu_);
+  // Whether the caller must now Conclude(): the Session is ending, its last read and write are
+  // done, and no one has concluded it yet. True once.
+  bool Ready() REQUIRES(service_.mu_);
+  // Reports the end to the job, then finishes the call (outside mu_). The job hears of the end
+  // before the agent does, so an agent's exit never overtakes its Session's end.
+  void Conclude();
 
   // The host, set with the Hello under mu_ before any other thread can see this Session.
   int host = -1;
@@ -64,9 +70,10 @@ class JobService::SessionReactor final
   JobService& service_;
   grpc::CallbackServerContext* const ctx_;
   v1::AgentEvent event_;     // the read in flight; read callbacks only
-  bool registered_ = false;  // the Hello was accepted; read callbacks only, then OnDone
+  bool registered_ = false;  // the Hello was accepted; read callbacks only
   bool reads_done_ GUARDED_BY(service_.mu_) = false;
   bool ending_ GUARDED_BY(service_.mu_) = false;
+  bool concluded_ GUARDED_BY(service_.mu_) = false;
   bool clean_ GUARDED_BY(service_.mu_) = false;
   std::string why_ GUARDED_BY(service_.mu_);
 };
@@ -97,7 +104,25 @@ bool JobService::SessionReactor::End(bool clean, std::string why) {
   // Cancelling makes an outstanding read or write complete at once; its completion runs on a
   // gRPC thread, never inline here.
   if (!reads_done_) ctx_->TryCancel();
-  return !writing;
+  return Ready();
+}
+
+bool JobService::SessionReactor::Ready() {
+  if (!ending_ || !reads_done_ || writing || concluded_) return false;
+  concluded_ = true;
+  return true;
+}
+
+void JobService::SessionReactor::Conclude() {
+  bool clean;
+  std::string why;
+  {
+    MutexLock lock(&service_.mu_);
+    clean = clean_;
+    why = why_;
+  }
+  service_.events_->OnSessionEnded(host, clean, why);
+  Finish(grpc::Status::OK);
 }
 
 void JobService::SessionReactor::OnReadDone(bool ok) {
@@ -142,47 +167,36 @@ void JobService::SessionReactor::OnReadDone(bool ok) {
   }
   // The agent half-closed after its last event: a clean end (the job decides whether its ranks
   // were all reported). A broken stream shows up as a cancelled context.
+  // (After End, the read ends because End cancelled the call.)
   const bool clean = !ctx_->IsCancelled();
-  bool finish;
+  bool conclude;
   {
     MutexLock lock(&service_.mu_);
     reads_done_ = true;
-    finish = End(clean, clean ? "" : "the connection to the agent broke");
+    conclude = ending_ ? Ready() : End(clean, clean ? "" : "the connection to the agent broke");
   }
-  if (finish) Finish(grpc::Status::OK);
+  if (conclude) Conclude();
 }
 
 void JobService::SessionReactor::OnWriteDone(bool ok) {
   const v1::AgentCommand* next = nullptr;
-  bool finish = false;
+  bool conclude = false;
   {
     MutexLock lock(&service_.mu_);
     writing = false;
     if (ending_) {
-      finish = true;  // End waited for this write
+      conclude = Ready();
     } else if (!ok) {
-      finish = End(false, "the connection to the agent broke");
+      conclude = End(false, "the connection to the agent broke");
     } else {
       next = service_.NextWrite(this);
     }
   }
   if (next != nullptr) StartWrite(next);
-  if (finish) Finish(grpc::Status::OK);
+  if (conclude) Conclude();
 }
 
-void JobService::SessionReactor::OnDone() {
-  if (registered_) {
-    bool clean;
-    std::string why;
-    {
-      MutexLock lock(&service_.mu_);
-      clean = clean_;
-      why = why_;
-    }
-    service_.events_->OnSessionEnded(host, clean, why);
-  }
-  delete this;
-}
+void JobService::SessionReactor::OnDone() { delete this; }
 
 JobService::JobService(std::string secret, JobEvents* events, Rendezvous* rendezvous,
                        int heartbeat_interval_ms, int heartbeat_timeout_ms)
@@ -326,7 +340,7 @@ void JobService::Tick() {
     if (writes.empty() && finishes.empty()) continue;
     mu_.Unlock();
     for (auto& [session, m] : writes) session->StartWrite(m);
-    for (SessionReactor* session : finishes) session->Finish(grpc::Status::OK);
+    for (SessionReactor* session : finishes) session->Conclude();
     writes.clear();
     finishes.clear();
     mu_.Lock();
@@ -371,7 +385,7 @@ void JobService::Close() {
       if (session != nullptr && session->End(true, "")) finishes.push_back(session);
     }
   }
-  for (SessionReactor* session : finishes) session->Finish(grpc::Status::OK);
+  for (SessionReactor* session : finishes) session->Conclude();
 }
 
 int JobService::open_sessions() const {

@@ -196,8 +196,9 @@ v1::JobService::Stub* FakeAgents::StubFor(int port) {
   if (stubs_.empty() || agents_.size() % per == 0) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.channel_id", static_cast<int>(stubs_.size()));  // a connection of its own
-    stubs_.push_back(v1::JobService::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
+    stubs_.push_back(v1::JobService::NewStub(
+        grpc::CreateCustomChannel(script_.service_address + ":" + std::to_string(port),
+                                  grpc::InsecureChannelCredentials(), args)));
   }
   return stubs_.back().get();
 }

@@ -33,6 +33,9 @@ struct FakeAgentScript {
   std::vector<int> silent_hosts;
   // Agents per gRPC channel (one TCP connection): 1 is the truth (one connection per agent).
   int agents_per_channel = 1;
+  // The address the agents dial the job service at: a non-loopback address of this machine
+  // makes them look remote, as real agents on other hosts do.
+  std::string service_address = "127.0.0.1";
 };
 
 // How one fake agent ended.
@@ -54,7 +57,8 @@ class FakeAgents {
   FakeAgents(const FakeAgents&) = delete;
   FakeAgents& operator=(const FakeAgents&) = delete;
 
-  // Starts the agent of `host_index` against the job service on 127.0.0.1:`port`: it registers
+  // Starts the agent of `host_index` against the job service on the script's address and
+  // `port`: it registers
   // with `secret`, then holds its Session. Returns at once. Thread-safe.
   void Start(int host_index, int port, const std::string& secret);
   // Waits until `count` agents have ended, or `timeout_ms` passed; returns whether they had.

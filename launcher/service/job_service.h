@@ -49,7 +49,9 @@ class JobEvents {
   // One event from a host's Session stream, in stream order.
   virtual void OnAgentEvent(int host_index, const v1::AgentEvent& event) = 0;
   // The host's Session ended. `clean` when the agent closed it after reporting all its ranks;
-  // otherwise `why` says what broke (stream error, heartbeat silence).
+  // otherwise `why` says what broke (stream error, heartbeat silence). Called once, after the
+  // Session's last OnAgentEvent and before the agent is told the Session is over, so that the
+  // agent's exit cannot overtake it.
   virtual void OnSessionEnded(int host_index, bool clean, const std::string& why) = 0;
 };
 

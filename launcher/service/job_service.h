@@ -24,8 +24,9 @@
 
 namespace ringrun::launcher::service {
 
-// What the service reports to the job. Called from gRPC threads; implementations are
-// thread-safe.
+// What the service reports to the job. Called from gRPC threads, the service's timer thread,
+// and (OnSessionEnded) the thread that calls JobService::Close, never under the service's
+// lock; implementations are thread-safe and must not call Close from OnSessionEnded.
 class JobEvents {
  public:
   using RegisterDone = std::function<void(grpc::Status, v1::RegisterReply)>;

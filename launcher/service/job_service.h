@@ -26,7 +26,7 @@ namespace ringrun::launcher::service {
 
 // What the service reports to the job. Called from gRPC threads, the service's timer thread,
 // and (OnSessionEnded) the thread that calls JobService::Close, never under the service's
-// lock; implementations are thread-safe and must not call Close from OnSessionEnded.
+// lock (they may call Send and Close); implementations are thread-safe.
 class JobEvents {
  public:
   using RegisterDone = std::function<void(grpc::Status, v1::RegisterReply)>;

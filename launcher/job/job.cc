@@ -122,8 +122,8 @@ void Job::OnSessionEnded(int host, bool /*clean*/, const std::string& why) {
   Push(std::move(e));
 }
 
-grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
-                             v1::RegisterReply* reply) {
+bool Job::OnRegisterAsync(const v1::RegisterRequest& req, const std::string& peer_address,
+                          const RegisterDone& done) {
   const int h = req.host_index();
   service::Registration reg;
   reg.hostname = req.hostname();
@@ -135,29 +135,39 @@ grpc::Status Job::OnRegister(const v1::RegisterRequest& req, const std::string& 
     for (const auto& i : req.interfaces()) nics.push_back({i.name(), i.address()});
     Result<std::string> a = FirstInterfaceAddress(nics, options_.network_interfaces);
     if (!a.ok()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "host " + options_.hosts[h].name + ": " + a.status().message());
+      done(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "host " + options_.hosts[h].name + ": " + a.status().message()),
+           {});
+      return true;
     }
     reg.data_address = *a;
   }
-  if (grpc::Status st = registry_->Add(h, std::move(reg)); !st.ok()) return st;
+  if (grpc::Status st = registry_->Add(h, std::move(reg)); !st.ok()) {
+    done(st, {});
+    return true;
+  }
   spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name, req.hostname(),
                 peer_address);
   Event e;
   e.kind = Event::kRegistered;
   e.host = h;
   Push(std::move(e));
-  std::vector<v1::RankSpec> ranks;
-  if (grpc::Status st = registry_->WaitForRanks(h, &ranks); !st.ok()) return st;
-  reply->set_job_id(job_id_);
-  for (auto& spec : ranks) *reply->add_ranks() = std::move(spec);
-  reply->set_grace_ms(options_.grace_ms);
-  reply->set_heartbeat_interval_ms(kHeartbeatIntervalMs);
-  reply->set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
-  reply->set_cpu_binding(options_.bind_to == Options::BindTo::kCore
-                             ? v1::RegisterReply::CPU_BINDING_CORE
-                             : v1::RegisterReply::CPU_BINDING_NONE);
-  return grpc::Status::OK;
+  // Answered once every host has registered: a callback, so that waiting agents hold no thread.
+  registry_->WhenRanks(h, [this, done](grpc::Status st, std::vector<v1::RankSpec> ranks) {
+    v1::RegisterReply reply;
+    if (st.ok()) {
+      reply.set_job_id(job_id_);
+      for (auto& spec : ranks) *reply.add_ranks() = std::move(spec);
+      reply.set_grace_ms(options_.grace_ms);
+      reply.set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+      reply.set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+      reply.set_cpu_binding(options_.bind_to == Options::BindTo::kCore
+                                ? v1::RegisterReply::CPU_BINDING_CORE
+                                : v1::RegisterReply::CPU_BINDING_NONE);
+    }
+    done(st, std::move(reply));
+  });
+  return true;
 }
 
 // The address peers should use for `host`: its --network-interfaces address; else what the

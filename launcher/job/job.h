@@ -99,8 +99,8 @@ class Job final : public service::JobEvents {
   const std::string& run_id() const { return run_id_; }
 
   // JobEvents, from gRPC threads.
-  grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
-                          v1::RegisterReply* reply) override;
+  bool OnRegisterAsync(const v1::RegisterRequest& req, const std::string& peer_address,
+                       const RegisterDone& done) override;
   void OnAgentEvent(int host, const v1::AgentEvent& event) override;
   void OnSessionEnded(int host, bool clean, const std::string& why) override;
 

@@ -20,7 +20,8 @@ struct JobServer {
 
 // Starts serving `service` on `address` ("127.0.0.1:0": loopback only; "0.0.0.0:0": every
 // interface; port 0 picks a free port). `service` must outlive the server. Errors say why the
-// server could not start.
+// server could not start. Turns off Abseil's mutex deadlock detection for the process (see the
+// definition).
 Result<JobServer> StartJobServer(const std::string& address, JobService& service);
 
 }  // namespace ringrun::launcher::service

@@ -1,8 +1,13 @@
 #include "launcher/service/job_service.h"
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"
@@ -25,16 +30,194 @@ std::string PeerAddress(const std::string& peer) {
   return last == std::string::npos ? s : s.substr(0, last);
 }
 
+// One agent's Session. Reads are serialized by gRPC; everything the service's other threads
+// touch is guarded by the service's mu_. It ends in two steps: End (under mu_: the service
+// forgets it and cancels the call if the agent has not half-closed), then, once its last read
+// and write are done, Conclude (the job hears of the end, then Finish). So every event reaches
+// the job before the end does, and every pointer the service holds is to a live reactor (it
+// is deleted in OnDone, which follows Finish).
+class JobService::SessionReactor final
+    : public grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand> {
+ public:
+  SessionReactor(JobService* service, grpc::CallbackServerContext* ctx)
+      : service_(*service), ctx_(ctx) {
+    StartRead(&event_);
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+  // Stops the Session: nothing more is written and the service forgets it. Cancels the call
+  // when the agent has not half-closed, so that the outstanding read ends. Returns Ready().
+  bool End(bool clean, std::string why) REQUIRES(service_.mu_);
+  // Whether the caller must now Conclude(): the Session is ending, its last read and write are
+  // done, and no one has concluded it yet. True once.
+  bool Ready() REQUIRES(service_.mu_);
+  // Reports the end to the job, then finishes the call (outside mu_). The job hears of the end
+  // before the agent does, so an agent's exit never overtakes its Session's end.
+  void Conclude();
+
+  // The host, set with the Hello under mu_ before any other thread can see this Session.
+  int host = -1;
+  std::atomic<int64_t> last_heard_ms{0};
+  Clock::time_point next_ping GUARDED_BY(service_.mu_);
+  bool ping_due GUARDED_BY(service_.mu_) = false;
+  bool writing GUARDED_BY(service_.mu_) = false;  // `out` is being written
+  v1::AgentCommand out GUARDED_BY(service_.mu_);
+
+ private:
+  JobService& service_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::AgentEvent event_;     // the read in flight; read callbacks only
+  bool registered_ = false;  // the Hello was accepted; read callbacks only
+  bool reads_done_ GUARDED_BY(service_.mu_) = false;
+  bool ending_ GUARDED_BY(service_.mu_) = false;
+  bool concluded_ GUARDED_BY(service_.mu_) = false;
+  bool clean_ GUARDED_BY(service_.mu_) = false;
+  std::string why_ GUARDED_BY(service_.mu_);
+};
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// A Session refused before it began (no secret, no Hello): finished at once.
+class RefusedSession final : public grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand> {
+ public:
+  explicit RefusedSession(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+bool JobService::SessionReactor::End(bool clean, std::string why) {
+  if (ending_) return false;
+  ending_ = true;
+  clean_ = clean;
+  why_ = std::move(why);
+  auto it = service_.outboxes_.find(host);
+  if (it != service_.outboxes_.end() && it->second.session == this) service_.outboxes_.erase(it);
+  // Cancelling makes an outstanding read or write complete at once; its completion runs on a
+  // gRPC thread, never inline here.
+  if (!reads_done_) ctx_->TryCancel();
+  return Ready();
+}
+
+bool JobService::SessionReactor::Ready() {
+  if (!ending_ || !reads_done_ || writing || concluded_) return false;
+  concluded_ = true;
+  return true;
+}
+
+void JobService::SessionReactor::Conclude() {
+  bool clean;
+  std::string why;
+  {
+    MutexLock lock(&service_.mu_);
+    clean = clean_;
+    why = why_;
+  }
+  service_.events_->OnSessionEnded(host, clean, why);
+  Finish(grpc::Status::OK);
+}
+
+void JobService::SessionReactor::OnReadDone(bool ok) {
+  if (!registered_) {
+    if (!ok || !event_.has_hello()) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a Session starts with Hello"));
+      return;
+    }
+    const int h = event_.hello().host_index();
+    const v1::AgentCommand* first = nullptr;
+    grpc::Status refused;
+    {
+      MutexLock lock(&service_.mu_);
+      Outbox& box = service_.outboxes_[h];
+      if (service_.closed_) {
+        refused = grpc::Status(grpc::StatusCode::ABORTED, "the job is over");
+      } else if (box.session != nullptr) {
+        refused = grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "host already has a Session");
+      } else {
+        box.session = this;
+        host = h;
+        registered_ = true;
+        last_heard_ms = NowMs();
+        ping_due = true;  // the first ping goes at once
+        next_ping = Clock::now() + std::chrono::milliseconds(service_.heartbeat_interval_ms_);
+        first = service_.NextWrite(this);
+      }
+    }
+    if (!refused.ok()) {
+      Finish(refused);
+      return;
+    }
+    if (first != nullptr) StartWrite(first);
+    StartRead(&event_);
+    return;
+  }
+  if (ok) {
+    last_heard_ms = NowMs();
+    if (!event_.has_heartbeat()) service_.events_->OnAgentEvent(host, event_);
+    StartRead(&event_);
+    return;
+  }
+  // The agent half-closed after its last event: a clean end (the job decides whether its ranks
+  // were all reported). A broken stream shows up as a cancelled context.
+  // (After End, the read ends because End cancelled the call.)
+  const bool clean = !ctx_->IsCancelled();
+  bool conclude;
+  {
+    MutexLock lock(&service_.mu_);
+    reads_done_ = true;
+    conclude = ending_ ? Ready() : End(clean, clean ? "" : "the connection to the agent broke");
+  }
+  if (conclude) Conclude();
+}
+
+void JobService::SessionReactor::OnWriteDone(bool ok) {
+  const v1::AgentCommand* next = nullptr;
+  bool conclude = false;
+  {
+    MutexLock lock(&service_.mu_);
+    writing = false;
+    if (ending_) {
+      conclude = Ready();
+    } else if (!ok) {
+      conclude = End(false, "the connection to the agent broke");
+    } else {
+      next = service_.NextWrite(this);
+    }
+  }
+  if (next != nullptr) StartWrite(next);
+  if (conclude) Conclude();
+}
+
+void JobService::SessionReactor::OnDone() { delete this; }
+
 JobService::JobService(std::string secret, JobEvents* events, Rendezvous* rendezvous,
                        int heartbeat_interval_ms, int heartbeat_timeout_ms)
     : secret_(std::move(secret)),
       events_(events),
       rendezvous_(rendezvous),
       heartbeat_interval_ms_(heartbeat_interval_ms),
-      heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
+      heartbeat_timeout_ms_(heartbeat_timeout_ms) {
+  if (events_ == nullptr) return;
+  // The ticker takes no signals, whichever thread builds the service and whenever: a job's
+  // signals go to its SignalForwarder's thread, which may start after this one.
+  sigset_t all, caller;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &caller);
+  ticker_ = std::thread([this] { Tick(); });
+  pthread_sigmask(SIG_SETMASK, &caller, nullptr);
+}
 
 JobService::~JobService() {
   Close();
+  if (ticker_.joinable()) ticker_.join();
   std::vector<std::thread> threads;
   {
     MutexLock lock(&mu_);
@@ -78,114 +261,90 @@ grpc::ServerUnaryReactor* JobService::Register(grpc::CallbackServerContext* ctx,
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not a RegisterRequest"));
     return reactor;
   }
-  // OnRegister may wait for other agents (until the start deadline): not on a gRPC thread.
+  JobEvents::RegisterDone done = [reactor, reply](grpc::Status st, v1::RegisterReply out) {
+    if (st.ok()) {
+      std::string serialized = out.SerializeAsString();
+      grpc::Slice slice(serialized);
+      *reply = grpc::ByteBuffer(&slice, 1);
+    }
+    reactor->Finish(st);
+  };
+  const std::string peer = PeerAddress(ctx->peer());
+  if (events_->OnRegisterAsync(request, peer, done)) return reactor;
+  // The blocking form may wait for other agents (until the start deadline): not on a gRPC thread.
   MutexLock lock(&mu_);
-  registers_.emplace_back(
-      [this, reactor, reply, request = std::move(request), peer = PeerAddress(ctx->peer())] {
-        v1::RegisterReply out;
-        grpc::Status st = events_->OnRegister(request, peer, &out);
-        if (st.ok()) {
-          std::string serialized = out.SerializeAsString();
-          grpc::Slice slice(serialized);
-          *reply = grpc::ByteBuffer(&slice, 1);
-        }
-        reactor->Finish(st);
-      });
+  registers_.emplace_back([this, done, request = std::move(request), peer] {
+    v1::RegisterReply out;
+    grpc::Status st = events_->OnRegister(request, peer, &out);
+    done(st, std::move(out));
+  });
   return reactor;
 }
 
-grpc::Status JobService::Session(
-    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) {
+grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand>* JobService::Session(
+    grpc::CallbackServerContext* ctx) {
   grpc::Status auth = CheckSecret(*ctx, secret_);
-  if (!auth.ok()) return auth;
-  if (events_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here");
-  v1::AgentEvent first;
-  if (!stream->Read(&first) || !first.has_hello()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a Session starts with Hello");
+  if (!auth.ok()) return new RefusedSession(auth);
+  if (events_ == nullptr) {
+    return new RefusedSession(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no agents here"));
   }
-  const int host = first.hello().host_index();
-  {
-    MutexLock lock(&mu_);
-    if (closed_) return grpc::Status(grpc::StatusCode::ABORTED, "the job is over");
-    Outbox& box = outboxes_[host];
-    if (box.open) {
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "host already has a Session");
-    }
-    box.open = true;
-  }
+  return new SessionReactor(this, ctx);
+}
 
-  // The reader runs beside this handler, which writes commands and pings and watches the
-  // agent's heartbeat.
-  std::atomic<int64_t> last_heard_ms{0};
-  std::atomic<bool> reader_done{false};
-  auto now_ms = [] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
-        .count();
-  };
-  last_heard_ms = now_ms();
-  std::thread reader([&] {
-    v1::AgentEvent ev;
-    while (stream->Read(&ev)) {
-      last_heard_ms = now_ms();
-      if (!ev.has_heartbeat()) events_->OnAgentEvent(host, ev);
-    }
-    reader_done = true;
-    MutexLock lock(&mu_);
-    cv_.SignalAll();
-  });
-
-  bool clean = false;
-  std::string why;
-  auto next_ping = Clock::now();
-  {
-    MutexLock lock(&mu_);
-    while (true) {
-      auto& box = outboxes_[host];
-      while (!box.queue.empty()) {
-        v1::AgentCommand cmd = std::move(box.queue.front());
-        box.queue.pop_front();
-        mu_.Unlock();
-        bool ok = stream->Write(cmd);
-        mu_.Lock();
-        if (!ok) break;
-      }
-      if (reader_done) {
-        // The agent half-closed after its last event: a clean end (the job decides whether its
-        // ranks were all reported). A broken stream shows up as a cancelled context.
-        clean = !ctx->IsCancelled();
-        why = clean ? "" : "the connection to the agent broke";
-        break;
-      }
-      if (closed_) {
-        clean = true;
-        break;
-      }
-      if (now_ms() - last_heard_ms > heartbeat_timeout_ms_) {
-        why = "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) +
-              " s";
-        break;
-      }
-      if (Clock::now() >= next_ping) {
-        mu_.Unlock();
-        v1::AgentCommand ping;
-        ping.mutable_ping();
-        bool ok = stream->Write(ping);
-        mu_.Lock();
-        next_ping = Clock::now() + std::chrono::milliseconds(heartbeat_interval_ms_);
-        if (!ok) {
-          why = "the connection to the agent broke";
-          break;
-        }
-        continue;
-      }
-      cv_.WaitUntil(&mu_, std::min(next_ping, Clock::now() + std::chrono::milliseconds(200)));
-    }
-    outboxes_.erase(host);
+const v1::AgentCommand* JobService::NextWrite(SessionReactor* session) {
+  if (session->writing) return nullptr;
+  auto it = outboxes_.find(session->host);
+  if (it == outboxes_.end() || it->second.session != session) return nullptr;  // ending
+  std::deque<v1::AgentCommand>& queue = it->second.queue;
+  if (!queue.empty()) {
+    session->out = std::move(queue.front());
+    queue.pop_front();
+  } else if (session->ping_due) {
+    session->ping_due = false;
+    session->out.Clear();
+    session->out.mutable_ping();
+  } else {
+    return nullptr;
   }
-  if (!reader_done) ctx->TryCancel();
-  reader.join();
-  events_->OnSessionEnded(host, clean, why);
-  return grpc::Status::OK;
+  session->writing = true;
+  return &session->out;
+}
+
+void JobService::Tick() {
+  // A quarter of the shorter period, so that a ping is never much late and silence is noticed
+  // within a quarter of the timeout.
+  const auto period = std::chrono::milliseconds(
+      std::clamp(std::min(heartbeat_interval_ms_, heartbeat_timeout_ms_) / 4, 1, 500));
+  const std::string silent =
+      "no heartbeat from the agent for " + std::to_string(heartbeat_timeout_ms_ / 1000) + " s";
+  std::vector<std::pair<SessionReactor*, const v1::AgentCommand*>> writes;
+  std::vector<SessionReactor*> finishes;
+  MutexLock lock(&mu_);
+  while (!closed_) {
+    cv_.WaitUntil(&mu_, Clock::now() + period);
+    if (closed_) break;
+    const auto now = Clock::now();
+    const int64_t now_ms = NowMs();
+    for (auto it = outboxes_.begin(); it != outboxes_.end();) {
+      SessionReactor* session = it->second.session;
+      ++it;  // End erases the Session's outbox
+      if (session == nullptr) continue;
+      if (now_ms - session->last_heard_ms > heartbeat_timeout_ms_) {
+        if (session->End(false, silent)) finishes.push_back(session);
+      } else if (now >= session->next_ping) {
+        session->ping_due = true;
+        session->next_ping = now + std::chrono::milliseconds(heartbeat_interval_ms_);
+        if (const v1::AgentCommand* m = NextWrite(session)) writes.emplace_back(session, m);
+      }
+    }
+    if (writes.empty() && finishes.empty()) continue;
+    mu_.Unlock();
+    for (auto& [session, m] : writes) session->StartWrite(m);
+    for (SessionReactor* session : finishes) session->Conclude();
+    writes.clear();
+    finishes.clear();
+    mu_.Lock();
+  }
 }
 
 grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
@@ -201,16 +360,39 @@ grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
 }
 
 void JobService::Send(int host_index, const v1::AgentCommand& command) {
-  MutexLock lock(&mu_);
-  if (closed_) return;
-  outboxes_[host_index].queue.push_back(command);
-  cv_.SignalAll();
+  SessionReactor* session = nullptr;
+  const v1::AgentCommand* next = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (closed_) return;
+    Outbox& box = outboxes_[host_index];
+    box.queue.push_back(command);
+    session = box.session;
+    if (session != nullptr) next = NextWrite(session);
+  }
+  if (next != nullptr) session->StartWrite(next);
 }
 
 void JobService::Close() {
+  std::vector<SessionReactor*> finishes;
+  {
+    MutexLock lock(&mu_);
+    closed_ = true;
+    cv_.SignalAll();
+    for (auto it = outboxes_.begin(); it != outboxes_.end();) {
+      SessionReactor* session = it->second.session;
+      ++it;
+      if (session != nullptr && session->End(true, "")) finishes.push_back(session);
+    }
+  }
+  for (SessionReactor* session : finishes) session->Conclude();
+}
+
+int JobService::open_sessions() const {
   MutexLock lock(&mu_);
-  closed_ = true;
-  cv_.SignalAll();
+  int n = 0;
+  for (const auto& [host, box] : outboxes_) n += box.session != nullptr;
+  return n;
 }
 
 }  // namespace ringrun::launcher::service

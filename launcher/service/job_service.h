@@ -1,14 +1,18 @@
 // The job service: the gRPC face of a running job. Every call is checked against the job's
 // secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register and Join are
 // raw methods that parse their request only once the caller is known, and Session reads none
-// before the check. Session is a synchronous handler (one per agent); Register and Join are
-// callback methods, so that 10,000 waiting ranks hold no threads (Register blocks on a thread
-// of its own, one per authenticated agent).
+// before the check. Every method is a callback method, so that a job of 1,000 hosts and 10,000
+// ranks holds no thread per agent or rank: a Session is a reactor that reads events as they
+// come and writes commands one at a time, and one timer thread of the service pings every
+// Session and ends those whose agent fell silent. Register answers through
+// JobEvents::OnRegisterAsync when the job provides it (Job does); otherwise it runs the
+// blocking OnRegister on a thread of its own, one per registering agent.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -20,26 +24,43 @@
 
 namespace ringrun::launcher::service {
 
-// What the service reports to the job. Called from gRPC threads; implementations are
-// thread-safe.
+// What the service reports to the job. Called from gRPC threads, the service's timer thread,
+// and (OnSessionEnded) the thread that calls JobService::Close, never under the service's
+// lock (they may call Send and Close); implementations are thread-safe.
 class JobEvents {
  public:
+  using RegisterDone = std::function<void(grpc::Status, v1::RegisterReply)>;
+
   virtual ~JobEvents() = default;
-  // An agent registered. May block until the job can answer (every agent registered), and
-  // must return by the start deadline. `peer_address` is the agent's IP as we see it.
-  virtual grpc::Status OnRegister(const v1::RegisterRequest& req, const std::string& peer_address,
-                                  v1::RegisterReply* reply) = 0;
+  // An agent registered: answer it through `done`, exactly once, from any thread (possibly
+  // before returning), by the start deadline. It runs on a gRPC thread and must not block.
+  // Returns false, without calling `done`, when this JobEvents answers only through
+  // OnRegister below. `peer_address` is the agent's IP as we see it.
+  virtual bool OnRegisterAsync(const v1::RegisterRequest& /*req*/,
+                               const std::string& /*peer_address*/, const RegisterDone& /*done*/) {
+    return false;
+  }
+  // The blocking form, for a JobEvents without OnRegisterAsync: may block until the job can
+  // answer, and must return by the start deadline. The service calls it on a thread of its own.
+  virtual grpc::Status OnRegister(const v1::RegisterRequest& /*req*/,
+                                  const std::string& /*peer_address*/,
+                                  v1::RegisterReply* /*reply*/) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "registration is not served");
+  }
   // One event from a host's Session stream, in stream order.
   virtual void OnAgentEvent(int host_index, const v1::AgentEvent& event) = 0;
   // The host's Session ended. `clean` when the agent closed it after reporting all its ranks;
-  // otherwise `why` says what broke (stream error, heartbeat silence).
+  // otherwise `why` says what broke (stream error, heartbeat silence). Called once, after the
+  // Session's last OnAgentEvent and before the agent is told the Session is over, so that the
+  // agent's exit cannot overtake it.
   virtual void OnSessionEnded(int host_index, bool clean, const std::string& why) = 0;
 };
 
 // Join is a raw callback method: the Rendezvous hands every rank the same serialized reply.
 class JobService final
     : public v1::JobService::WithRawCallbackMethod_Join<
-          v1::JobService::WithRawCallbackMethod_Register<v1::JobService::Service>> {
+          v1::JobService::WithRawCallbackMethod_Register<
+              v1::JobService::WithCallbackMethod_Session<v1::JobService::Service>>> {
  public:
   // `events` may be null for a service that only serves Join (tests, benchmarks): Register
   // and Session then fail with UNIMPLEMENTED.
@@ -49,8 +70,8 @@ class JobService final
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* reply) override;
-  grpc::Status Session(grpc::ServerContext* ctx,
-                       grpc::ServerReaderWriter<v1::AgentCommand, v1::AgentEvent>* stream) override;
+  grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand>* Session(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* reply) override;
 
@@ -59,14 +80,26 @@ class JobService final
   // its ranks between its registration and its Session). Dropped once the service is closed.
   // Thread-safe.
   void Send(int host_index, const v1::AgentCommand& command);
-  // Ends every Session handler promptly (the job is over). Thread-safe, idempotent.
+  // Ends every Session promptly (the job is over) and refuses new ones. Thread-safe,
+  // idempotent. The sessions' OnSessionEnded calls follow as their streams wind down (by the
+  // server's Shutdown at the latest).
   void Close();
 
+  // How many Sessions are open now (tests, benchmarks). Thread-safe.
+  int open_sessions() const;
+
  private:
+  class SessionReactor;
   struct Outbox {
     std::deque<v1::AgentCommand> queue;
-    bool open = false;  // a Session handler serves it
+    SessionReactor* session = nullptr;  // the open Session that serves it
   };
+
+  // Pings every open Session each heartbeat interval and ends those silent past the timeout.
+  void Tick();
+  // Starts the next write of `session` if it has none in flight and something to send; returns
+  // the message to pass to StartWrite outside mu_, or null.
+  const v1::AgentCommand* NextWrite(SessionReactor* session) REQUIRES(mu_);
 
   // Constant after construction.
   const std::string secret_;
@@ -75,11 +108,12 @@ class JobService final
   const int heartbeat_interval_ms_;
   const int heartbeat_timeout_ms_;
 
-  Mutex mu_;
-  CondVar cv_;  // an outbox grew, closed_ was set, or a Session's reader ended
+  mutable Mutex mu_;
+  CondVar cv_;                                      // closed_ was set
   std::map<int, Outbox> outboxes_ GUARDED_BY(mu_);  // by host, while it may be read
   bool closed_ GUARDED_BY(mu_) = false;
-  std::vector<std::thread> registers_ GUARDED_BY(mu_);  // Register calls, joined at destruction
+  std::vector<std::thread> registers_ GUARDED_BY(mu_);  // blocking OnRegister calls
+  std::thread ticker_;  // runs Tick(); only when `events` is set; joined at destruction
 };
 
 // Sets the server options that keep hostile connections from costing a job anything: the

@@ -362,6 +362,10 @@ def _every_op_on(ps, tag):
     ints_avg = hvd.allreduce(torch.full((2,), r + 1, dtype=torch.int32), op=hvd.Average,
                              process_set=ps)
     assert ints_avg.tolist() == [int(sum(m + 1 for m in members) / k)] * 2
+    if k & (k - 1) == 0:  # Adasum over the members' vectors, in set order
+        from ringrun.torch import adasum
+        want = adasum.combine([torch.full((3,), float(m + 1)) for m in members])
+        assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, process_set=ps), want)
     grouped = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, name=f"{tag}.gar", process_set=ps)
     assert torch.equal(grouped[1], 2 * torch.full((3,), float(sum(m + 1 for m in members))))
     gathered = hvd.allgather(torch.full((me + 1, 2), float(r)), name=f"{tag}.ag", process_set=ps)

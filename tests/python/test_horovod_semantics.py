@@ -434,6 +434,18 @@ def test_process_sets_every_op_overlapping_and_interleaved():
             handles.append((hvd.allreduce_async(torch.ones(2), name="shared", op=hvd.Sum), n))
             for h, k in reversed(handles):
                 assert hvd.synchronize(h).tolist() == [float(k)] * 2
+        # DistributedOptimizer on a set averages gradients over its members only.
+        if a.included():
+            model = nn.Linear(2, 1, bias=False)
+            with torch.no_grad():
+                model.weight.fill_(1.0)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                           named_parameters=model.named_parameters(),
+                                           process_set=a)
+            model(torch.full((1, 2), float(r + 1))).sum().backward()
+            opt.step()
+            mean = sum(m + 1 for m in a.ranks) / a.size()
+            assert torch.allclose(model.weight, torch.full((1, 2), 1.0 - mean))
         # Dynamic: a set of one rank, whose collectives wait for no other.
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
         c = hvd.add_process_set([n - 1])

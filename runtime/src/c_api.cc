@@ -14,6 +14,7 @@
 #include "ringrun/common/gpu_info.h"
 #include "ringrun/common/thread_annotations.h"
 #include "ringrun/ringrun.h"
+#include "runtime/src/engine/buffers.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
 #include "runtime/src/reduce.h"
@@ -181,10 +182,27 @@ ringrun::Result<ringrun::runtime::engine::Engine*> TakeSetEngine(Runtime& rt, Ki
   return e;
 }
 
+// A process set's engine runs host memory only (ringrun.h, "Process sets"): refused here, at
+// submission, on each rank that passes device memory.
+Status HostOnly(const ringrun::runtime::engine::Engine& engine, const TensorArgs* tensors,
+                size_t n) {
+  const auto& is_device = engine.options().is_device;
+  for (size_t i = 0; i < n; ++i) {
+    for (const void* p : {tensors[i].send, static_cast<const void*>(tensors[i].recv)}) {
+      if (p && (is_device ? is_device(p) : ringrun::runtime::engine::IsDeviceMemory(p))) {
+        return ringrun::InvalidArgument(
+            "device memory on a process set other than the global one is not supported (use "
+            "host tensors on it, or the global set)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Submits n tensors named `name` (NULL: unnamed; a group's base name) and wraps the result in
 // a new handle; they take this thread's pending shapes and process set (`engine`, when
-// given, is that set's, already taken). Inlined into each submit function: a warm allreduce's
-// submission pays one call into the engine, not two.
+// given, is a set's, already taken; never the job's). Inlined into each submit function: a warm
+// allreduce's submission pays one call into the engine, not two.
 __attribute__((always_inline)) inline ringrun_status SubmitTensors(
     Runtime& rt, TensorArgs* tensors, size_t n, const char* name, ringrun_handle* handle,
     bool group = false, ringrun::runtime::engine::Engine* engine = nullptr) {
@@ -192,6 +210,13 @@ __attribute__((always_inline)) inline ringrun_status SubmitTensors(
     ringrun::Result<ringrun::runtime::engine::Engine*> e = TakeSetEngine(rt, tensors[0].kind);
     if (!e.ok()) return Fail(e.status());
     engine = *e;
+  }
+  if (__builtin_expect(engine != nullptr, 0) && engine != &rt.engine()) {
+    const Status st = HostOnly(*engine, tensors, n);
+    if (!st.ok()) {
+      t_shapes_n = 0;
+      return Fail(st);
+    }
   }
   if (__builtin_expect(t_shapes_n != 0, 0)) {
     const Status st = TakeShapes(tensors, n);
@@ -680,17 +705,18 @@ ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
   if (!send_rows) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
   return Call([&](Runtime& rt) {
     static_assert(sizeof(size_t) == sizeof(uint64_t));
-    ringrun::runtime::engine::Engine* engine = &rt.engine();
+    ringrun::runtime::engine::Engine* set = nullptr;
     if (t_process_set != 0) {  // send_rows has one entry per rank of the set
       ringrun::Result<ringrun::runtime::engine::Engine*> e = TakeSetEngine(rt, Kind::kAlltoall);
       if (!e.ok()) return Fail(e.status());
-      engine = *e;
+      set = *e;
     }
     TensorArgs e = MakeArgs(Kind::kAlltoall, sendbuf, nullptr, 0, dtype);
     e.row_elems = row_elems;
     e.send_rows = reinterpret_cast<const uint64_t*>(send_rows);
-    for (int r = 0; r < engine->options().size; ++r) e.count += send_rows[r];
-    return SubmitTensors(rt, &e, 1, name, handle, false, engine);
+    const int size = set ? set->options().size : rt.shape().size;
+    for (int r = 0; r < size; ++r) e.count += send_rows[r];
+    return SubmitTensors(rt, &e, 1, name, handle, false, set);
   });
 }
 ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf, void* recvbuf,

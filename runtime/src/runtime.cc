@@ -421,7 +421,8 @@ Result<int> Runtime::AddProcessSet(std::vector<int> ranks) {
     }
     // No GPU backend: each set's engine thread would enqueue on its own NCCL communicator, and
     // two communicators on one device whose calls interleave in different orders on different
-    // ranks can hang. Every member fails its first device collective alike (after the id's
+    // ranks can hang. The C API refuses device memory on a set at submission; should some
+    // reach the engine, every member fails its first device collective alike (after the id's
     // broadcast, which carries nothing).
     o.make_nccl_id = [] { return std::string(); };
     o.make_device = [](const std::string&) -> Result<std::unique_ptr<gpu::DeviceBackend>> {

@@ -7,7 +7,7 @@ members never wait for the other ranks, and every collective takes process_set= 
 tensors, with Horovod's semantics: sizes, ranks, Average's divisor and gradients are the set's;
 broadcast's root_rank is a rank of the job that is in the set; a rank outside the set that calls
 a collective on it gets Horovod's ValueError ("... is not a member of the provided process set").
-Device (CUDA) tensors on a set other than the global one fail on every member with a ValueError
+Device (CUDA) tensors on a set other than the global one are refused with a ValueError
 (docs/python.md says why).
 
 Registration is collective, as in Horovod: init(process_sets=[...]) registers the list on every

@@ -373,8 +373,8 @@ RINGRUN_API ringrun_status ringrun_join_submit(ringrun_handle* handle);
  * roots (broadcast), AVERAGE's divisor and join are the set's, and its ranks are set ranks. An
  * id that is not registered, or a set this rank is not in, fails that call with
  * RINGRUN_ERR_INVALID_ARGUMENT, in Horovod's words ("Allreduce: Rank 2 is not a member of the
- * provided process set."). Sets other than the job's run host memory only: a device collective
- * on one fails on every member with RINGRUN_ERR_INVALID_ARGUMENT (docs/python.md says why). */
+ * provided process set."). Sets other than the job's run host memory only: device memory is
+ * refused at submission with RINGRUN_ERR_INVALID_ARGUMENT (docs/python.md says why). */
 RINGRUN_API ringrun_status ringrun_add_process_set(const int* ranks, size_t n, int* id);
 RINGRUN_API ringrun_status ringrun_remove_process_set(int id);
 RINGRUN_API ringrun_status ringrun_next_process_set(int id);

@@ -293,8 +293,9 @@ def _pickle(obj):
 
 def broadcast_object(obj, root_rank=0, name=None):
     """root_rank's obj (pickled), on every rank. If root cannot pickle it, every rank raises
-    (root its own error, the others RingrunError naming it) instead of waiting on root."""
-    me = rank()
+    (root its own error, the others RingrunError naming it) instead of waiting on root. On a
+    process set (ringrun.torch), root_rank is the set's rank."""
+    me = _engine.set_rank()
     data, why = _pickle(obj) if me == root_rank else (None, None)
     if data is not None:
         payload = np.frombuffer(data, np.uint8)

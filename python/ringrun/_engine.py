@@ -16,6 +16,7 @@ SIGINT (Ctrl-C) raises KeyboardInterrupt in the waiting thread within one slice.
 until the collective completes or fails, as in Horovod (see wait).
 """
 import collections
+import contextlib
 import ctypes
 import threading
 import time
@@ -227,9 +228,43 @@ def _give_shapes(what, shapes):
         raise ValueError(f"{what}: {_lib.error_message() or 'shape refused (%d)' % status}")
 
 
+# ---- Process sets ------------------------------------------------------------------------------
+# The collectives that a thread submits inside `with process_set(id):` run on that process set
+# (ringrun_next_process_set before each submit call); elsewhere on the whole job (id 0).
+
+_tls = threading.local()
+
+
+@contextlib.contextmanager
+def process_set(ps_id):
+    previous = getattr(_tls, "ps", 0)
+    _tls.ps = ps_id
+    try:
+        yield
+    finally:
+        _tls.ps = previous
+
+
+def current_set():
+    return getattr(_tls, "ps", 0)
+
+
+def set_size():
+    """The size of the current process set (the job's for 0)."""
+    ps = current_set()
+    return _lib.lib.ringrun_size() if ps == 0 else _lib.lib.ringrun_process_set_size(ps)
+
+
+def set_rank():
+    """This rank's rank in the current process set (-1: not a member)."""
+    ps = current_set()
+    return _lib.lib.ringrun_rank() if ps == 0 else _lib.lib.ringrun_process_set_rank(ps)
+
+
 def _submit(what, call, name, finish=None, keep=(), shapes=None):
     """call(pointer to the C handle) is one ringrun_*_submit; returns its Handle. shapes: the
-    shape of each of its tensors, or None (not compared across ranks)."""
+    shape of each of its tensors, or None (not compared across ranks). It runs on the current
+    process set."""
     if _deferred:
         _release_deferred()
     if _detached:
@@ -239,6 +274,9 @@ def _submit(what, call, name, finish=None, keep=(), shapes=None):
     try:
         if shapes is not None:
             _give_shapes(what, shapes)  # taken by the call below, whatever it returns
+        ps = current_set()
+        if ps:
+            _lib.lib.ringrun_next_process_set(ps)  # taken by the call below too
         status = call(ctypes.byref(holder))
         if status == 0:
             return Handle(holder, name, finish, keep)
@@ -306,6 +344,7 @@ def wait(h):
 # in this epoch. Every rank completes a join at once and submits nothing between its join and
 # that completion, so after each join every rank starts again from the same names, whatever
 # failed before it. (".noname." keeps them out of the engine's response cache, as its own.)
+# Each process set counts its own: a set's collectives are submitted by its members only.
 
 _names_lock = threading.Lock()
 _names = {"epoch": 0, "counts": collections.Counter()}
@@ -327,9 +366,10 @@ def auto_name(kind, name):
     """name, or the next automatic name of this kind (see above)."""
     if name is not None:
         return name
+    ps = current_set()
     with _names_lock:
-        k = _names["counts"][kind]
-        _names["counts"][kind] = k + 1
+        k = _names["counts"][ps, kind]
+        _names["counts"][ps, kind] = k + 1
         return f"{kind}.noname.j{_names['epoch']}.{k}"
 
 
@@ -429,7 +469,7 @@ def allgatherv(send, rows, row_elems, dtype, alloc, name=None, keep=(), device_c
     return _submit(
         f"allgather '{name}'", lambda h: _lib.lib.ringrun_allgather_submit(
             _name(name), send, rows, row_elems, dtype, h), name,
-        lambda h, n=_lib.lib.ringrun_size(): _copy_output(h, n, dtype, alloc, device_copy),
+        lambda h, n=set_size(): _copy_output(h, n, dtype, alloc, device_copy),
         keep, None if shape is None else [shape])
 
 
@@ -452,7 +492,7 @@ def reducescatter(send, recv, rows, row_elems, dtype, op, name=None, keep=(), sh
     the first rows % size ranks one more (as Horovod). Host memory when the shares are
     uneven."""
     name = auto_name("reducescatter", name)
-    n, me = _lib.lib.ringrun_size(), _lib.lib.ringrun_rank()
+    n, me = set_size(), set_rank()
     what = f"reducescatter '{name}'"
     shapes = None if shape is None else [shape]
     if rows % n == 0:

@@ -96,6 +96,12 @@ _SIGNATURES = {
     "ringrun_reducescatter_submit": (_c_int, [_cstr, _vp, _vp, _c_size, _c_int, _c_int, _hp]),
     "ringrun_barrier_submit": (_c_int, [_hp]),
     "ringrun_join_submit": (_c_int, [_hp]),
+    # Process sets.
+    "ringrun_add_process_set": (_c_int, [ctypes.POINTER(_c_int), _c_size, ctypes.POINTER(_c_int)]),
+    "ringrun_remove_process_set": (_c_int, [_c_int]),
+    "ringrun_next_process_set": (_c_int, [_c_int]),
+    "ringrun_process_set_rank": (_c_int, [_c_int]),
+    "ringrun_process_set_size": (_c_int, [_c_int]),
     # The timeline.
     "ringrun_start_timeline": (_c_int, [_cstr, _c_int]),
     "ringrun_stop_timeline": (_c_int, []),

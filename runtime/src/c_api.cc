@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -13,6 +14,7 @@
 #include "ringrun/common/gpu_info.h"
 #include "ringrun/common/thread_annotations.h"
 #include "ringrun/ringrun.h"
+#include "runtime/src/engine/buffers.h"
 #include "runtime/src/engine/engine.h"
 #include "runtime/src/job_client.h"
 #include "runtime/src/reduce.h"
@@ -97,6 +99,9 @@ struct PendingShapes {
 };
 __attribute__((tls_model("initial-exec"))) thread_local size_t t_shapes_n = 0;
 __attribute__((tls_model("initial-exec"))) thread_local PendingShapes t_shapes;
+// The process set that ringrun_next_process_set gave for this thread's next submission (0:
+// the whole job, the engine that Runtime::engine() is).
+__attribute__((tls_model("initial-exec"))) thread_local int t_process_set = 0;
 
 // The current runtime, or null (see Process).
 Runtime* Current() { return TheProcess().current.load(std::memory_order_acquire); }
@@ -111,7 +116,7 @@ ringrun_status Fail(ringrun_status code, const std::string& message) {
 }
 // A submit call that fails before submitting: it still takes this thread's pending shapes.
 ringrun_status Refuse(ringrun_status code, const std::string& message) {
-  t_shapes_n = 0;
+  t_shapes_n = 0, t_process_set = 0;
   return Fail(code, message);
 }
 
@@ -122,7 +127,7 @@ ringrun_status Call(F&& f) {
   t_error.clear();
   Runtime* rt = Current();
   if (!rt) {
-    t_shapes_n = 0;  // a submit call takes them, whatever it returns
+    t_shapes_n = 0, t_process_set = 0;  // a submit call takes them, whatever it returns
     return Fail(RINGRUN_ERR_NOT_INITIALIZED,
                 "ringrun is not initialized (call ringrun_init first)");
   }
@@ -162,20 +167,65 @@ Status TakeShapes(TensorArgs* tensors, size_t n) {
   return Status::Ok();
 }
 
+// The engine of this thread's pending process set (ringrun_next_process_set), taking it; a
+// refusal takes the pending shapes too. Horovod names the collective in its refusals.
+ringrun::Result<ringrun::runtime::engine::Engine*> TakeSetEngine(Runtime& rt, Kind kind) {
+  const int id = t_process_set;
+  t_process_set = 0;
+  // Indexed by Kind (request.h), in Horovod's words.
+  static constexpr const char* kWhat[] = {"Allreduce",     "Broadcast", "Allgather", "Alltoall",
+                                          "Reducescatter", "Barrier",   "Join"};
+  const auto k = static_cast<size_t>(kind);
+  const char* what = k < std::size(kWhat) ? kWhat[k] : "Collective";
+  ringrun::Result<ringrun::runtime::engine::Engine*> e = rt.SetEngine(id, what);
+  if (!e.ok()) t_shapes_n = 0;
+  return e;
+}
+
+// A process set's engine runs host memory only (ringrun.h, "Process sets"): refused here, at
+// submission, on each rank that passes device memory.
+Status HostOnly(const ringrun::runtime::engine::Engine& engine, const TensorArgs* tensors,
+                size_t n) {
+  const auto& is_device = engine.options().is_device;
+  for (size_t i = 0; i < n; ++i) {
+    for (const void* p : {tensors[i].send, static_cast<const void*>(tensors[i].recv)}) {
+      if (p && (is_device ? is_device(p) : ringrun::runtime::engine::IsDeviceMemory(p))) {
+        return ringrun::InvalidArgument(
+            "device memory on a process set other than the global one is not supported (use "
+            "host tensors on it, or the global set)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Submits n tensors named `name` (NULL: unnamed; a group's base name) and wraps the result in
-// a new handle; they take this thread's pending shapes. Inlined into each submit function: a
-// warm allreduce's submission pays one call into the engine, not two.
-__attribute__((always_inline)) inline ringrun_status SubmitTensors(Runtime& rt, TensorArgs* tensors,
-                                                                   size_t n, const char* name,
-                                                                   ringrun_handle* handle,
-                                                                   bool group = false) {
+// a new handle; they take this thread's pending shapes and process set (`engine`, when
+// given, is a set's, already taken; never the job's). Inlined into each submit function: a warm
+// allreduce's submission pays one call into the engine, not two.
+__attribute__((always_inline)) inline ringrun_status SubmitTensors(
+    Runtime& rt, TensorArgs* tensors, size_t n, const char* name, ringrun_handle* handle,
+    bool group = false, ringrun::runtime::engine::Engine* engine = nullptr) {
+  if (__builtin_expect(t_process_set != 0, 0)) {
+    ringrun::Result<ringrun::runtime::engine::Engine*> e = TakeSetEngine(rt, tensors[0].kind);
+    if (!e.ok()) return Fail(e.status());
+    engine = *e;
+  }
+  if (__builtin_expect(engine != nullptr, 0) && engine != &rt.engine()) {
+    const Status st = HostOnly(*engine, tensors, n);
+    if (!st.ok()) {
+      t_shapes_n = 0;
+      return Fail(st);
+    }
+  }
   if (__builtin_expect(t_shapes_n != 0, 0)) {
     const Status st = TakeShapes(tensors, n);
     if (!st.ok()) return Fail(st);
   }
   HandleState* h = nullptr;
   const Status st =
-      rt.engine().Submit(name ? std::string_view(name) : std::string_view(), tensors, n, group, &h);
+      (engine ? *engine : rt.engine())
+          .Submit(name ? std::string_view(name) : std::string_view(), tensors, n, group, &h);
   if (!st.ok()) return Fail(st);
   *handle = reinterpret_cast<ringrun_handle>(h);
   return RINGRUN_OK;
@@ -383,7 +433,7 @@ void ringrun_shutdown(void) {
   Runtime* rt = p.current.exchange(nullptr);
   // Stops the engine now (pending handles fail) and releases what it holds, even while another
   // thread is still in a call on it (that call fails).
-  if (rt) rt->engine().Shutdown();
+  if (rt) rt->Shutdown();
 }
 
 int ringrun_rank(void) {
@@ -544,7 +594,8 @@ ringrun_status ringrun_handle_rows(ringrun_handle h, size_t* rows, size_t n) {
   }
   if (n != s.rows.size()) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
-                "n must be the job's size (" + std::to_string(s.rows.size()) + ")");
+                "n must be the size of the submission's process set (" +
+                    std::to_string(s.rows.size()) + ")");
   }
   for (size_t i = 0; i < n; ++i) rows[i] = s.rows[i];
   return RINGRUN_OK;
@@ -654,11 +705,18 @@ ringrun_status ringrun_alltoall_submit(const char* name, const void* sendbuf,
   if (!send_rows) return Refuse(RINGRUN_ERR_INVALID_ARGUMENT, "send_rows is NULL");
   return Call([&](Runtime& rt) {
     static_assert(sizeof(size_t) == sizeof(uint64_t));
+    ringrun::runtime::engine::Engine* set = nullptr;
+    if (t_process_set != 0) {  // send_rows has one entry per rank of the set
+      ringrun::Result<ringrun::runtime::engine::Engine*> e = TakeSetEngine(rt, Kind::kAlltoall);
+      if (!e.ok()) return Fail(e.status());
+      set = *e;
+    }
     TensorArgs e = MakeArgs(Kind::kAlltoall, sendbuf, nullptr, 0, dtype);
     e.row_elems = row_elems;
     e.send_rows = reinterpret_cast<const uint64_t*>(send_rows);
-    for (int r = 0; r < rt.shape().size; ++r) e.count += send_rows[r];
-    return SubmitTensors(rt, &e, 1, name, handle);
+    const int size = set ? set->options().size : rt.shape().size;
+    for (int r = 0; r < size; ++r) e.count += send_rows[r];
+    return SubmitTensors(rt, &e, 1, name, handle, false, set);
   });
 }
 ringrun_status ringrun_reducescatter_submit(const char* name, const void* sendbuf, void* recvbuf,
@@ -687,6 +745,43 @@ ringrun_status ringrun_join_submit(ringrun_handle* handle) {
     TensorArgs e = MakeArgs(Kind::kJoin, nullptr, nullptr, 0, RINGRUN_UINT8);
     return SubmitTensors(rt, &e, 1, ringrun::runtime::engine::kJoinName.data(), handle);
   });
+}
+
+/* ---- process sets ---- */
+
+ringrun_status ringrun_add_process_set(const int* ranks, size_t n, int* id) {
+  if (!id || (!ranks && n)) {
+    t_error.clear();
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_add_process_set: NULL argument");
+  }
+  *id = -1;
+  return Call([&](Runtime& rt) {
+    ringrun::Result<int> added = rt.AddProcessSet(std::vector<int>(ranks, ranks + n));
+    if (!added.ok()) return Fail(added.status());
+    *id = *added;
+    return RINGRUN_OK;
+  });
+}
+ringrun_status ringrun_remove_process_set(int id) {
+  return Call([&](Runtime& rt) { return FromStatus(rt.RemoveProcessSet(id)); });
+}
+ringrun_status ringrun_next_process_set(int id) {
+  t_error.clear();
+  if (id < 0) {
+    t_process_set = 0;
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT,
+                "ringrun_next_process_set: id " + std::to_string(id) + " is not a process set");
+  }
+  t_process_set = id;
+  return RINGRUN_OK;
+}
+int ringrun_process_set_rank(int id) {
+  Runtime* rt = Current();
+  return rt ? rt->SetRank(id) : -1;
+}
+int ringrun_process_set_size(int id) {
+  Runtime* rt = Current();
+  return rt ? rt->SetSize(id) : -1;
 }
 
 const char* ringrun_error_message(void) { return t_error.c_str(); }

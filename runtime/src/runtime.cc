@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +183,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   topts.secret = env.secret;
   topts.allow_nat = env.allow_nat;
   if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
+  EngineSettings settings = Settings(env);
   Shape derived = DeriveShape(*peers, env.rank);
   // env.spin (RINGRUN_SPIN, or ringrun_init_with_spin) overrides: a training rank computes on
   // its own thread while the engine waits, so spinning there takes the core its peer needs
@@ -189,6 +191,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   topts.spin = env.spin >= 0
                    ? env.spin == 1
                    : derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
+  settings.set_transport = topts;
   shape = derived;
   // The launcher's numbering wins where it gave one.
   if (env.local_rank >= 0) shape.local_rank = env.local_rank;
@@ -206,7 +209,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
       env.rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();
   return Started(
-      std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, Settings(env)));
+      std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, std::move(settings)));
 }
 
 Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, int timeout_ms,
@@ -217,7 +220,9 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
         }
         return shape;
       }()),
-      timeout_ms_(timeout_ms) {
+      timeout_ms_(timeout_ms),
+      set_transport_(std::move(settings.set_transport)) {
+  if (transport) peers_ = transport->peers();
   engine::EngineOptions o;
   o.rank = shape_.rank, o.size = shape_.size, o.local_rank = shape_.local_rank;
   o.timeout_ms = timeout_ms;
@@ -235,10 +240,280 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.make_nccl_id = std::move(settings.make_nccl_id);
   o.make_device = std::move(settings.make_device);
   o.record_event = std::move(settings.record_event);
+  o.on_failure = [this](const Status& st) { AbortAll(st); };
+  set_options_ = o;
+  set_options_.timeline_path.clear();
+  set_options_.timeline_dynamic = false;
   engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() { Shutdown(); }
+
+void Runtime::Shutdown() {
+  std::vector<engine::Engine*> sets;
+  {
+    MutexLock lock(&sets_mu_);
+    shut_down_ = true;
+    for (auto& e : set_engines_) sets.push_back(e.get());
+  }
+  for (engine::Engine* e : sets) e->Shutdown();
+  engine_->Shutdown();
+}
+
+void Runtime::SetFailed(int id, const Status& st) {
+  {
+    MutexLock lock(&sets_mu_);
+    auto it = sets_.find(id);
+    if (it != sets_.end() && it->second.removing) return;
+  }
+  AbortAll(st);
+}
+
+void Runtime::AbortAll(const Status& st) {
+  engine_->Abort(st);
+  MutexLock lock(&sets_mu_);
+  for (auto& e : set_engines_) e->Abort(st);  // never calls back here (see Engine::Abort)
+}
+
+// ---- Process sets ----
+
+// What each rank says in a registration (AddProcessSet) or removal (RemoveProcessSet).
+struct Runtime::SetRecord {
+  uint64_t what = 0;  // a hash of the set's ranks (add), or the id removed
+  int32_t id = 0;     // the id this rank gives it
+  uint32_t port = 0;  // add: where a member listens for the set's connections
+  int32_t ok = 0;     // this rank accepts the call
+  int32_t remove = 0;
+};
+
+namespace {
+uint64_t HashRanks(const std::vector<int>& ranks) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the sorted ranks
+  for (int r : ranks) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= (static_cast<uint32_t>(r) >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h ^ ranks.size();
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+// Whether every rank accepted and agrees with rank 0; else why not, the same on every rank
+// (mine: this rank's own refusal, which it reports in its own words).
+template <typename Record>
+Status Agree(const std::vector<Record>& all, const Status& mine, const char* what) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].ok) {
+      if (!mine.ok()) return mine;
+      return InvalidArgument(std::string(what) + ": rank " + std::to_string(r) +
+                             " refused it (its error says why)");
+    }
+  }
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r].what != all[0].what || all[r].remove != all[0].remove) {
+      return InvalidArgument(std::string(what) + ": rank " + std::to_string(r) +
+                             " passed other arguments than rank 0 (every rank calls it, in the "
+                             "same order, with the same arguments)");
+    }
+    if (all[r].id != all[0].id) {
+      return InvalidArgument(std::string(what) + ": rank " + std::to_string(r) + " has id " +
+                             std::to_string(all[r].id) + " for it where rank 0 has " +
+                             std::to_string(all[0].id) +
+                             " (the ranks registered and removed different sets before)");
+    }
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status Runtime::GatherRecords(const SetRecord& mine, std::vector<SetRecord>* all) {
+  all->assign(shape_.size, SetRecord());
+  engine::TensorArgs e;
+  e.kind = engine::Kind::kAllgather;
+  e.dtype = RINGRUN_UINT8, e.count = sizeof(SetRecord), e.row_elems = 1, e.fixed = true;
+  e.send = &mine, e.recv = all->data();
+  return SubmitAndWait("ringrun.process_set." + std::to_string(registrations_++), e);
+}
+
+Result<int> Runtime::AddProcessSet(std::vector<int> ranks) {
+  MutexLock admin(&admin_mu_);
+  std::sort(ranks.begin(), ranks.end());
+  const char* what = "add_process_set";
+  Status local;
+  if (ranks.empty()) local = InvalidArgument(std::string(what) + ": a process set of no ranks");
+  for (size_t i = 0; i < ranks.size() && local.ok(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= shape_.size || (i > 0 && ranks[i] == ranks[i - 1])) {
+      local = InvalidArgument(std::string(what) + ": " + RankList(ranks) +
+                              " are not distinct ranks of this job (0.." +
+                              std::to_string(shape_.size - 1) + ")");
+    }
+  }
+  SetRecord mine;
+  {
+    MutexLock lock(&sets_mu_);
+    if (shut_down_) return Aborted("ringrun is shutting down");
+    for (const auto& [id, set] : sets_) {
+      if (local.ok() && set.ranks == ranks) {
+        local =
+            InvalidArgument(std::string(what) + ": a process set with ranks " + RankList(ranks) +
+                            " is registered already (id " + std::to_string(id) + ")");
+      }
+    }
+    mine.id = free_ids_.empty() ? next_id_ : free_ids_.front();
+  }
+  const auto at = std::lower_bound(ranks.begin(), ranks.end(), shape_.rank);
+  const int set_rank =
+      local.ok() && at != ranks.end() && *at == shape_.rank ? int(at - ranks.begin()) : -1;
+  std::optional<transport::Listener> listener;
+  if (set_rank >= 0 && ranks.size() > 1) {
+    if (!set_transport_) {
+      local = InvalidArgument(std::string(what) + ": this runtime cannot connect a process set");
+    } else {
+      Result<transport::Listener> l = transport::Listen(peers_.address(shape_.rank));
+      if (l.ok()) {
+        mine.port = l->port;
+        listener = std::move(l.value());
+      } else {
+        local = l.status().Annotate("rank " + std::to_string(shape_.rank) + ": " + what +
+                                    ": the set's listener");
+      }
+    }
+  }
+  mine.what = HashRanks(ranks), mine.ok = local.ok();
+  std::vector<SetRecord> all;
+  RINGRUN_RETURN_IF_ERROR(GatherRecords(mine, &all));
+  RINGRUN_RETURN_IF_ERROR(Agree(all, local, what));
+  const int id = mine.id;
+  ProcessSet set;
+  set.ranks = ranks, set.rank = set_rank;
+  std::unique_ptr<engine::Engine> engine;
+  if (set_rank >= 0) {
+    std::unique_ptr<transport::Transport> t;
+    engine::EngineOptions o = set_options_;
+    o.rank = set_rank, o.size = static_cast<int>(ranks.size());
+    o.on_failure = [this, id](const Status& st) { SetFailed(id, st); };
+    if (ranks.size() > 1) {
+      transport::PeerTable table;
+      table.addresses = peers_.addresses;
+      table.job_id = peers_.job_id + "/process_set/" + std::to_string(id);
+      for (int r : ranks) {
+        table.address_of_rank.push_back(peers_.address_of_rank[r]);
+        table.port_of_rank.push_back(all[r].port);
+        table.job_ranks.push_back(r);
+      }
+      Result<std::unique_ptr<transport::Transport>> made = transport::MakeSocketTransport(
+          set_rank, std::move(table), std::move(*listener), *set_transport_);
+      // The other ranks go on: their first collective on the set fails (this rank is not
+      // there), and so does this call here, which breaks the runtime as a lost peer would.
+      if (!made.ok()) {
+        Status why =
+            made.status().Annotate(std::string(what) + ": process set " + std::to_string(id));
+        AbortAll(why);
+        return why;
+      }
+      t = std::move(made.value());
+    }
+    // No GPU backend: each set's engine thread would enqueue on its own NCCL communicator, and
+    // two communicators on one device whose calls interleave in different orders on different
+    // ranks can hang. The C API refuses device memory on a set at submission; should some
+    // reach the engine, every member fails its first device collective alike (after the id's
+    // broadcast, which carries nothing).
+    o.make_nccl_id = [] { return std::string(); };
+    o.make_device = [](const std::string&) -> Result<std::unique_ptr<gpu::DeviceBackend>> {
+      return InvalidArgument(
+          "device memory on a process set other than the global one is not supported (use "
+          "host tensors on it, or the global set)");
+    };
+    engine = std::make_unique<engine::Engine>(std::move(t), std::move(o));
+    set.engine = engine.get();
+  }
+  MutexLock lock(&sets_mu_);
+  if (!free_ids_.empty() && free_ids_.front() == id) {
+    free_ids_.pop_front();
+  } else {
+    ++next_id_;
+  }
+  if (engine) {
+    if (shut_down_) engine->Shutdown();
+    set_engines_.push_back(std::move(engine));
+  }
+  sets_.emplace(id, std::move(set));
+  return id;
+}
+
+Status Runtime::RemoveProcessSet(int id) {
+  MutexLock admin(&admin_mu_);
+  const char* what = "remove_process_set";
+  Status local;
+  {
+    MutexLock lock(&sets_mu_);
+    if (shut_down_) return Aborted("ringrun is shutting down");
+    if (id == 0) {
+      local = InvalidArgument(std::string(what) + ": the global process set cannot be removed");
+    } else if (sets_.count(id) == 0) {
+      local = InvalidArgument(std::string(what) + ": process set " + std::to_string(id) +
+                              " is not registered");
+    } else {
+      // Before the allgather: a peer that has passed it may close the set's connections.
+      sets_[id].removing = true;
+    }
+  }
+  SetRecord mine;
+  mine.what = static_cast<uint64_t>(id), mine.id = id, mine.ok = local.ok(), mine.remove = 1;
+  std::vector<SetRecord> all;
+  Status agreed = GatherRecords(mine, &all);
+  if (agreed.ok()) agreed = Agree(all, local, what);
+  if (!agreed.ok()) {
+    MutexLock lock(&sets_mu_);
+    if (auto it = sets_.find(id); it != sets_.end()) it->second.removing = false;
+    return agreed;
+  }
+  engine::Engine* engine = nullptr;
+  {
+    MutexLock lock(&sets_mu_);
+    auto it = sets_.find(id);
+    engine = it->second.engine;
+    sets_.erase(it);
+    free_ids_.push_back(id);
+  }
+  if (engine) engine->Shutdown();  // kept in set_engines_: a submission may still hold it
+  return Status::Ok();
+}
+
+Result<engine::Engine*> Runtime::SetEngine(int id, std::string_view what) {
+  if (id == 0) return engine_.get();
+  MutexLock lock(&sets_mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) {
+    return InvalidArgument(std::string(what) +
+                           ": Process set provided does not exist, or has not been registered.");
+  }
+  if (!it->second.engine) {
+    return InvalidArgument(std::string(what) + ": Rank " + std::to_string(shape_.rank) +
+                           " is not a member of the provided process set.");
+  }
+  return it->second.engine;
+}
+
+int Runtime::SetRank(int id) {
+  if (id == 0) return shape_.rank;
+  MutexLock lock(&sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? -1 : it->second.rank;
+}
+
+int Runtime::SetSize(int id) {
+  if (id == 0) return shape_.size;
+  MutexLock lock(&sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? -1 : static_cast<int>(it->second.ranks.size());
+}
 
 Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
   return engine_->StartTimeline(TimelinePath(path, shape_.rank, shape_.size), mark_cycles);

@@ -8,7 +8,9 @@
 // failure breaks the runtime, and later collectives fail with the same error.
 #pragma once
 
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "ringrun/common/defaults.h"
+#include "ringrun/common/thread_annotations.h"
 #include "ringrun/ringrun.h"
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/engine.h"
@@ -99,6 +102,10 @@ struct EngineSettings {
   std::function<std::string()> make_nccl_id;
   std::function<Result<std::unique_ptr<gpu::DeviceBackend>>(const std::string&)> make_device;
   std::function<Result<std::shared_ptr<void>>(const void*, void*)> record_event;
+  // How the members of a process set connect to each other (Runtime::AddProcessSet): the
+  // options of the job's own transport, its secret included. Unset: a set of more than one
+  // rank is refused.
+  std::optional<transport::TransportOptions> set_transport;
 };
 
 class Runtime {
@@ -144,10 +151,72 @@ class Runtime {
   Status StartTimeline(const std::string& path, bool mark_cycles);
   Status StopTimeline() { return engine_->StopTimeline(); }
 
+  // Process sets, as Horovod's: subsets of the job's ranks, each with an engine of its own
+  // (Horovod has a controller per set). A set's engine negotiates only among its members,
+  // over connections of their own (a sub-group of the transport: the same secret and hosts,
+  // a new listener per member), so names in different sets never meet, and a set's ranks
+  // never wait for a non-member. Id 0 is the whole job (engine()); the ids of the others
+  // are given in order of registration, a removed one's taken again first (Horovod's).
+  //
+  // AddProcessSet and RemoveProcessSet are collective over the whole job: every rank calls
+  // them, in the same order, with the same arguments, and they meet through one allgather on
+  // the job's engine (so a rank that disagrees makes every rank fail, naming it, instead of
+  // hanging). ranks: distinct ranks of the job, in any order. Refused on every rank, with
+  // kInvalidArgument: a bad rank, a set with the same ranks as a registered one, a rank that
+  // passed other arguments. A removed set's pending collectives fail with kAborted.
+  //
+  // Failure: when any engine fails for good (a peer lost, a timeout, a stall shutdown), every
+  // other engine of the runtime fails with the same status, so a peer loss fails every set's
+  // pending work, naming the peer, even in a set that the peer is not in.
+  Result<int> AddProcessSet(std::vector<int> ranks);
+  Status RemoveProcessSet(int id);
+  // The engine of set `id` on this rank (never destroyed before the runtime). Refused with
+  // Horovod's words (`what`: "Allreduce", ...): kInvalidArgument for an id that is not
+  // registered, or when this rank is not a member.
+  Result<engine::Engine*> SetEngine(int id, std::string_view what);
+  // This rank's rank in set `id` (-1: not a member), and the set's size; both -1 for an id
+  // that is not registered.
+  int SetRank(int id);
+  int SetSize(int id);
+  // Stops every engine (ringrun_shutdown): pending handles fail with kAborted.
+  void Shutdown();
+
  private:
+  struct ProcessSet {
+    std::vector<int> ranks;            // sorted
+    int rank = -1;                     // this rank's index in ranks; -1: not a member
+    engine::Engine* engine = nullptr;  // members only; owned by set_engines_
+    // RemoveProcessSet is under way: the members shut their engines down one by one, so a
+    // failure of this set's engine (a member's connection closing first) is no failure.
+    bool removing = false;
+  };
+  // One fixed-size record per rank of a set's registration or removal (see AddProcessSet).
+  struct SetRecord;
+  Status GatherRecords(const SetRecord& mine, std::vector<SetRecord>* all) REQUIRES(admin_mu_);
+  // Every engine's Abort(st) (EngineOptions::on_failure).
+  void AbortAll(const Status& st);
+  // Set `id`'s engine failed for good: AbortAll, unless the set is being removed.
+  void SetFailed(int id, const Status& st);
+
   const Shape shape_;
   const int timeout_ms_;
   std::unique_ptr<engine::Engine> engine_;
+  // Constant after construction: the job's peer table (empty without a transport), and what
+  // a set's engine is built from: the global engine's options but its timeline.
+  transport::PeerTable peers_;
+  std::optional<transport::TransportOptions> set_transport_;
+  engine::EngineOptions set_options_;
+
+  Mutex admin_mu_;  // held through AddProcessSet and RemoveProcessSet; taken before sets_mu_
+  uint64_t registrations_ GUARDED_BY(admin_mu_) = 0;  // names the records' allgathers
+  Mutex sets_mu_;
+  std::map<int, ProcessSet> sets_ GUARDED_BY(sets_mu_);
+  std::deque<int> free_ids_ GUARDED_BY(sets_mu_);
+  int next_id_ GUARDED_BY(sets_mu_) = 1;
+  bool shut_down_ GUARDED_BY(sets_mu_) = false;
+  // Every set engine made, removed ones too: a submission on another thread may still hold
+  // one (SetEngine), so an engine is shut down at removal and destroyed with the runtime.
+  std::vector<std::unique_ptr<engine::Engine>> set_engines_ GUARDED_BY(sets_mu_);
 };
 
 // The shape a peer table implies for `rank`: hosts are address indices in order of first use.

@@ -311,22 +311,27 @@ def test_process_sets():
         assert ps.included() == (r > 0) and ps.rank() == r - 1
         with pytest.raises(ValueError, match="duplicate"):
             hvd.add_process_set(list(range(1, n)))
-        # A subset is never reduced silently over the whole job, nor left to hang.
+        # Rank 0 is not a member: every collective on the set says so, in Horovod's words,
+        # before anything is submitted; the members are not held up by it.
         calls = [lambda: hvd.allreduce(torch.ones(2), process_set=ps),
                  lambda: hvd.allgather(torch.ones(2), process_set=ps),
-                 lambda: hvd.broadcast(torch.ones(2), 0, process_set=ps),
-                 lambda: hvd.alltoall(torch.ones(n), process_set=ps),
-                 lambda: hvd.reducescatter(torch.ones(n), process_set=ps),
+                 lambda: hvd.broadcast(torch.ones(2), 1, process_set=ps),
+                 lambda: hvd.alltoall(torch.ones(n - 1), process_set=ps),
+                 lambda: hvd.reducescatter(torch.ones(n - 1), process_set=ps),
                  lambda: hvd.grouped_allreduce([torch.ones(2)], process_set=ps),
                  lambda: hvd.grouped_allgather([torch.ones(2)], process_set=ps),
-                 lambda: hvd.grouped_reducescatter([torch.ones(n)], process_set=ps),
-                 lambda: hvd.sparse_allreduce_async(torch.ones(2).to_sparse(), "s", hvd.Sum,
-                                                    ps),
-                 lambda: hvd.barrier(process_set=ps),
-                 lambda: hvd.broadcast_object(1, 0, process_set=ps)]
-        for call in calls:
-            with pytest.raises(NotImplementedError, match="subset of ranks"):
+                 lambda: hvd.grouped_reducescatter([torch.ones(n - 1)], process_set=ps),
+                 lambda: hvd.barrier(process_set=ps)]
+        if r == 0:
+            for call in calls:
+                with pytest.raises(ValueError, match="Rank 0 is not a member of the provided "
+                                                     "process set"):
+                    call()
+        else:
+            for call in calls:
                 call()
+        with pytest.raises(ValueError, match="invalid root rank 0 for provided process set"):
+            hvd.broadcast(torch.ones(2), 0, process_set=ps)
         assert hvd.remove_process_set(ps) is True and ps.process_set_id is None
         assert hvd.remove_process_set(ps) is False
         assert hvd.remove_process_set(hvd.global_process_set) is False
@@ -334,8 +339,133 @@ def test_process_sets():
             hvd.allreduce(torch.ones(2), process_set=ps)
         assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=g),
                            torch.full((2,), float(n)))
+        # Removed, its id is given again.
+        again = hvd.add_process_set([n - 1])
+        assert again.process_set_id == 1
+        assert hvd.remove_process_set(again) is True
     finally:
         os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
+
+
+def _every_op_on(ps, tag):
+    """Every collective on ps, checked against what its members hold (a member's rank in the
+    job is its value). Non-members return at once."""
+    if not ps.included():
+        return
+    k, me, members = ps.size(), ps.rank(), ps.ranks
+    r = hvd.rank()
+    x = torch.full((3,), float(r + 1))
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum, name=f"{tag}.ar", process_set=ps),
+                       torch.full((3,), float(sum(m + 1 for m in members))))
+    avg = hvd.allreduce(x, op=hvd.Average, process_set=ps, prescale_factor=2.0)
+    assert torch.allclose(avg, torch.full((3,), 2.0 * sum(m + 1 for m in members) / k))
+    ints_avg = hvd.allreduce(torch.full((2,), r + 1, dtype=torch.int32), op=hvd.Average,
+                             process_set=ps)
+    assert ints_avg.tolist() == [int(sum(m + 1 for m in members) / k)] * 2
+    if k & (k - 1) == 0:  # Adasum over the members' vectors, in set order
+        from ringrun.torch import adasum
+        want = adasum.combine([torch.full((3,), float(m + 1)) for m in members])
+        assert torch.equal(hvd.allreduce(x, op=hvd.Adasum, process_set=ps), want)
+    grouped = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, name=f"{tag}.gar", process_set=ps)
+    assert torch.equal(grouped[1], 2 * torch.full((3,), float(sum(m + 1 for m in members))))
+    gathered = hvd.allgather(torch.full((me + 1, 2), float(r)), name=f"{tag}.ag", process_set=ps)
+    assert gathered[:, 0].tolist() == [float(m) for i, m in enumerate(members)
+                                       for _ in range(i + 1)]
+    ga = hvd.grouped_allgather([torch.full((1,), float(r)), torch.full((2,), float(r))],
+                               process_set=ps)
+    assert ga[0].tolist() == [float(m) for m in members]
+    root = members[-1]  # a rank of the job, as Horovod's root_rank
+    assert torch.equal(hvd.broadcast(torch.full((2,), float(r)), root, name=f"{tag}.bc",
+                                     process_set=ps), torch.full((2,), float(root)))
+    y = torch.full((2,), float(r))
+    hvd.broadcast_(y, members[0], process_set=ps)
+    assert torch.equal(y, torch.full((2,), float(members[0])))
+    sent = torch.arange(k, dtype=torch.float32) + 10 * r  # row j goes to the set's rank j
+    got = hvd.alltoall(sent, process_set=ps)
+    assert got.tolist() == [float(10 * m + me) for m in members]
+    got, splits = hvd.alltoall(torch.ones(k, 2) * r, splits=torch.ones(k, dtype=torch.int32),
+                               process_set=ps)
+    assert splits.tolist() == [1] * k and got[:, 0].tolist() == [float(m) for m in members]
+    rs = hvd.reducescatter(torch.ones(2 * k + 1, 2), op=hvd.Sum, process_set=ps)
+    assert rs.shape[0] == 2 + (1 if me < 1 else 0) and torch.all(rs == float(k))
+    grs = hvd.grouped_reducescatter([torch.ones(k), torch.ones(2 * k)], op=hvd.Average,
+                                    process_set=ps)
+    assert [t.tolist() for t in grs] == [[1.0], [1.0, 1.0]]
+    hvd.barrier(process_set=ps)
+    assert hvd.broadcast_object({"from": root}, root, process_set=ps) == {"from": root}
+    assert hvd.allgather_object(r, process_set=ps) == members
+    # Gradients are reduced over the set (Horovod's: allreduce's is the allreduce of the
+    # output's gradient with the same op).
+    w = torch.ones(2, requires_grad=True)
+    hvd.allreduce(w * (r + 1), op=hvd.Average, process_set=ps).sum().backward()
+    assert torch.equal(w.grad, torch.full((2,), float(r + 1)))
+    w = torch.ones(k * 2, requires_grad=True)
+    hvd.alltoall(w * 1.0, process_set=ps).sum().backward()
+    assert torch.equal(w.grad, torch.ones(k * 2))
+    w = torch.ones(1, 2, requires_grad=True)
+    hvd.allgather(w, process_set=ps).sum().backward()
+    assert torch.equal(w.grad, torch.ones(1, 2))
+
+
+def test_process_sets_every_op_overlapping_and_interleaved():
+    """Two overlapping sets registered at init (and dynamically), every op on each, the same
+    names in both, interleaved with the job's own collectives and with each other."""
+    n, r = hvd.size(), hvd.rank()
+    if n < 3:
+        pytest.skip("needs two overlapping proper subsets")
+    a = hvd.ProcessSet(range(0, n - 1))      # all but the last rank
+    b = hvd.ProcessSet([0, n - 1])           # overlaps a in rank 0
+    hvd.shutdown()
+    hvd.init(process_sets=[a, b])
+    try:
+        assert (a.process_set_id, b.process_set_id) == (1, 2)
+        for step in range(2):
+            _every_op_on(a, "same")
+            assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n
+            _every_op_on(b, "same")
+            # Asynchronous, the same name in both sets and in the job, completed out of order.
+            handles = []
+            if a.included():
+                handles.append((hvd.allreduce_async(torch.ones(2), name="shared", op=hvd.Sum,
+                                                    process_set=a), a.size()))
+            if b.included():
+                handles.append((hvd.allreduce_async(torch.ones(2), name="shared", op=hvd.Sum,
+                                                    process_set=b), b.size()))
+            handles.append((hvd.allreduce_async(torch.ones(2), name="shared", op=hvd.Sum), n))
+            for h, k in reversed(handles):
+                assert hvd.synchronize(h).tolist() == [float(k)] * 2
+        # DistributedOptimizer on a set averages gradients over its members only.
+        if a.included():
+            model = nn.Linear(2, 1, bias=False)
+            with torch.no_grad():
+                model.weight.fill_(1.0)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                           named_parameters=model.named_parameters(),
+                                           process_set=a)
+            model(torch.full((1, 2), float(r + 1))).sum().backward()
+            opt.step()
+            mean = sum(m + 1 for m in a.ranks) / a.size()
+            assert torch.allclose(model.weight, torch.full((1, 2), 1.0 - mean))
+        # Dynamic: a set of one rank, whose collectives wait for no other.
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        c = hvd.add_process_set([n - 1])
+        assert c.process_set_id == 3
+        if c.included():
+            assert hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=c).item() == 1
+        # Removed ids are given again first, in the order they were freed (Horovod's queue).
+        assert hvd.remove_process_set(b) and hvd.remove_process_set(c)
+        d = hvd.add_process_set([n - 1, 0])
+        assert d.process_set_id == 2
+        _every_op_on(d, "same")
+        assert hvd.remove_process_set(d) and hvd.remove_process_set(a)
+        # Ranks that disagree fail on every rank, and the job goes on.
+        with pytest.raises(ValueError, match="passed other arguments"):
+            hvd.add_process_set([0, 1] if r == 0 else [0, n - 1])
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n
+    finally:
+        os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
+        hvd.shutdown()
+        hvd.init()
 
 
 # ---- failures, join, and names -----------------------------------------------------------------
@@ -517,8 +647,12 @@ def test_init_with_process_sets():
     assert whole.process_set_id is None  # the global set's ranks: invalidated, as Horovod's
     hvd.init()  # a second call changes nothing
     assert subset.process_set_id == 1
-    with pytest.raises(NotImplementedError, match="subset of ranks"):
-        hvd.allreduce(torch.ones(1), process_set=subset)
+    if hvd.rank() == 0:
+        assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=subset),
+                           torch.ones(1))
+    else:
+        with pytest.raises(ValueError, match=f"Rank {hvd.rank()} is not a member"):
+            hvd.allreduce(torch.ones(1), process_set=subset)
     assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
 
 

@@ -304,6 +304,12 @@ TEST_CASE("processes: the engine through the C API", "[multiprocess][engine]") {
   RunMode(3, {"RINGRUN_DISABLE_SHM=1"}, "engine");
 }
 
+TEST_CASE("processes: process sets through the C API", "[multiprocess][process_set]") {
+  for (int np : {2, 3}) {
+    DYNAMIC_SECTION("np=" << np) { RunMode(np, {}, "sets"); }
+  }
+}
+
 TEST_CASE("processes: a peer killed mid fused collective fails every pending handle",
           "[multiprocess][dead-peer][engine]") {
   for (const char* shm : {"0", "1"}) {

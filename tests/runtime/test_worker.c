@@ -25,6 +25,12 @@
  *                               naming a peer (exit 3), or exit 4
  *   runtime_test_worker stall   rank 1 never submits "late" (it sleeps 4 s); the others' handle
  *                               must fail with the stall report (exit 5), or exit 1
+ *   runtime_test_worker sets    a process set of every rank but 0 through the C API: its id,
+ *                               rank and size, an allreduce (AVERAGE over the set), alltoall
+ *                               and its rows, a broadcast from set rank 0 and a barrier on it;
+ *                               rank 0's submission refused in Horovod's words (and the set it
+ *                               named taken: its next submission runs on the job); removal,
+ *                               and the id given again
  *   runtime_test_worker launched   under another launcher (mpirun, srun --mpi=pmix): rank,
  *                               size, local rank and size (and cross rank and size where the
  *                               launcher says) agree with the launcher's own variables
@@ -486,6 +492,69 @@ static int fused(void) {
   }
 }
 
+static int sets(void) {
+  const int r = ringrun_rank(), n = ringrun_size();
+  int ranks[64], id = -1;
+  for (int q = 1; q < n; ++q) ranks[q - 1] = n - q; /* any order */
+  CHECK_RC(ringrun_add_process_set(ranks, (size_t)n - 1, &id));
+  EXPECT(id == 1, "id %d", id);
+  EXPECT(ringrun_process_set_size(id) == n - 1 && ringrun_process_set_rank(id) == r - 1,
+         "set size %d rank %d", ringrun_process_set_size(id), ringrun_process_set_rank(id));
+  double v = r;
+  ringrun_handle h;
+  CHECK_RC(ringrun_next_process_set(id));
+  if (r == 0) {
+    EXPECT(ringrun_allreduce_submit("x", &v, &v, 1, RINGRUN_FLOAT64, RINGRUN_AVERAGE, 1.0, 1.0, 0,
+                                    &h) == RINGRUN_ERR_INVALID_ARGUMENT,
+           "a non-member's submission was not refused");
+    EXPECT(strcmp(ringrun_error_message(),
+                  "Allreduce: Rank 0 is not a member of the provided process set.") == 0,
+           "refusal: %s", ringrun_error_message());
+  } else {
+    CHECK_RC(ringrun_allreduce_submit("x", &v, &v, 1, RINGRUN_FLOAT64, RINGRUN_AVERAGE, 1.0, 1.0, 0,
+                                      &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK, "x: %s", ringrun_handle_message(h));
+    ringrun_release(h);
+    EXPECT(v == n / 2.0, "average over the set %g", v);
+    int32_t send[64], got_rows_ok = 1;
+    size_t send_rows[64], rows[64], count = 0;
+    for (int q = 0; q < n - 1; ++q) send[q] = 100 * r + q, send_rows[q] = 1;
+    CHECK_RC(ringrun_next_process_set(id));
+    CHECK_RC(ringrun_alltoall_submit("a2a", send, send_rows, 1, RINGRUN_INT32, &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK, "a2a: %s", ringrun_handle_message(h));
+    const void* out;
+    CHECK_RC(ringrun_handle_output(h, &out, &count));
+    CHECK_RC(ringrun_handle_rows(h, rows, (size_t)n - 1));
+    for (int q = 0; q < n - 1; ++q) {
+      got_rows_ok &= rows[q] == 1 && ((const int32_t*)out)[q] == 100 * (q + 1) + (r - 1);
+    }
+    ringrun_release(h);
+    EXPECT(count == (size_t)n - 1 && got_rows_ok, "alltoall on the set");
+    int64_t b = r;
+    CHECK_RC(ringrun_next_process_set(id));
+    CHECK_RC(ringrun_broadcast_submit("bc", &b, 1, RINGRUN_INT64, 0, &h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK && b == 1, "broadcast from set rank 0: %lld",
+           (long long)b);
+    ringrun_release(h);
+    CHECK_RC(ringrun_next_process_set(id));
+    CHECK_RC(ringrun_barrier_submit(&h));
+    EXPECT(ringrun_wait(h) == RINGRUN_OK, "barrier: %s", ringrun_handle_message(h));
+    ringrun_release(h);
+  }
+  /* The job's own, named as the set's was: never confused with it. */
+  v = 1;
+  CHECK_RC(ringrun_allreduce_submit("x", &v, &v, 1, RINGRUN_FLOAT64, RINGRUN_SUM, 1.0, 1.0, 0, &h));
+  EXPECT(ringrun_wait(h) == RINGRUN_OK && v == n, "the job's x: %s", ringrun_handle_message(h));
+  ringrun_release(h);
+  CHECK_RC(ringrun_remove_process_set(id));
+  EXPECT(ringrun_process_set_size(id) == -1, "removed set still there");
+  EXPECT(ringrun_remove_process_set(0) == RINGRUN_ERR_INVALID_ARGUMENT, "removed the job");
+  int again = -1;
+  CHECK_RC(ringrun_add_process_set(ranks, 1, &again));
+  EXPECT(again == id, "id %d given after removing %d", again, id);
+  return 0;
+}
+
 static int stall(void) {
   float x = 1;
   if (ringrun_rank() == 1) {
@@ -716,6 +785,7 @@ int main(int argc, char** argv) {
            : strcmp(mode, "engine") == 0   ? engine()
            : strcmp(mode, "fused") == 0    ? fused()
            : strcmp(mode, "stall") == 0    ? stall()
+           : strcmp(mode, "sets") == 0     ? sets()
            : strcmp(mode, "launched") == 0 ? launched()
                                            : check();
   if (rc == 0) printf("ok rank=%d size=%d\n", ringrun_rank(), ringrun_size());

@@ -92,11 +92,16 @@ inline std::string MakeThreadJob(const ThreadJobOptions& o,
   std::vector<std::unique_ptr<transport::Transport>> transports;
   std::string err = MakeThreadTransports(o, &transports);
   if (!err.empty()) return err;
+  EngineSettings with_sets = settings;  // process sets connect as the job does
+  if (!with_sets.set_transport) {
+    with_sets.set_transport = o.transport;
+    if (with_sets.set_transport->secret.empty()) with_sets.set_transport->secret = kThreadJobSecret;
+  }
   for (int r = 0; r < o.np; ++r) {
     Shape shape;
     shape.rank = r, shape.size = o.np, shape.local_rank = -1, shape.cross_rank = -1;
     out->push_back(
-        std::make_unique<Runtime>(std::move(transports[r]), shape, o.timeout_ms, settings));
+        std::make_unique<Runtime>(std::move(transports[r]), shape, o.timeout_ms, with_sets));
   }
   return "";
 }

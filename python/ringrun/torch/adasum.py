@@ -13,7 +13,7 @@ stores it. Rank 0's vector at the end is the result, on every rank. Each tensor 
 coefficients of its own, as each tensor of Horovod's fusion buffer does.
 
 Horovod's restrictions hold: floating tensors only (float16, float32, float64), a power-of-two
-number of ranks, the global process set. The cost differs: size() times the tensor's memory and
+number of ranks in the process set (on a set, its members' vectors in set order). The cost differs: size() times the tensor's memory and
 an allgather, where Horovod's vector-halving distance-doubling exchanges about 2x the tensor.
 """
 import math
@@ -28,7 +28,7 @@ _SQRT_DBL_MIN = math.sqrt(sys.float_info.min)
 
 
 def _check(tensors):
-    n = mpi_ops.size()
+    n = mpi_ops._engine.set_size()
     if n & (n - 1):
         raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
     for t in tensors:
@@ -59,7 +59,7 @@ def grouped_allreduce_async(inputs, outputs, name, prescale_factor, postscale_fa
     """Adasum of each input into its output; a handle of mpi_ops, whose synchronize returns
     the outputs (outputs[0] when single)."""
     _check(inputs)
-    n = mpi_ops.size()
+    n = mpi_ops._engine.set_size()
     sends = [mpi_ops._scaled(t, prescale_factor).reshape(1, -1) for t in inputs]
     handles, _ = mpi_ops._grouped_allgather_async(sends, name)
 

@@ -92,14 +92,17 @@ def _initialize_state(optimizer, model):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=mpi_ops.global_process_set):
     """root_rank's obj (pickled; tensors included) on every rank."""
-    mpi_ops._check_process_set(process_set)
-    return mpi_ops._internal(lambda: ringrun.broadcast_object(obj, root_rank, name))
+    ps_id = mpi_ops._check_process_set(process_set, "broadcast_object")
+    root = mpi_ops._ps.root_in_set(process_set, root_rank)
+    with mpi_ops._engine.process_set(ps_id):
+        return mpi_ops._internal(lambda: ringrun.broadcast_object(obj, root, name))
 
 
 def allgather_object(obj, name=None, process_set=mpi_ops.global_process_set):
     """A list of every rank's obj (pickled), in rank order."""
-    mpi_ops._check_process_set(process_set)
-    return mpi_ops._internal(lambda: ringrun.allgather_object(obj, name))
+    ps_id = mpi_ops._check_process_set(process_set, "allgather_object")
+    with mpi_ops._engine.process_set(ps_id):
+        return mpi_ops._internal(lambda: ringrun.allgather_object(obj, name))
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

@@ -4,6 +4,8 @@ Asynchronous calls return an int handle for poll() and synchronize(); the tensor
 referenced until synchronize() returns the output. Runtime failures raise HorovodInternalError
 with the runtime's message.
 """
+import functools
+import inspect
 import itertools
 import threading
 import warnings
@@ -186,7 +188,30 @@ def _reserve(kind, name):
 
 
 def _check_process_set(process_set, what="collective"):
-    _ps.check(process_set, what)
+    """process_set's id (ValueError when it is not registered)."""
+    return _ps.check(process_set, what)
+
+
+def _on_set(what):
+    """Runs the decorated collective (which has a process_set parameter) on its process set:
+    the collectives it submits on this thread go to that set's engine (_engine.process_set), and
+    _engine.set_size()/set_rank() are the set's. The global set changes nothing (a collective
+    called with it inside another's keeps that one: sparse_allreduce_async's parts)."""
+    def wrap(fn):
+        index = list(inspect.signature(fn).parameters).index("process_set")
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if "process_set" in kwargs:
+                ps = kwargs["process_set"]
+            else:
+                ps = args[index] if len(args) > index else global_process_set
+            if ps is global_process_set:
+                return fn(*args, **kwargs)
+            with _engine.process_set(_ps.check(ps, what)):
+                return fn(*args, **kwargs)
+        return call
+    return wrap
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -390,7 +415,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if op == Adasum:
         from . import adasum
         return adasum.allreduce_async(tensor, output, name, prescale_factor, postscale_factor)
-    n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
+    n = _engine.set_size()  # now: finish may run after shutdown
     send, recv, d, c_op, pre, post, after = _reduction(tensor, output, op, prescale_factor,
                                                        postscale_factor, n)
     _prepare_device(tensor, output, send, recv)  # after _reduction, which may scale on the device
@@ -405,6 +430,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     return _register([h], finish, (tensor, output, send, recv))
 
 
+@_on_set("allreduce")
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts averaging (or op) of tensor over all ranks into a new tensor; returns a handle."""
@@ -415,6 +441,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             name, op, prescale_factor, postscale_factor)
 
 
+@_on_set("allreduce")
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce_async."""
@@ -445,6 +472,7 @@ class HorovodAllreduce(torch.autograd.Function):
                           process_set=ctx.process_set), None, None, None, None, None, None)
 
 
+@_on_set("allreduce")
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Averages (or op) tensor over all ranks; returns a new tensor. Differentiable."""
@@ -454,6 +482,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(out, ctx)
 
 
+@_on_set("allreduce")
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce; returns tensor."""
@@ -480,7 +509,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         from . import adasum
         return adasum.grouped_allreduce_async(inputs, outputs, name, prescale_factor,
                                               postscale_factor)
-    n = _lib.lib.ringrun_size()  # now: finish may run after shutdown
+    n = _engine.set_size()  # now: finish may run after shutdown
     plans = [_reduction(t, o, op, prescale_factor, postscale_factor, n)
              for t, o in zip(inputs, outputs)]
     keys = [(p[2], str(t.device)) for p, t in zip(plans, inputs)]
@@ -519,6 +548,7 @@ def _groups(keys, name):
     return groups
 
 
+@_on_set("grouped_allreduce")
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one fused allreduce of a list of tensors into new tensors; returns a handle."""
@@ -530,6 +560,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                     postscale_factor)
 
 
+@_on_set("grouped_allreduce")
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     name = _reserve("grouped_allreduce", name)
@@ -555,6 +586,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
+@_on_set("grouped_allreduce")
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Allreduces a list of tensors as one fused collective; returns new tensors."""
@@ -564,6 +596,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
+@_on_set("grouped_allreduce")
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
@@ -603,6 +636,7 @@ def _allgather_async(tensor, name):
     return h, counts_out
 
 
+@_on_set("allgather")
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's tensor on the first dimension; returns a handle."""
     name = _reserve("allgather", name)
@@ -611,11 +645,12 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _register([h], lambda results: results[0])
 
 
-def _gather_grad(grads, counts_per_tensor):
+def _gather_grad(grads, counts_per_tensor, process_set):
     """The gradient of allgather, as Horovod's: the Average-allreduce of the output's
-    gradients, sliced to this rank's rows."""
-    reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average)
-    me = rank()
+    gradients over the set, sliced to this rank's rows."""
+    reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average,
+                                process_set=process_set)
+    me = process_set.rank()
     return [g.narrow(0, sum(c[:me]), c[me]) for g, c in zip(reduced, counts_per_tensor)]
 
 
@@ -627,16 +662,18 @@ class HorovodAllgather(torch.autograd.Function):
         h, counts = _allgather_async(tensor, name)
         out = synchronize(_register([h], lambda results: results[0]))
         ctx.counts = list(counts)
+        ctx.process_set = process_set
         return out
 
     @staticmethod
     def backward(ctx, grad_output):
-        # Averaged over the ranks, as current Horovod does (older versions summed).
-        grad = allreduce(grad_output.contiguous(), op=Average)
-        me = rank()
+        # Averaged over the set's ranks, as current Horovod does (older versions summed).
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        me = ctx.process_set.rank()
         return grad.narrow(0, sum(ctx.counts[:me]), ctx.counts[me]), None, None
 
 
+@_on_set("allgather")
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated on the first dimension (first dimensions may differ).
     Differentiable."""
@@ -658,6 +695,7 @@ def _grouped_allgather_async(tensors, name):
     return [h for h, _ in parts], [c for _, c in parts]
 
 
+@_on_set("grouped_allgather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts allgathers of a list of tensors; synchronize() returns the list of results.
     Each member is its own submission, named "<name>.<i>of<n>"."""
@@ -675,13 +713,15 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         handles, counts = _grouped_allgather_async(list(tensors), name)
         outs = synchronize(_register(handles, list))
         ctx.counts = [list(c) for c in counts]
+        ctx.process_set = process_set
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        return (None, None, *_gather_grad(grad_outputs, ctx.counts))
+        return (None, None, *_gather_grad(grad_outputs, ctx.counts, ctx.process_set))
 
 
+@_on_set("grouped_allgather")
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers each tensor of a list; returns the list of results. Differentiable."""
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
@@ -709,40 +749,45 @@ def _broadcast_async(tensor, output, root_rank, name):
     return _register([h], lambda _: output, (tensor, output))
 
 
+@_on_set("broadcast")
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     name = _reserve("broadcast", name)
     _check_process_set(process_set, "broadcast")
     return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
-                            root_rank, name)
+                            _ps.root_in_set(process_set, root_rank), name)
 
 
+@_on_set("broadcast")
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     name = _reserve("broadcast", name)
     _check_process_set(process_set, "broadcast")
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
-    return _broadcast_async(tensor, tensor, root_rank, name)
+    return _broadcast_async(tensor, tensor, _ps.root_in_set(process_set, root_rank), name)
 
 
 class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
-        ctx.root_rank = root_rank
+        ctx.root_rank, ctx.process_set = root_rank, process_set
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output.contiguous(), op=Average)  # as Horovod's
+        grad = allreduce(grad_output.contiguous(), op=Average,
+                         process_set=ctx.process_set)  # as Horovod's
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
 
 
+@_on_set("broadcast")
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """root_rank's tensor, as a new tensor on every rank. Differentiable."""
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
+@_on_set("broadcast")
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
@@ -773,7 +818,7 @@ def _alltoall_async(tensor, splits, name):
     split_list = _split_list(splits)
     splits_device = splits.device if torch.is_tensor(splits) else torch.device("cpu")
     t, rows, row_elems = _rows(tensor)
-    n = size()
+    n = _engine.set_size()
     if split_list is None:
         if rows % n:
             raise ValueError(f"alltoall: the first dimension ({rows}) is not divisible by the "
@@ -797,6 +842,7 @@ def _alltoall_async(tensor, splits, name):
                                              shape=tuple(t.shape)))
 
 
+@_on_set("alltoall")
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     name = _reserve("alltoall", name)
     _check_process_set(process_set, "alltoall")
@@ -813,7 +859,7 @@ class HorovodAlltoall(torch.autograd.Function):
         _check_process_set(process_set, "alltoall")
         output, received = synchronize(_register([_alltoall_async(tensor, splits, name)],
                                                  lambda results: results[0]))
-        ctx.received = received
+        ctx.received, ctx.ps_id = received, _engine.current_set()
         if splits is None:
             return output
         ctx.mark_non_differentiable(received)
@@ -821,12 +867,14 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *_received_grad):
-        grad, _ = synchronize(_register(
-            [_alltoall_async(grad_output.contiguous(), ctx.received, None)],
-            lambda results: results[0]))
+        with _engine.process_set(ctx.ps_id):  # autograd's thread: the forward's set again
+            grad, _ = synchronize(_register(
+                [_alltoall_async(grad_output.contiguous(), ctx.received, None)],
+                lambda results: results[0]))
         return grad, None, None, None
 
 
+@_on_set("alltoall")
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Scatters rows of tensor to the ranks (splits[j] rows to rank j; equal shares without
     splits) and gathers what they sent. Returns the received tensor, and with splits also the
@@ -861,7 +909,7 @@ def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
     if tensor.dim() == 0:
         raise ValueError("Reducescatter does not support scalar inputs")  # Horovod's words
     t, rows, row_elems = _rows(tensor)
-    n, me = size(), rank()
+    n, me = _engine.set_size(), _engine.set_rank()
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
     # As Horovod: Average is a Sum whose postscale factor is divided by size(), and each factor
@@ -894,6 +942,7 @@ def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
     return h, finish, (t, out)
 
 
+@_on_set("reducescatter")
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter (see reducescatter); returns a handle. Arguments in Horovod's
@@ -904,29 +953,31 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return _register([h], finish, keep)
 
 
-def _scatter_grad(grads, op, scale):
-    """The gradient of reducescatter as Horovod computes it: the output's gradient times
-    size() for Sum (not for Average), times both scale factors, then allgathered."""
+def _scatter_grad(grads, op, scale, process_set):
+    """The gradient of reducescatter as Horovod computes it: the output's gradient times the
+    set's size for Sum (not for Average), times both scale factors, then allgathered."""
     if op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is implemented for Sum and "
                                   "Average")
-    factor = scale * (size() if op == Sum else 1)
-    return grouped_allgather([g * factor if factor != 1.0 else g for g in grads])
+    factor = scale * (process_set.size() if op == Sum else 1)
+    return grouped_allgather([g * factor if factor != 1.0 else g for g in grads],
+                             process_set=process_set)
 
 
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
+        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        return (_scatter_grad([grad_output], ctx.op, ctx.scale)[0], None, None, None, None,
-                None)
+        return (_scatter_grad([grad_output], ctx.op, ctx.scale, ctx.process_set)[0], None, None,
+                None, None, None)
 
 
+@_on_set("reducescatter")
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """op over ranks of tensor, scattered on the first dimension: each rank gets rows // size
@@ -949,6 +1000,7 @@ def _grouped_reducescatter_async(tensors, name, op, prescale_factor, postscale_f
                      [k for _, _, k in parts])
 
 
+@_on_set("grouped_reducescatter")
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducescatters of a list of tensors; synchronize() returns the list of shares.
@@ -962,15 +1014,17 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.op, ctx.scale = op, prescale_factor * postscale_factor
+        ctx.op, ctx.scale, ctx.process_set = op, prescale_factor * postscale_factor, process_set
         return tuple(synchronize(grouped_reducescatter_async(
             list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        return (None, None, None, None, None, *_scatter_grad(grad_outputs, ctx.op, ctx.scale))
+        return (None, None, None, None, None,
+                *_scatter_grad(grad_outputs, ctx.op, ctx.scale, ctx.process_set))
 
 
+@_on_set("grouped_reducescatter")
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
@@ -985,6 +1039,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # ---- sparse ------------------------------------------------------------------------------------
 
 
+@_on_set("sparse_allreduce")
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Horovod's reduction of a sparse tensor: every rank's indices and values allgathered
     ("<name>.indices", "<name>.values"), values divided by size() for Average. Returns a
@@ -995,15 +1050,17 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         raise NotImplementedError("sparse_allreduce_async supports Sum and Average")
     t = tensor
     ih = allgather_async(t._indices().transpose(0, 1).contiguous(),
-                         name=None if name is None else f"{name}.indices")
+                         name=None if name is None else f"{name}.indices",
+                         process_set=process_set)
     vh = allgather_async(t._values().contiguous(),
-                         name=None if name is None else f"{name}.values")
+                         name=None if name is None else f"{name}.values", process_set=process_set)
+    n = _engine.set_size()
 
     def handle():
         values = synchronize(vh)
         indices = synchronize(ih)
         if op == Average:
-            values = values / size()
+            values = values / n
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
                                        dtype=values.dtype, device=t.device)
     return handle
@@ -1012,6 +1069,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 # ---- barrier, join -----------------------------------------------------------------------------
 
 
+@_on_set("barrier")
 def barrier(process_set=global_process_set):
     """Returns once every rank has called it."""
     _check_process_set(process_set, "barrier")

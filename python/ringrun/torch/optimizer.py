@@ -10,6 +10,7 @@ backward produces them), the same on every rank; step() waits for them.
 Buckets: `groups` (Horovod's argument) fixes them explicitly; otherwise parameters are packed
 in reverse order up to RINGRUN_BUCKET_BYTES (default 4 MiB) per bucket, per dtype and device.
 """
+import collections
 import contextlib
 import itertools
 import os
@@ -23,7 +24,9 @@ from . import mpi_ops
 from .compression import Compression
 
 DEFAULT_BUCKET_BYTES = 4 << 20
-_instances = itertools.count()
+# Optimizers made so far, which name their reductions: counted per process set, as only a
+# set's members make an optimizer on it.
+_instances = collections.defaultdict(itertools.count)
 
 
 class _Bucket:
@@ -79,9 +82,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False):
+                 sparse_as_dense=False, process_set_id=0):
         super(self.__class__, self).__init__(params)
         self._compression = compression
+        self._process_set_id = process_set_id  # the gradients' reductions run on it
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -115,7 +119,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._stepped_without_backward = False
-        self._instance = next(_instances)
+        self._instance = next(_instances[process_set_id])
 
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._buckets = self._make_buckets(params, groups)
@@ -192,6 +196,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._next_launch += 1
 
     def _launch(self, b):
+        with _engine.process_set(self._process_set_id):  # any thread: autograd's hooks too
+            self._launch_on_set(b)
+
+    def _launch_on_set(self, b):
         for p in b.params:
             view = b.views[p]
             g = p.grad
@@ -219,7 +227,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pre, post = (1.0 / f, f) if f != 1.0 else (1.0, 1.0)
         op = mpi_ops.Sum if self.op == mpi_ops.Adasum else self.op  # Adasum: at size() 1 only
         send, recv, dtype, op, pre, post, b.after = mpi_ops._reduction(
-            wire, wire, op, pre, post, mpi_ops.size())
+            wire, wire, op, pre, post, _engine.set_size())
         mpi_ops._prepare_device(send, recv)
         b.handle = mpi_ops._submit(lambda: _engine.allreduce(
             send.data_ptr(), recv.data_ptr(), send.numel(), dtype, op,
@@ -358,7 +366,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                              "usually produced by model.named_parameters().")
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
-        self._instance = next(_instances)
+        self._instance = next(_instances[0])
         self._delay = {}
         self._handles = {}
         self._starts = {}
@@ -443,7 +451,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=mpi_ops.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=mpi_ops.global_process_set):
-    """Wraps a torch optimizer so that step() applies gradients averaged over every rank.
+    """Wraps a torch optimizer so that step() applies gradients averaged over every rank (of
+    process_set: its members only construct and step it, as in Horovod).
 
     Arguments as Horovod's: named_parameters (names for the gradients), compression
     (Compression.none, .fp16, .bf16), backward_passes_per_step (local accumulation passes per
@@ -452,7 +461,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     reduced together). op=Adasum at size() > 1 is Horovod's Adasum optimizer (see
     _DistributedAdasumOptimizer)."""
     mpi_ops._check_op(op)
-    mpi_ops._check_process_set(process_set, "DistributedOptimizer")
+    ps_id = mpi_ops._check_process_set(process_set, "DistributedOptimizer")
+    if op == mpi_ops.Adasum and ps_id != 0:
+        raise NotImplementedError("DistributedOptimizer: op=Adasum on a process set other than "
+                                  "the global one is not supported")
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -470,4 +482,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense)
+               op, gradient_predivide_factor, groups, sparse_as_dense, ps_id)

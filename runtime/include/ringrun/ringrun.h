@@ -352,6 +352,37 @@ RINGRUN_API ringrun_status ringrun_barrier_submit(ringrun_handle* handle);
  * no other submission may take (RINGRUN_ERR_INVALID_ARGUMENT). */
 RINGRUN_API ringrun_status ringrun_join_submit(ringrun_handle* handle);
 
+/* ---- Process sets ---------------------------------------------------------------------- */
+/* Horovod's process sets: subsets of the job's ranks whose collectives are negotiated among
+ * themselves, with an engine (a thread that sleeps when idle) and connections of their own.
+ * Names in different sets never meet, and a set's members never wait for a non-member. Id 0
+ * is the whole job; a set's rank r is its r-th member in increasing job rank.
+ *
+ * ringrun_add_process_set and ringrun_remove_process_set are collective over the whole job:
+ * every rank calls them, in the same order, with the same arguments (they meet through one
+ * allgather of the job; a rank that disagrees makes the call fail with
+ * RINGRUN_ERR_INVALID_ARGUMENT on every rank, naming it). add: `ranks` (n distinct ranks of the
+ * job, any order; not those of a registered set) becomes a set and *id its id, the same on
+ * every rank: ids count up from 1, and a removed set's id is given again first. remove: the set
+ * goes; its pending collectives fail with RINGRUN_ERR_ABORTED. A failure of any set (a lost
+ * peer, a timeout) breaks the whole runtime, as one of the job's collectives would.
+ *
+ * ringrun_next_process_set(id): the next ringrun_*_submit call on this thread runs on set `id`
+ * (whatever that call returns, it takes it; 0: the job, the default; blocking calls neither use
+ * nor take it). Then counts, send_rows (one entry per member), rows (ringrun_handle_rows),
+ * roots (broadcast), AVERAGE's divisor and join are the set's, and its ranks are set ranks. An
+ * id that is not registered, or a set this rank is not in, fails that call with
+ * RINGRUN_ERR_INVALID_ARGUMENT, in Horovod's words ("Allreduce: Rank 2 is not a member of the
+ * provided process set."). Sets other than the job's run host memory only: device memory is
+ * refused at submission with RINGRUN_ERR_INVALID_ARGUMENT (docs/python.md says why). */
+RINGRUN_API ringrun_status ringrun_add_process_set(const int* ranks, size_t n, int* id);
+RINGRUN_API ringrun_status ringrun_remove_process_set(int id);
+RINGRUN_API ringrun_status ringrun_next_process_set(int id);
+/* This rank's rank in set `id` (-1 when not a member) and the set's size; both -1 for an id
+ * that is not registered, or before ringrun_init(). */
+RINGRUN_API int ringrun_process_set_rank(int id);
+RINGRUN_API int ringrun_process_set_size(int id);
+
 /* ---- Blocking calls (submit, then wait) ------------------------------------------------- */
 
 /* recvbuf[i] = op over ranks of sendbuf[i], for i < count, on every rank. */

@@ -79,6 +79,10 @@ struct EngineOptions {
   bool timeline_mark_cycles = false;
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
+  // Called once, on the engine thread and with no lock held, when the engine fails for good
+  // (not at Shutdown): the runtime aborts its other engines with `st` (process sets). It must
+  // not destroy this engine.
+  std::function<void(const Status& st)> on_failure;
   const Clock* clock = nullptr;  // default: SteadyClock()
   // The GPU seam (tests inject fakes): whether a pointer is device memory, and the backend's
   // factory, called on the engine thread at the first device collective with the NCCL id that

@@ -110,9 +110,10 @@ void Engine::FailAll(const Status& st) {
   // Every slot in flight belongs to the engine: queued, announced, or taken from the queue by
   // a round that did not announce it.
   std::vector<Slot*> pending;
+  bool first = false;  // the engine's failure, not its shutdown
   {
     MutexLock lock(&mu_);
-    if (failed_.ok()) failed_ = st;
+    if (failed_.ok()) failed_ = st, first = !stop_;
     queue_.clear();
     for (Slot& s : slot_store_) {
       if (s.in_flight && s.handle) pending.push_back(&s);
@@ -120,6 +121,7 @@ void Engine::FailAll(const Status& st) {
   }
   for (Slot* s : pending) Complete(s, st.code(), st.message());
   NotifyCompleted();
+  if (first && options_.on_failure) options_.on_failure(st);
 }
 
 }  // namespace ringrun::runtime::engine

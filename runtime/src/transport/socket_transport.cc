@@ -36,8 +36,8 @@ namespace ringrun::runtime::transport {
 
 std::string PeerTable::Describe(int r) const {
   if (r < 0 || r >= size()) return "rank " + std::to_string(r);
-  return "rank " + std::to_string(r) + " (" + address(r) + ":" + std::to_string(port_of_rank[r]) +
-         ")";
+  return "rank " + std::to_string(JobRank(r)) + " (" + address(r) + ":" +
+         std::to_string(port_of_rank[r]) + ")";
 }
 
 namespace {
@@ -121,8 +121,8 @@ class SocketTransport final : public Transport {
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
   Status ServeListeners();
   Status PeerError(int peer, const Status& st) const {
-    return Status(st.code(), "rank " + std::to_string(rank_) + ": peer " + peers_.Describe(peer) +
-                                 ": " + st.message());
+    return Status(st.code(), "rank " + std::to_string(peers_.JobRank(rank_)) + ": peer " +
+                                 peers_.Describe(peer) + ": " + st.message());
   }
   Status Wait(std::vector<OpState>& states, Deadline deadline, bool* progressed);
   Result<bool> ProgressAll(std::vector<OpState>& states, size_t* remaining);

@@ -67,11 +67,17 @@ struct PeerTable {
   std::vector<uint32_t> port_of_rank;
   std::string nccl_id;
   std::string job_id;
+  // A process set's table (runtime.h): the job's rank of each of its ranks, which messages
+  // name. Empty: the table's ranks are the job's.
+  std::vector<int> job_ranks;
 
   int size() const { return static_cast<int>(port_of_rank.size()); }
   const std::string& address(int rank) const { return addresses[address_of_rank[rank]]; }
   bool SameHost(int a, int b) const { return address_of_rank[a] == address_of_rank[b]; }
-  // "rank 3 (10.0.0.2:4711)", for error messages.
+  int JobRank(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(job_ranks.size()) ? job_ranks[rank] : rank;
+  }
+  // "rank 3 (10.0.0.2:4711)", for error messages; the job's rank.
   std::string Describe(int rank) const;
 };
 

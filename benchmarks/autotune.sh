@@ -6,9 +6,10 @@
 #                                         AT_WARMUP (1), AT_STEPS (2), AT_MAX (10)
 # Cases: grad = grad_step_bench's engine step of ResNet-50's gradients (GRAD_STEP_ONLY=engine);
 # mlp, deep = torch_train.py. Each run is a fresh job; a round runs every case under every
-# setting in turn, so the settings alternate under the same load. The autotuned runs first
-# train untimed until tuning has ended (with AT_*: (AT_WARMUP + AT_MAX) trials of 5 samples of
-# AT_STEPS steps, plus one step each), and so do the fixed ones, for the same number of steps.
+# setting in turn (starting one further each round), so the settings alternate under the same
+# load. The autotuned runs first train untimed until tuning has ended (with AT_*:
+# (AT_WARMUP + AT_MAX) trials of 5 samples of AT_STEPS steps, plus one step each), and so do
+# the fixed ones, for the same number of steps.
 # Prints each run (round case setting step_ms), then the median step_ms per case and setting,
 # and the settings that autotune chose (the last line of each of its logs).
 set -euo pipefail
@@ -42,13 +43,18 @@ flags() {
 
 runs=$work/runs
 for ((round = 1; round <= rounds; round++)); do
+  # The settings in turn, starting one further each round: none always runs first or last.
+  read -ra order <<<"$settings"
+  shift_by=$(((round - 1) % ${#order[@]}))
+  order=("${order[@]:shift_by}" "${order[@]:0:shift_by}")
   for c in $cases; do
-    for s in $settings; do
+    for s in "${order[@]}"; do
       # shellcheck disable=SC2046
       if [[ $c == grad ]]; then
         ms=$("$build/bin/ringrun" -np 2 -x GRAD_STEP_ONLY=engine $(flags "$s" "$c" "$round") \
                "$build/bin/grad_step_bench" --model "$here/models/resnet50.txt" --rounds "$steps" \
-               --small-reps 1 --warm-steps "$warm" 2>/dev/null | awk '$1 == "engine" { print $2 }')
+               --small-reps 1 --warm-steps "$warm" 2>/dev/null | sed 's/^\[[0-9]*\]<stdout>://' |
+             awk '$1 == "engine" { print $2 }')
       else
         ms=$("$build/bin/ringrun" -np 2 -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
                $(flags "$s" "$c" "$round") /usr/bin/python3 "$here/torch_train.py" "$c" "$steps" 32 \

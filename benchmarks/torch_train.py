@@ -1,7 +1,8 @@
 # Data-parallel training throughput with ringrun.torch.DistributedOptimizer on the models and
 # synthetic data of the DDP anchor (/work/shared/anchors/torch_ddp_train.py), so the two compare
 # on the same model, batch and threads.
-# usage (under ringrun, or alone for np=1):  torch_train.py MODEL STEPS [BATCH_PER_RANK]
+# usage (under ringrun, or alone for np=1):  torch_train.py MODEL STEPS [BATCH_PER_RANK] [WARMUP]
+#   WARMUP: untimed steps first (default 3; more to let HOROVOD_AUTOTUNE finish before timing)
 # Prints on rank 0: ringrun-torch model=M np=N params=P step_ms=T samples_per_s=S
 import sys
 import time
@@ -14,6 +15,7 @@ import ringrun.torch as hvd
 torch.set_num_threads(1)
 model_name, steps = sys.argv[1], int(sys.argv[2])
 batch = int(sys.argv[3]) if len(sys.argv) > 3 else 32
+warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 hvd.init()
 n, rank = hvd.size(), hvd.rank()
 torch.manual_seed(1)
@@ -52,7 +54,7 @@ def step():
     opt.step()
 
 
-for _ in range(3):
+for _ in range(warmup):
     step()
 hvd.barrier()
 t0 = time.perf_counter()

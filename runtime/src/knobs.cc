@@ -67,6 +67,44 @@ Result<bool> ParseFlag(const char* name, const char* v) {
 constexpr double kMaxBytes = 1099511627776.0;  // 1 TiB
 constexpr double kMaxBurstUs = 1000;           // see ReadKnobs
 
+// HOROVOD_AUTOTUNE and its knobs; a knob given in the environment is not tuned (Horovod's
+// rule), so it must be read after them.
+Status ReadAutotune(const Getenv& getenv, JobEnv* e) {
+  engine::AutotuneOptions& a = e->autotune;
+  if (const char* v = Set(getenv, "HOROVOD_AUTOTUNE")) {
+    Result<bool> on = ParseFlag("HOROVOD_AUTOTUNE", v);
+    if (!on.ok()) return on.status();
+    a.enabled = *on;
+  }
+  if (const char* v = Set(getenv, "HOROVOD_AUTOTUNE_LOG")) a.log_path = v;
+  struct Count {
+    const char* name;
+    double lo;
+    int* out;
+  };
+  for (const Count& c :
+       {Count{"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 0, &a.warmup_samples},
+        Count{"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 1, &a.steps_per_sample},
+        Count{"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 1, &a.bayes_opt_max_samples}}) {
+    if (const char* v = Set(getenv, c.name)) {
+      Result<double> x = ParseNumber(c.name, v, c.lo, 1 << 30);
+      if (!x.ok()) return x.status();
+      *c.out = static_cast<int>(*x);
+    }
+  }
+  if (const char* v = Set(getenv, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")) {
+    Result<double> x = ParseNumber("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", v, 0, 1);
+    if (!x.ok()) return x.status();
+    a.gaussian_process_noise = *x;
+  }
+  const char* which = nullptr;
+  a.tune_fusion_threshold =
+      First(getenv, {"RINGRUN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"}, &which) == nullptr;
+  a.tune_burst = First(getenv, {"RINGRUN_BURST_QUIET_US", "HOROVOD_CYCLE_TIME"}, &which) == nullptr;
+  a.tune_hierarchical = Set(getenv, "HOROVOD_HIERARCHICAL_ALLREDUCE") == nullptr;
+  return Status::Ok();
+}
+
 }  // namespace
 
 const std::vector<HorovodVariable>& HorovodVariables() {
@@ -90,12 +128,17 @@ const std::vector<HorovodVariable>& HorovodVariables() {
        true},
       {"HOROVOD_HIERARCHICAL_ALLGATHER", "allgather is always one ring", false},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "1: a CYCLE_START mark on the timeline per round", true},
-      {"HOROVOD_AUTOTUNE", "no autotuning; the fixed settings apply", false},
-      {"HOROVOD_AUTOTUNE_LOG", "no autotuning", false},
-      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "no autotuning", false},
-      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "no autotuning", false},
-      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "no autotuning", false},
-      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "no autotuning", false},
+      {"HOROVOD_AUTOTUNE",
+       "1: rank 0 tunes the fusion threshold, the burst window and hierarchical allreduce (those "
+       "not set) during the first steps, then keeps the best",
+       true},
+      {"HOROVOD_AUTOTUNE_LOG", "rank 0 writes the trials there, in Horovod's CSV columns", true},
+      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "trials discarded first (3)", true},
+      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "steps per sample; a trial is 5 samples (10)", true},
+      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+       "trials of the fusion threshold and burst window together (20)", true},
+      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "the Gaussian process's noise, in [0, 1] (0.8)",
+       true},
       {"HOROVOD_MPI_THREADS_DISABLE", "ringrun does not use MPI", false},
       {"HOROVOD_CONTROLLER", "ringrun has one controller, its own", false},
       {"HOROVOD_CPU_OPERATIONS", "host memory always goes over ringrun's TCP and shared memory",
@@ -196,6 +239,7 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
     if (!on.ok()) return on.status();
     e->hierarchical_allreduce = *on;
   }
+  RINGRUN_RETURN_IF_ERROR(ReadAutotune(getenv, e));
   for (const HorovodVariable& h : HorovodVariables()) {
     if (h.honoured) continue;
     if (const char* v = Set(getenv, h.name)) {

@@ -117,6 +117,7 @@ EngineSettings Settings(const JobEnv& env) {
   s.cache_capacity = env.cache_capacity;
   s.hierarchical = env.hierarchical_allreduce != 0;
   s.burst_quiet_ns = env.burst_quiet_ns;
+  s.autotune = env.autotune;
   s.stall = env.stall;
   s.timeline = env.timeline;
   s.timeline_dynamic = env.timeline_dynamic;
@@ -230,6 +231,7 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.cache_capacity = settings.cache_capacity;
   o.hierarchical = settings.hierarchical;
   o.burst_quiet_ns = settings.burst_quiet_ns;
+  o.autotune = settings.autotune;
   o.stall = settings.stall;
   o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
   o.timeline_dynamic = settings.timeline_dynamic;

@@ -68,6 +68,8 @@ struct JobEnv {
   bool log_hide_time = false;  // HOROVOD_LOG_HIDE_TIME
   // HOROVOD_HIERARCHICAL_ALLREDUCE: -1 unset, 0 flat, 1 hierarchical where the layout allows.
   int hierarchical_allreduce = -1;
+  // HOROVOD_AUTOTUNE and its knobs; which engine knobs are free to tune (those not set).
+  engine::AutotuneOptions autotune;
   // Horovod variables that are set and mean something else here, or nothing (knobs.h): rank 0
   // logs them at init.
   std::vector<std::string> knob_notes;
@@ -91,6 +93,7 @@ struct EngineSettings {
   size_t cache_capacity = engine::kDefaultCacheCapacity;
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   bool hierarchical = true;  // HOROVOD_HIERARCHICAL_ALLREDUCE != 0
+  engine::AutotuneOptions autotune;
   engine::StallOptions stall;
   std::string timeline;               // path; "" for none
   bool timeline_dynamic = false;      // engine::EngineOptions::timeline_dynamic

@@ -200,16 +200,56 @@ TEST_CASE("Horovod's variables set the same knobs, in Horovod's units, and ringr
   CHECK(e->knob_notes[0].find("HOROVOD_CYCLE_TIME=5") != std::string::npos);
 }
 
+TEST_CASE("HOROVOD_AUTOTUNE and its knobs; a knob given is not tuned", "[runtime]") {
+  Result<JobEnv> e = ReadJobEnv(Env({}));
+  REQUIRE(e.ok());
+  CHECK_FALSE(e->autotune.enabled);
+  CHECK(e->autotune.warmup_samples == 3);  // Horovod's defaults
+  CHECK(e->autotune.steps_per_sample == 10);
+  CHECK(e->autotune.bayes_opt_max_samples == 20);
+  CHECK(e->autotune.gaussian_process_noise == 0.8);
+  CHECK(e->autotune.tune_fusion_threshold);
+  CHECK(e->autotune.tune_burst);
+  CHECK(e->autotune.tune_hierarchical);
+  e = ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "1"},
+                      {"HOROVOD_AUTOTUNE_LOG", "/tmp/at.csv"},
+                      {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "0"},
+                      {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "4"},
+                      {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "7"},
+                      {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.5"},
+                      {"HOROVOD_FUSION_THRESHOLD", "1048576"},
+                      {"HOROVOD_CYCLE_TIME", "0.01"},
+                      {"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"}}));
+  REQUIRE(e.ok());
+  CHECK(e->knob_notes.empty());
+  CHECK(e->autotune.enabled);
+  CHECK(e->autotune.log_path == "/tmp/at.csv");
+  CHECK(e->autotune.warmup_samples == 0);
+  CHECK(e->autotune.steps_per_sample == 4);
+  CHECK(e->autotune.bayes_opt_max_samples == 7);
+  CHECK(e->autotune.gaussian_process_noise == 0.5);
+  CHECK_FALSE(e->autotune.tune_fusion_threshold);
+  CHECK_FALSE(e->autotune.tune_burst);
+  CHECK_FALSE(e->autotune.tune_hierarchical);
+  CHECK(ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "1"}})).value().autotune.tune_burst);
+  CHECK_FALSE(ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "on"}})).ok());
+  CHECK_FALSE(ReadJobEnv(Env({{"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "0"}})).ok());
+  CHECK_FALSE(ReadJobEnv(Env({{"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "2"}})).ok());
+  CHECK_FALSE(ReadJobEnv(Env({{"RINGRUN_BURST_QUIET_US", "5"}})).value().autotune.tune_burst);
+  CHECK(ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "0"}})).value().knob_notes.empty());
+}
+
 TEST_CASE("a Horovod variable that means nothing here is said, not ignored", "[runtime]") {
-  Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_AUTOTUNE", "1"},
+  Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_THREAD_AFFINITY", "1"},
                                      {"HOROVOD_NUM_NCCL_STREAMS", "2"},
+                                     {"HOROVOD_AUTOTUNE", "1"},    // honoured
                                      {"HOROVOD_ELASTIC", "0"}}));  // what ringrun does anyway
   REQUIRE(e.ok());
   std::string all;
   for (const std::string& n : e->knob_notes) all += n + "\n";
   INFO(all);
   CHECK(e->knob_notes.size() == 2);
-  CHECK(all.find("HOROVOD_AUTOTUNE=1 has no effect") != std::string::npos);
+  CHECK(all.find("HOROVOD_THREAD_AFFINITY=1 has no effect") != std::string::npos);
   CHECK(all.find("HOROVOD_NUM_NCCL_STREAMS=2 has no effect") != std::string::npos);
   CHECK(all.find("HOROVOD_ELASTIC") == std::string::npos);
 }

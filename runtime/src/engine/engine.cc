@@ -31,6 +31,8 @@ Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions op
       is_device_(options_.is_device ? options_.is_device : IsDeviceMemory),
       doorbell_(TakeDoorbell()),
       noname_counter_(8, 0),
+      hierarchical_(options_.hierarchical),
+      tuning_(options_.autotune.enabled),
       transport_(std::move(transport)),
       controller_(options_.size, options_.cache_capacity),
       stall_(

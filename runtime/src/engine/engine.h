@@ -40,6 +40,7 @@
 #include "runtime/src/engine/request.h"
 #include "runtime/src/engine/stall_inspector.h"
 #include "runtime/src/engine/timeline.h"
+#include "runtime/src/engine/tuner.h"
 #include "runtime/src/transport/transport.h"
 
 namespace ringrun::runtime::gpu {
@@ -77,6 +78,9 @@ struct EngineOptions {
   std::string timeline_path;
   bool timeline_dynamic = false;
   bool timeline_mark_cycles = false;
+  // Autotuning (tuner.h; HOROVOD_AUTOTUNE): must be enabled on every rank or none (Hello
+  // checks). Rank 0 tunes; every rank applies its choices at the same round.
+  AutotuneOptions autotune;
   // Where stall warnings go (default: stderr).
   std::function<void(const std::string&)> log;
   // Called once, on the engine thread and with no lock held, when the engine fails for good
@@ -265,6 +269,16 @@ class Engine {
   Status ChangeTimeline(TimelineChange change);
   // The engine thread's side: applies a change taken from timeline_change_.
   Status ApplyTimeline(const TimelineChange& change);
+  // Autotune's hook (autotune.cc). While tuning_, rank 0's frame starts with a block that says
+  // whether the tuner chose new settings (PutTuned), and every rank takes it from rank 0's
+  // frame and applies it before running that round (TakeTuned), so all switch at the same
+  // round. The block of the final choice ends tuning_ on every rank: from then on frames are
+  // as without autotune, and nothing of it runs per round.
+  void StartTuner();  // on the engine thread, after Hello
+  void PutTuned(std::string* frame);
+  Status TakeTuned(std::string* rank0_frame);
+  void ObserveRound(const Response* responses, size_t n, int64_t start_us);  // rank 0's tuner
+  void ApplyTuned(const TunedParams& p);
 
   const EngineOptions options_;
   const Clock* const clock_;
@@ -302,6 +316,14 @@ class Engine {
 
   // The engine thread's own.
   int64_t burst_quiet_ns_ = 0;  // options_.burst_quiet_ns, or 0 when confined to one CPU
+  bool one_cpu_ = false;        // the engine thread is confined to one CPU: no burst window
+  bool hierarchical_ = false;   // options_.hierarchical, or the tuner's choice
+  // Autotune (see StartTuner): whether frames carry rank 0's block; rank 0's tuner while it
+  // tries settings, and its choice not sent yet (final: the last).
+  bool tuning_ = false;
+  std::unique_ptr<Tuner> tuner_;
+  std::optional<TunedParams> proposal_;
+  bool proposal_final_ = false;
   std::unique_ptr<transport::Transport> transport_;
   bool spans_hosts_ = false;  // some rank is on another host (its ring runs over TCP)
   Controller controller_;

@@ -50,8 +50,7 @@ Status Engine::HostAllreduce(std::vector<Segment> segments, const Request& req, 
   }
   if (timeline_ && span) {
     const char* algo =
-        transport_ ? AllreduceAlgorithm(*transport_, world_, total, elem, options_.hierarchical)
-                   : "local";
+        transport_ ? AllreduceAlgorithm(*transport_, world_, total, elem, hierarchical_) : "local";
     timeline_->Span(span, "ALLREDUCE", t0, Now(),
                     "\"bytes\": " + std::to_string(total * elem) + ", \"buffers\": " +
                         std::to_string(segments.size()) + ", \"algorithm\": \"" + algo + "\"");
@@ -136,9 +135,9 @@ Status Engine::RunFused(Batch& b) {
   }
   if (timeline_) {
     const int64_t t3 = Now();
-    const char* algo = transport_ ? AllreduceAlgorithm(*transport_, world_, total / elem, elem,
-                                                       options_.hierarchical)
-                                  : "local";
+    const char* algo =
+        transport_ ? AllreduceAlgorithm(*transport_, world_, total / elem, elem, hierarchical_)
+                   : "local";
     const std::string args = "\"fused_bytes\": " + std::to_string(total) +
                              ", \"fused_tensors\": " + std::to_string(b.responses.size()) +
                              ", \"packed_bytes\": " + std::to_string(b.bytes) +

@@ -68,10 +68,11 @@ void Engine::Loop() {
   burst_quiet_ns_ = options_.burst_quiet_ns;
   cpu_set_t cpus;
   if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1) {
-    burst_quiet_ns_ = 0;
+    burst_quiet_ns_ = 0, one_cpu_ = true;
   }
   Status st = Hello();
   if (!st.ok()) FailAll(st);
+  if (st.ok()) StartTuner();
   for (;;) {
     std::vector<Slot*> fresh;
     fresh.swap(spare_);  // an empty vector with the capacity of an earlier round's
@@ -195,6 +196,7 @@ Status Engine::Hello() {
   Put<uint64_t>(&mine, options_.fusion_threshold);
   Put<uint64_t>(&mine, options_.cache_capacity);
   Put<uint8_t>(&mine, options_.hierarchical ? 1 : 0);
+  Put<uint8_t>(&mine, options_.autotune.enabled ? 1 : 0);
   Result<std::vector<std::string>> all = Exchange(mine);
   if (!all.ok()) return all.status();
   for (int r = 0; r < options_.size; ++r) {
@@ -202,8 +204,8 @@ Status Engine::Hello() {
       return InvalidArgument(
           "rank " + std::to_string(r) + " runs with other engine settings than rank " +
           std::to_string(options_.rank) +
-          " (RINGRUN_FUSION_THRESHOLD, RINGRUN_CACHE_CAPACITY and HOROVOD_HIERARCHICAL_ALLREDUCE "
-          "must be the same on every rank)");
+          " (RINGRUN_FUSION_THRESHOLD, RINGRUN_CACHE_CAPACITY, HOROVOD_HIERARCHICAL_ALLREDUCE and "
+          "HOROVOD_AUTOTUNE must be the same on every rank)");
     }
   }
   return Status::Ok();
@@ -211,7 +213,7 @@ Status Engine::Hello() {
 
 CollectiveContext Engine::Context() {
   return CollectiveContext{transport_.get(), DeadlineAfter(options_.timeout_ms), &scratch_,
-                           options_.hierarchical};
+                           hierarchical_};
 }
 
 Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
@@ -280,12 +282,15 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
     announce_.push_back(&s->req);
     announce_ids_.push_back(s->cache_id);
   }
-  // A frame: the abort report (usually empty), then the controller's part.
+  // A frame: rank 0's autotune block (while tuning), the abort report (usually empty), then
+  // the controller's part.
   std::string frame;
+  if (tuning_) PutTuned(&frame);
   PutString(&frame, abort);
   frame += controller_.EncodeFrame(announce_, &announce_ids_);
   Result<std::vector<std::string>> frames = Exchange(frame);
   if (!frames.ok()) return frames.status();
+  if (tuning_) RINGRUN_RETURN_IF_ERROR(TakeTuned(&(*frames)[0]));
   for (std::string& f : *frames) {
     size_t pos = 0;
     std::string report;
@@ -303,6 +308,7 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
                         std::to_string(fresh.size()) + ", \"ready\": " + std::to_string(*ready));
   }
   Execute(responses, *ready, controller_.uniform(), controller_.repeated());
+  if (tuner_) ObserveRound(responses, *ready, start);
   if (timeline_) timeline_->Flush();
   fresh.clear();
   spare_.swap(fresh);  // its capacity serves the submission queue again

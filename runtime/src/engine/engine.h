@@ -313,6 +313,9 @@ class Engine {
   // Submissions pushed so far: written under mu_, read by CollectBurst without it.
   std::atomic<uint64_t> pushed_{0};
 
+  // Whether the engine thread may run on one CPU only (ranks bound to a core each): it then
+  // shares it with the submitting thread. Constant after construction.
+  bool confined_ = false;
   // The engine thread's own, or a thread's that holds round_mu_ (RunHere).
   int64_t burst_quiet_ns_ = 0;  // options_.burst_quiet_ns, or 0 when confined to one CPU
   std::unique_ptr<transport::Transport> transport_;

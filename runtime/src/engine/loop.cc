@@ -65,11 +65,7 @@ void Engine::SleepOnDoorbell(Deadline deadline) {
 void Engine::Loop() {
   // A thread confined to one CPU (ranks bound to a core each) shares it with the submitting
   // thread: nothing can be submitted while this thread spins, so a burst is never gathered.
-  burst_quiet_ns_ = options_.burst_quiet_ns;
-  cpu_set_t cpus;
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1) {
-    burst_quiet_ns_ = 0;
-  }
+  burst_quiet_ns_ = confined_ ? 0 : options_.burst_quiet_ns;
   MutexLock round(&round_mu_);  // unlocked only while asleep in WaitForInput
   Status st = Hello();
   if (!st.ok()) FailAll(st);
@@ -193,8 +189,11 @@ Status Engine::GuardedRound(std::vector<Slot*> fresh) {
 
 void Engine::RunHere(HandleState* h) {
   // Only while the engine thread sleeps in WaitForInput (the lock fails otherwise, and the
-  // engine thread takes the queue as it does any submission's).
-  if (transport_ && round_mu_.TryLock()) {
+  // engine thread takes the queue as it does any submission's), and only where it has CPUs
+  // of its own: confined to the caller's CPU, the engine thread's next round after blocking
+  // calls run here takes longer (docs/engine.md, "Limits").
+
+  if (!confined_ && transport_ && round_mu_.TryLock()) {
     std::vector<Slot*> fresh;
     {
       MutexLock lock(&mu_);

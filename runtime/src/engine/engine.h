@@ -2,11 +2,13 @@
 // collectives that any thread submits (ringrun.h states the user contract; docs/engine.md the
 // design).
 //
-// Threads. Submit, Abort and Shutdown may be called from any thread (WaitHandle, handles.h). The
-// engine thread is the only one that touches the Transport, the controller, the fusion buffer and
-// the device backend (confined to it, not locked; only the backend's thread-safe Abort is called
-// from Shutdown and Abort, under device_mu_). mu_ guards the submission queue, the names in flight
-// and the failure state.
+// Threads. Submit, Abort and Shutdown may be called from any thread (WaitHandle, handles.h). One
+// thread at a time touches the Transport, the controller, the fusion buffer and the device
+// backend (not locked; only the backend's thread-safe Abort is called from Shutdown and Abort,
+// under device_mu_): the one holding round_mu_, which is the engine thread but while it sleeps,
+// when a blocking call's thread may take it and run its own round (Submit's run_here; device
+// work stays on the engine thread). mu_ guards the submission queue, the names in flight and the
+// failure state.
 //
 // Idle. With nothing submitted and nothing arriving, the engine thread sleeps in
 // Transport::WaitForInput on its doorbell (an eventfd that a submission rings only when the

@@ -192,7 +192,6 @@ void Engine::RunHere(HandleState* h) {
   // engine thread takes the queue as it does any submission's), and only where it has CPUs
   // of its own: confined to the caller's CPU, the engine thread's next round after blocking
   // calls run here takes longer (docs/engine.md, "Limits").
-
   if (!confined_ && transport_ && round_mu_.TryLock()) {
     std::vector<Slot*> fresh;
     {

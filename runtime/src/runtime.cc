@@ -525,7 +525,8 @@ Status Runtime::SubmitAndWait(std::string_view name, const engine::TensorArgs& t
                               std::shared_ptr<engine::HandleState>* handle) {
   const bool join = tensor.kind == engine::Kind::kJoin;
   engine::HandleState* raw = nullptr;
-  RINGRUN_RETURN_IF_ERROR(engine_->Submit(name, &tensor, 1, /*group=*/false, &raw));
+  RINGRUN_RETURN_IF_ERROR(
+      engine_->Submit(name, &tensor, 1, /*group=*/false, &raw, /*run_here=*/true));
   std::shared_ptr<engine::HandleState> owned;
   if (handle) owned = engine::ShareHandle(raw);  // else released below
   engine::HandleState& h = *raw;

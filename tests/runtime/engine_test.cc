@@ -924,6 +924,43 @@ TEST_CASE("engine: stall warning names the missing rank, stall shutdown fails th
   CHECK(failures.empty());
 }
 
+TEST_CASE("engine: after blocking calls run on the calling thread, the engine answers a peer",
+          "[engine][stall]") {
+  // Blocking calls on an idle engine run their rounds on the calling thread (Engine::RunHere),
+  // which quiets the peers' wake-ups of the sleeping engine thread and must re-arm them: rank 0
+  // then idles while rank 1 announces "late", and only an engine thread woken by that frame
+  // lets rank 0's stall inspector name rank 0.
+  for (bool shm : {true, false}) {
+    Logs logs;
+    EngineSettings s;
+    s.stall.warning_us = 100'000;
+    s.log = logs.Sink();
+    std::string failures = RunThreadJob(
+        Opts(2, shm),
+        [&](int rank, Runtime& rt, Failures& f) {
+          for (int i = 0; i < 20; ++i) {
+            // Every engine thread asleep before the last one: both callers run its round.
+            if (i == 19) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            float x = 1;
+            Status st = rt.Allreduce(&x, &x, 1, RINGRUN_FLOAT32, RINGRUN_SUM);
+            if (!st.ok() || x != 2) f.Add(rank, "blocking allreduce: " + st.ToString());
+          }
+          float y = 1;
+          if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+          auto h = Submit(rt, Allreduce("late", &y, &y, 1));
+          std::string err = WaitOk(*h);
+          if (!err.empty()) f.Add(rank, err);
+        },
+        s);
+    INFO((shm ? "shm: " : "tcp: ") + failures);
+    CHECK(failures.empty());
+    const std::vector<std::string> lines = logs.Lines();
+    REQUIRE(lines.size() == 1);
+    INFO(lines[0]);
+    CHECK(lines[0].find("rank 0 has not submitted 1 tensor: late") != std::string::npos);
+  }
+}
+
 TEST_CASE("engine: stall inspector with an injected clock", "[engine][stall]") {
   std::vector<std::string> out;
   engine::StallOptions o;

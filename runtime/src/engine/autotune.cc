@@ -23,7 +23,7 @@ void Engine::StartTuner() {
       std::strcmp(AllreduceAlgorithm(*transport_, world_, size_t{1} << 24, 4, true),
                   "hierarchical") == 0;
   AutotuneOptions o = options_.autotune;
-  o.tune_burst = o.tune_burst && !one_cpu_;  // confined to one CPU, the window stays off
+  o.tune_burst = o.tune_burst && !confined_;  // confined to one CPU, the window stays off
   std::function<void(const std::string&)> csv;
   if (!o.log_path.empty()) {
     std::shared_ptr<FILE> file(std::fopen(o.log_path.c_str(), "we"), [](FILE* f) {
@@ -93,7 +93,7 @@ Status Engine::TakeTuned(std::string* rank0_frame) {
 
 void Engine::ApplyTuned(const TunedParams& p) {
   fusion_.set_threshold(p.fusion_threshold);
-  burst_quiet_ns_ = one_cpu_ ? 0 : p.burst_quiet_ns;
+  burst_quiet_ns_ = confined_ ? 0 : p.burst_quiet_ns;
   hierarchical_ = p.hierarchical;
   // The plans kept for repeated rounds were made with the old threshold.
   uniform_plan_.of = nullptr;

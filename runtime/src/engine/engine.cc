@@ -3,6 +3,8 @@
 // submission.cc, loop.cc, plan.cc, execution.cc, host_execution.cc, device_execution.cc.
 #include "runtime/src/engine/engine.h"
 
+#include <sched.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -59,6 +61,8 @@ Engine::Engine(std::unique_ptr<transport::Transport> transport, EngineOptions op
                    st.ToString().c_str());
     }
   }
+  cpu_set_t cpus;  // this thread's, which the engine thread inherits
+  confined_ = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1;
   controller_.set_record_announcements(static_cast<bool>(timeline_));
   if (transport_) {
     for (int r = 0; r < options_.size; ++r) {
@@ -164,6 +168,8 @@ Status Engine::ApplyTimeline(const TimelineChange& change) {
     timeline_.reset(std::move(t.value()));
   }
   mark_cycles_ = change.mark_cycles;
+  cpu_set_t cpus;  // this thread's, which the engine thread inherits
+  confined_ = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1;
   controller_.set_record_announcements(static_cast<bool>(timeline_));
   return Status::Ok();
 }

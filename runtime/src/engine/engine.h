@@ -2,11 +2,13 @@
 // collectives that any thread submits (ringrun.h states the user contract; docs/engine.md the
 // design).
 //
-// Threads. Submit, Abort and Shutdown may be called from any thread (WaitHandle, handles.h). The
-// engine thread is the only one that touches the Transport, the controller, the fusion buffer and
-// the device backend (confined to it, not locked; only the backend's thread-safe Abort is called
-// from Shutdown and Abort, under device_mu_). mu_ guards the submission queue, the names in flight
-// and the failure state.
+// Threads. Submit, Abort and Shutdown may be called from any thread (WaitHandle, handles.h). One
+// thread at a time touches the Transport, the controller, the fusion buffer and the device
+// backend (not locked; only the backend's thread-safe Abort is called from Shutdown and Abort,
+// under device_mu_): the one holding round_mu_, which is the engine thread but while it sleeps,
+// when a blocking call's thread may take it and run its own round (Submit's run_here; device
+// work stays on the engine thread). mu_ guards the submission queue, the names in flight and the
+// failure state.
 //
 // Idle. With nothing submitted and nothing arriving, the engine thread sleeps in
 // Transport::WaitForInput on its doorbell (an eventfd that a submission rings only when the
@@ -126,8 +128,13 @@ class Engine {
   // failure that broke the engine. A named allreduce of host memory whose name has a kept slot
   // (the commonest submission of training) is queued without a lookup of its buffers, and
   // builds no string, Entry or error (QueueKept).
+  //
+  // run_here: the caller waits for the handle next (a blocking call). When the engine thread
+  // sleeps, nothing else is queued or pending, and the tensor is host memory, the round runs on
+  // the calling thread before Submit returns (RunHere): no thread is woken on this rank, and
+  // when the round makes the tensor ready, the handle is done on return.
   Status Submit(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
-                HandleState** handle);
+                HandleState** handle, bool run_here = false);
   int timeout_ms() const { return options_.timeout_ms; }
   // Breaks the runtime with `st` (from any thread): the engine fails everything pending with
   // it, naming the ranks that have not submitted what is pending. For a blocking call that
@@ -191,7 +198,11 @@ class Engine {
                           ringrun_op op, double prescale, double postscale, uint32_t flags) const;
   // Submit's path for everything else, which says what is wrong with a refused submission.
   Status SubmitGeneral(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
-                       HandleState** handle);
+                       HandleState** handle, bool run_here);
+  // Submit's run_here, after h was queued without ringing the doorbell: runs the round on this
+  // thread when it can take round_mu_ (the engine thread sleeps) and h's is all there is to
+  // do; otherwise wakes the engine thread as a submission does.
+  void RunHere(HandleState* h);
   Slot* NewSlot(std::string_view name, bool named) REQUIRES(mu_);
   void ReleaseSlot(Slot* s) REQUIRES(mu_) {  // not in flight any more
     s->in_flight = false;
@@ -213,6 +224,8 @@ class Engine {
   // One negotiation round announcing `fresh`. A non-empty `abort` tells every rank to fail
   // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
   Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
+  // Round, with an exception turned into the status that breaks the engine.
+  Status GuardedRound(std::vector<Slot*> fresh);
   Result<std::vector<std::string>> Exchange(const std::string& mine);
   // A fusion plan: batches[0, planned) made of the responses [of, of + n).
   struct Plan {
@@ -288,6 +301,12 @@ class Engine {
   std::atomic<int> doorbell_;
   int doorbell() const { return doorbell_.load(std::memory_order_relaxed); }
 
+  // The right to run a round (and so to touch everything below that is "the engine thread's
+  // own"): the engine thread holds it at all times but while it sleeps in
+  // Transport::WaitForInput, which unlocks it; a blocking caller that takes it then runs its
+  // round itself (RunHere). Taken before mu_.
+  Mutex round_mu_;
+
   // Guarded by mu_ (taken once per submission: the futex Mutex, one compare-and-swap). The
   // fields of a Slot marked "mu_" are guarded by it too.
   Mutex mu_;
@@ -314,9 +333,11 @@ class Engine {
   // Submissions pushed so far: written under mu_, read by CollectBurst without it.
   std::atomic<uint64_t> pushed_{0};
 
-  // The engine thread's own.
+  // Whether the engine thread may run on one CPU only (ranks bound to a core each): it then
+  // shares it with the submitting thread. Constant after construction.
+  bool confined_ = false;
+  // The engine thread's own, or a thread's that holds round_mu_ (RunHere).
   int64_t burst_quiet_ns_ = 0;  // options_.burst_quiet_ns, or 0 when confined to one CPU
-  bool one_cpu_ = false;        // the engine thread is confined to one CPU: no burst window
   bool hierarchical_ = false;   // options_.hierarchical, or the tuner's choice
   // Autotune (see StartTuner): whether frames carry rank 0's block; rank 0's tuner while it
   // tries settings, and its choice not sent yet (final: the last).

@@ -65,11 +65,8 @@ void Engine::SleepOnDoorbell(Deadline deadline) {
 void Engine::Loop() {
   // A thread confined to one CPU (ranks bound to a core each) shares it with the submitting
   // thread: nothing can be submitted while this thread spins, so a burst is never gathered.
-  burst_quiet_ns_ = options_.burst_quiet_ns;
-  cpu_set_t cpus;
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) <= 1) {
-    burst_quiet_ns_ = 0, one_cpu_ = true;
-  }
+  burst_quiet_ns_ = confined_ ? 0 : options_.burst_quiet_ns;
+  MutexLock round(&round_mu_);  // unlocked only while asleep in WaitForInput
   Status st = Hello();
   if (!st.ok()) FailAll(st);
   if (st.ok()) StartTuner();
@@ -138,7 +135,7 @@ void Engine::Loop() {
       }
       Status wst;
       if (transport_) {
-        wst = transport_->WaitForInput(doorbell(), deadline, &peer_input);
+        wst = transport_->WaitForInput(doorbell(), deadline, &peer_input, &round_mu_);
       } else {
         SleepOnDoorbell(deadline);
       }
@@ -171,13 +168,7 @@ void Engine::Loop() {
       if (fresh.empty() && !peer_input) continue;
     }
     CollectBurst(fresh);
-    try {
-      st = Round(std::move(fresh));
-    } catch (const std::bad_alloc&) {
-      st = Internal("out of memory in the engine");
-    } catch (const std::exception& ex) {
-      st = Internal(std::string("unexpected exception in the engine: ") + ex.what());
-    }
+    st = GuardedRound(std::move(fresh));
     if (!st.ok()) {
       if (transport_) transport_->Break(st);
       FailAll(st);
@@ -185,6 +176,57 @@ void Engine::Loop() {
   }
   FailAll(Aborted("ringrun_shutdown was called with the collective pending"));
   if (timeline_) timeline_->Flush();
+}
+
+Status Engine::GuardedRound(std::vector<Slot*> fresh) {
+  try {
+    return Round(std::move(fresh));
+  } catch (const std::bad_alloc&) {
+    return Internal("out of memory in the engine");
+  } catch (const std::exception& ex) {
+    return Internal(std::string("unexpected exception in the engine: ") + ex.what());
+  }
+}
+
+void Engine::RunHere(HandleState* h) {
+  // Only while the engine thread sleeps in WaitForInput (the lock fails otherwise, and the
+  // engine thread takes the queue as it does any submission's), and only where it has CPUs
+  // of its own: confined to the caller's CPU, the engine thread's next round after blocking
+  // calls run here takes longer (docs/engine.md, "Limits").
+  if (!confined_ && transport_ && round_mu_.TryLock()) {
+    std::vector<Slot*> fresh;
+    {
+      MutexLock lock(&mu_);
+      // Asleep after its first exchange (sleeping_), h's lone host tensor and nothing else, no
+      // pending name whose response could be a device batch, no timeline change or abort: what the
+      // engine thread would do is exactly this round.
+      if (sleeping_.load() && !stop_ && failed_.ok() && abort_.ok() && !timeline_change_ &&
+          queue_.size() == 1 && queue_[0]->handle == h && !queue_[0]->req.device &&
+          controller_.OldestPendingUs() < 0) {
+        fresh.swap(spare_);
+        fresh.swap(queue_);
+      }
+    }
+    if (!fresh.empty()) {
+      // The peers' frames arrive for this thread now: they need not wake the engine thread.
+      transport_->QuietIdleWake();
+      Status st = GuardedRound(std::move(fresh));
+      if (!st.ok()) {
+        transport_->Break(st);
+        FailAll(st);
+      }
+      // The engine thread takes over what is left: the tensor when the peers have not
+      // submitted it yet (the stall inspector's deadline is the engine thread's), and a
+      // peer's next round.
+      const bool rest = !h->done() || controller_.OldestPendingUs() >= 0;
+      const bool input = st.ok() && transport_->RearmIdleWake();
+      round_mu_.Unlock();
+      if (rest || input || !st.ok()) RingDoorbell(doorbell());
+      return;
+    }
+    round_mu_.Unlock();
+  }
+  if (sleeping_.load() && sleeping_.exchange(false)) RingDoorbell(doorbell());
 }
 
 Status Engine::Hello() {

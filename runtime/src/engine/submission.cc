@@ -187,7 +187,7 @@ Engine::Slot* Engine::NewSlot(std::string_view name, bool named) {
 }
 
 Status Engine::SubmitGeneral(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
-                             HandleState** handle) {
+                             HandleState** handle, bool run_here) {
   if (n == 0) return InvalidArgument("nothing to submit");
   if (n > 1 && !group) return InvalidArgument("several entries in one submission must be a group");
   const int64_t now = timeline_ ? Now() : 0;  // submit_us: for the timeline only
@@ -298,8 +298,12 @@ Status Engine::SubmitGeneral(std::string_view name, const TensorArgs* tensors, s
   // A plain load first (no write while the engine is awake): if the engine checked the queue
   // before our push, its store of true happened before that check, which mu_ orders before
   // our push, so the load sees it.
-  if (sleeping_.load() && sleeping_.exchange(false)) RingDoorbell(doorbell());
   *handle = h;
+  if (run_here) {
+    RunHere(h);
+  } else if (sleeping_.load() && sleeping_.exchange(false)) {
+    RingDoorbell(doorbell());
+  }
   return Status::Ok();
 }
 
@@ -399,13 +403,13 @@ __attribute__((always_inline)) inline bool Engine::QueueKept(std::string_view na
 }
 
 Status Engine::Submit(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
-                      HandleState** handle) {
+                      HandleState** handle, bool run_here) {
   *handle = nullptr;
-  if (n == 1 && !group && tensors[0].kind == Kind::kAllreduce &&
+  if (n == 1 && !group && !run_here && tensors[0].kind == Kind::kAllreduce &&
       QueueKept(name, tensors[0], handle)) {
     return Status::Ok();
   }
-  return SubmitGeneral(name, tensors, n, group, handle);
+  return SubmitGeneral(name, tensors, n, group, handle, run_here);
 }
 
 }  // namespace ringrun::runtime::engine

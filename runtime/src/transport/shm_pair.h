@@ -105,6 +105,11 @@ class ShmPair final : public Pair {
     seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
     DrainWakeBytes(fd());
   }
+  // Takes back an armed idle wake-up (another thread of this side runs the pair now).
+  void QuietIdleWake() {
+    uint32_t w = kIdleWaiting;
+    seg_->header()->waiting[side_].v.compare_exchange_strong(w, 0, std::memory_order_seq_cst);
+  }
   bool HasInput() const {
     ShmHeader* h = seg_->header();
     for (bool small : {false, true}) {

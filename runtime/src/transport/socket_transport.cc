@@ -90,7 +90,19 @@ class SocketTransport final : public Transport {
     if (!st.ok()) Break(st);
     return st;
   }
-  Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) override;
+  Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input, Mutex* asleep) override;
+  void QuietIdleWake() override {
+    for (const std::unique_ptr<Pair>& p : pairs_) {
+      if (p && p->is_shm()) static_cast<ShmPair*>(p.get())->QuietIdleWake();
+    }
+  }
+  bool RearmIdleWake() override {
+    bool input = false;
+    for (const std::unique_ptr<Pair>& p : pairs_) {
+      if (p && p->is_shm()) input |= static_cast<ShmPair*>(p.get())->ArmIdleWake();
+    }
+    return input;
+  }
   Status status() const override { return broken_; }
   void Break(const Status& st) override {
     if (!broken_.ok()) return;
@@ -464,7 +476,8 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
   return Status::Ok();
 }
 
-Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer_input) {
+Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer_input,
+                                     Mutex* asleep) {
   *peer_input = false;
   if (!broken_.ok()) return broken_;
   std::vector<pollfd> fds{pollfd{doorbell, POLLIN, 0}};
@@ -485,8 +498,15 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   const size_t npairs = fds.size();
   acceptor_.AddPollFds(&fds);
   const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
+  if (asleep && ms != 0) asleep->Unlock();
   int rc = ::poll(fds.data(), fds.size(), ms);
   const int err = errno;
+  if (asleep && ms != 0) {
+    asleep->Lock();
+    // Another thread ran a round meanwhile, and it may have broken the transport (its pairs
+    // are gone then).
+    if (!broken_.ok()) return broken_;
+  }
   for (ShmPair* p : shm) {
     p->DisarmIdleWake();
     *peer_input |= p->HasInput();

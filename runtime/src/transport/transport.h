@@ -16,6 +16,7 @@
 #include "ringrun/common/clock.h"
 #include "ringrun/common/fd.h"
 #include "ringrun/common/status.h"
+#include "ringrun/common/thread_annotations.h"
 #include "runtime/src/reduce.h"
 
 namespace ringrun::runtime::transport {
@@ -104,7 +105,19 @@ class Transport {
   // (Deadline::max(): no deadline). Returns at once when such input is there already; never
   // reads it. *peer_input says whether a peer has input. Every pair must be connected already
   // (a Run with each peer happened). Costs nothing while it sleeps: no timer, no polling.
-  virtual Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input) = 0;
+  // `asleep`, when given, is a mutex the caller holds: it is unlocked while this sleeps and
+  // locked again before the transport is touched (as a condition variable's wait does), so that
+  // another thread that takes it meanwhile may Run this transport. That thread calls
+  // QuietIdleWake when it starts and RearmIdleWake before it lets go; a transport broken by its
+  // Run makes this return the failure.
+  virtual Status WaitForInput(int doorbell, Deadline deadline, bool* peer_input,
+                              Mutex* asleep = nullptr) = 0;
+  // For a thread that Runs this transport while another sleeps in WaitForInput (holding its
+  // `asleep` mutex): QuietIdleWake stops peers from waking the sleeper for the input that this
+  // thread is about to receive; RearmIdleWake lets them wake it again, and returns whether a
+  // peer has input already (which then wakes nobody: ring the sleeper's doorbell).
+  virtual void QuietIdleWake() {}
+  virtual bool RearmIdleWake() { return false; }
 
   // OK while the transport works; after a failure, that failure.
   virtual Status status() const = 0;

@@ -137,7 +137,7 @@ std::vector<std::vector<Applied>> TrainAndAgree(int np, std::vector<std::string>
 
 }  // namespace
 
-TEST_CASE("autotune: ranks switch settings at the same round; results stay right", "[engine]") {
+TEST_CASE("autotune: ranks switch settings at the same round, results stay right", "[engine]") {
   char dir[] = "/tmp/ringrun-autotune-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
   const std::string log = std::string(dir) + "/autotune.csv";

@@ -200,7 +200,7 @@ TEST_CASE("Horovod's variables set the same knobs, in Horovod's units, and ringr
   CHECK(e->knob_notes[0].find("HOROVOD_CYCLE_TIME=5") != std::string::npos);
 }
 
-TEST_CASE("HOROVOD_AUTOTUNE and its knobs; a knob given is not tuned", "[runtime]") {
+TEST_CASE("HOROVOD_AUTOTUNE and its knobs, a knob given is not tuned", "[runtime]") {
   Result<JobEnv> e = ReadJobEnv(Env({}));
   REQUIRE(e.ok());
   CHECK_FALSE(e->autotune.enabled);

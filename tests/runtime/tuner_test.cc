@@ -132,7 +132,7 @@ TEST_CASE("tuner: the optimizer finds better settings than every test point", "[
   CHECK(Bowl(run.final_params) < 10400);
 }
 
-TEST_CASE("tuner: hierarchical or flat, then the best; given knobs stay", "[autotune]") {
+TEST_CASE("tuner: hierarchical or flat, then the best, given knobs stay", "[autotune]") {
   AutotuneOptions o = Knobs(0, 2, 20, true);
   o.tune_fusion_threshold = false;
   o.tune_burst = false;

@@ -246,6 +246,9 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   set_options_ = o;
   set_options_.timeline_path.clear();
   set_options_.timeline_dynamic = false;
+  // A process set's engine runs with the settings given, untuned: its rank 0 would otherwise
+  // tune it too and write a second log into the same HOROVOD_AUTOTUNE_LOG file.
+  set_options_.autotune = engine::AutotuneOptions{};
   engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
 }
 

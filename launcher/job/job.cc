@@ -194,14 +194,16 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
   // The hosts of a job are taken to be alike: this machine's core count stands for each.
   const int host_cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   int threads_note = 0, threads_note_ranks = 0;
+  std::map<int, std::string> address;  // per host, found once: AddressOf may scan every host
+  for (const auto& [h, reg] : registered) address[h] = AddressOf(h, registered);
   for (const auto& p : placement_) {
     JobContext ctx;
     ctx.job_id = job_id_;
     ctx.job_service = registered.at(p.host_index).service_target;
     ctx.secret = secret_;
     ctx.hostname = options_.hosts[p.host_index].name;
-    ctx.host_addr = AddressOf(p.host_index, registered);
-    ctx.master_addr = AddressOf(host0, registered);
+    ctx.host_addr = address.at(p.host_index);
+    ctx.master_addr = address.at(host0);
     ctx.master_port = registered.at(host0).free_port;
     ctx.size = static_cast<int>(placement_.size());
     ctx.restart_count = attempt_.restart_count;
@@ -424,9 +426,10 @@ void Job::PollAgents() {
 int Job::Prepare() {
   JobPlan plan;
   plan.hosts = options_.hosts;
+  std::vector<bool> active(options_.hosts.size(), false);  // in the order of their first rank
   for (const auto& p : placement_) {
-    if (std::find(active_hosts_.begin(), active_hosts_.end(), p.host_index) ==
-        active_hosts_.end()) {
+    if (!active.at(p.host_index)) {
+      active[p.host_index] = true;
       active_hosts_.push_back(p.host_index);
     }
     plan.rank_hosts.push_back(p.host_index);

@@ -20,22 +20,6 @@ namespace {
 constexpr long kMaxSlotsPerHost = 65536;
 constexpr size_t kMaxHostfileBytes = 16u << 20;
 
-bool IsBlank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
-
-std::string Trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && IsBlank(s[b])) ++b;
-  while (e > b && IsBlank(s[e - 1])) --e;
-  return s.substr(b, e - b);
-}
-
-std::string Lower(std::string s) {
-  for (char& c : s) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return s;
-}
-
 // "4" -> 4. Anything but a plain decimal in [1, kMaxSlotsPerHost] is an error whose message
 // shows what was written.
 Result<int> ParseSlots(const std::string& text) {
@@ -79,8 +63,8 @@ Status CheckName(const std::string& what, const std::string& name) {
   return Status::Ok();
 }
 
-// Parses "[user@]host[:slots]", "[user@][v6addr]:slots" or "[user@]v6addr" (1 slot; brackets
-// are needed to give slots). `slots_given` says whether ":N" was present.
+}  // namespace
+
 Result<HostSpec> ParseHostToken(const std::string& token, bool* slots_given) {
   *slots_given = false;
   HostSpec spec;
@@ -134,6 +118,8 @@ Result<HostSpec> ParseHostToken(const std::string& token, bool* slots_given) {
   return spec;
 }
 
+namespace {
+
 // Splits on blanks, and glues "slots = 4" back into "slots=4".
 std::vector<std::string> SplitFields(const std::string& line) {
   std::vector<std::string> raw;
@@ -164,13 +150,13 @@ std::vector<std::string> SplitFields(const std::string& line) {
 Result<std::vector<HostSpec>> ParseHostList(const std::string& list) {
   std::vector<HostSpec> hosts;
   std::map<std::string, size_t> seen;  // lower-cased name -> 1-based element index
-  if (Trim(list).empty()) return InvalidArgument("-H: the host list is empty");
+  if (TrimBlanks(list).empty()) return InvalidArgument("-H: the host list is empty");
   size_t begin = 0;
   size_t index = 0;
   while (true) {
     size_t comma = list.find(',', begin);
-    std::string element =
-        Trim(list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    std::string element = TrimBlanks(
+        list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
     ++index;
     if (element.empty()) {
       return InvalidArgument("-H " + list + ": element " + std::to_string(index) +
@@ -179,7 +165,7 @@ Result<std::vector<HostSpec>> ParseHostList(const std::string& list) {
     bool slots_given = false;
     Result<HostSpec> spec = ParseHostToken(element, &slots_given);
     if (!spec.ok()) return spec.status().Annotate("-H " + element);
-    auto [it, inserted] = seen.emplace(Lower(spec->name), index);
+    auto [it, inserted] = seen.emplace(AsciiLower(spec->name), index);
     if (!inserted) {
       return InvalidArgument("-H " + list + ": host '" + spec->name +
                              "' is listed twice (elements " + std::to_string(it->second) + " and " +
@@ -224,7 +210,7 @@ Result<std::vector<HostSpec>> ParseHostfileText(const std::string& text,
         return InvalidArgument(where + ": unexpected '" + f + "' (expected slots=N)");
       }
       if (key != "slots") {
-        if (EditDistance(Lower(key), "slots") <= 2) {
+        if (EditDistance(AsciiLower(key), "slots") <= 2) {
           return InvalidArgument(where + ": unknown key '" + key + "' (did you mean slots=?)");
         }
         return InvalidArgument(where + ": unknown key '" + key + "' (only slots=N is understood)");
@@ -238,7 +224,7 @@ Result<std::vector<HostSpec>> ParseHostfileText(const std::string& text,
       slots_given = true;
     }
 
-    auto [it, inserted] = seen.emplace(Lower(spec->name), line_no);
+    auto [it, inserted] = seen.emplace(AsciiLower(spec->name), line_no);
     if (!inserted) {
       return InvalidArgument(where + ": host '" + spec->name + "' is already listed at " + origin +
                              ":" + std::to_string(it->second));
@@ -277,7 +263,7 @@ Result<std::vector<HostSpec>> ParseHostfile(const std::string& path) {
 }
 
 bool IsLocalHost(const std::string& name_in) {
-  std::string name = Lower(name_in);
+  std::string name = AsciiLower(name_in);
   if (name.size() > 2 && name.front() == '[' && name.back() == ']') {
     name = name.substr(1, name.size() - 2);
   }
@@ -297,7 +283,7 @@ bool IsLocalHost(const std::string& name_in) {
   }
   char buf[HOST_NAME_MAX + 1] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return false;
-  std::string self = Lower(buf);
+  std::string self = AsciiLower(buf);
   if (self.empty()) return false;
   if (name == self) return true;
   // "node1" names this machine when its hostname is "node1.example.com"; the reverse

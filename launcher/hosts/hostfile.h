@@ -22,6 +22,12 @@ struct HostSpec {
 // integer".
 Result<std::vector<HostSpec>> ParseHostList(const std::string& list);
 
+// Parses one element of a host list: "[user@]host[:slots]", "[user@][v6addr]:slots" or
+// "[user@]v6addr" (1 slot; brackets are needed to give slots). `slots_given` says whether ":N"
+// was present. Host and user names are letters, digits, '.', '-' and '_', not starting with '-';
+// slots are in [1, 65536]. Errors say what is wrong with the element, without naming it.
+Result<HostSpec> ParseHostToken(const std::string& token, bool* slots_given);
+
 // Parses a hostfile. Lines: "host slots=N", "host:N" or "host"; '#' comments, blank lines,
 // CRLF and tabs accepted. Errors name the file and line: "hosts.txt:3: slots=abc: ...".
 // A host listed twice (names compared case-insensitively, whatever the user@), an empty file

@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/launcher_unit/temp_dir.h"
+
 namespace ringrun::launcher::job {
 namespace {
 
@@ -42,23 +44,7 @@ class Capture {
   FILE* file_;
 };
 
-// A scratch directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ringrun-output-test.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

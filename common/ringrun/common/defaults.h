@@ -42,6 +42,11 @@ inline constexpr int kShmSpinUs = 1000;
 // benchmarks/README.md, "Engine choices").
 inline constexpr int kNegotiationSpinUs = 20;
 
+// Elastic jobs (launcher/elastic/).
+inline constexpr int kDiscoveryTimeoutMs = 10000;  // a host discovery script's run, then SIGKILL
+inline constexpr int kElasticTimeoutS = 600;       // --elastic-timeout: too few slots, then end
+inline constexpr int kDiscoveryOutputBytes = 1 << 20;  // a script's stdout beyond this: an error
+
 // The job service.
 // The largest request the job service accepts. Requests are small but for an agent's Output
 // event, which carries at most 1 MiB + 64 KiB of a rank's output (agent_loop.h: kMaxLineBytes,

@@ -139,6 +139,8 @@ class LibsshSession final : public SshSession {
     while (!data.empty()) {
       int n = ssh_channel_write(channel_, data.data(), static_cast<uint32_t>(data.size()));
       if (n == SSH_ERROR) {
+        // The callbacks ran inside the write: the remote side may have exited and closed.
+        if (remote_closed_ || exit_status_.has_value()) return Status::Ok();
         return Unavailable(display_ +
                            ": writing to the agent's stdin: " + ssh_get_error(session_.get()));
       }

@@ -75,7 +75,9 @@ class SshSession {
   // Starts `command` through the remote user's login shell, with stdin, stdout and stderr as
   // channel streams and no pty. At most one command per session.
   virtual Status Exec(const std::string& command) = 0;
-  // Writes to the command's stdin. Blocks until sent or the connect timeout passes.
+  // Writes to the command's stdin. Blocks until sent or the connect timeout passes. A command
+  // that has already ended and closed its channel (a missing agent exits 127 at once) is not an
+  // error here: the next Pump reports its exit status and stderr, which say why.
   virtual Status WriteStdin(std::string_view data) = 0;
   // Waits up to `timeout_ms` for the channel to make progress, or for `wake_fd` (-1: none) to
   // become readable (it is not drained), and appends what happened to *events.

@@ -1,6 +1,7 @@
 #include "runtime/src/runtime.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -120,7 +121,12 @@ EngineSettings Settings(const JobEnv& env) {
   s.autotune = env.autotune;
   s.stall = env.stall;
   s.timeline = env.timeline;
-  s.timeline_fd = env.timeline_fd;
+  // Only a pipe is the launcher's: a program started by a rank inherits the variable, not the
+  // fd (close-on-exec), and then writes files of its own.
+  struct stat st;
+  if (env.timeline_fd >= 0 && ::fstat(env.timeline_fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    s.timeline_fd = env.timeline_fd;
+  }
   s.timeline_dynamic = env.timeline_dynamic;
   s.timeline_mark_cycles = env.timeline_mark_cycles;
   return s;

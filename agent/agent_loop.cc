@@ -68,13 +68,18 @@ void AgentLoop::Start(const v1::RegisterReply& reply,
   next_heartbeat_ = clock_.Now();
   const std::map<int, std::vector<int>> cpus = ChooseCpus(hostname_, reply, allowed_cpus);
   const std::string cpus_prefix = std::string(kCpusVariable) + "=";
+  const std::string timeline_prefix = std::string(kTimelineFdVariable) + "=";
   for (const auto& spec : reply.ranks()) {
     SpawnRequest req;
     for (const auto& a : spec.argv()) req.argv.push_back(a);
     for (const auto& e : spec.env()) {
-      if (e.rfind(cpus_prefix, 0) != 0) req.env.push_back(e);
+      if (e.rfind(cpus_prefix, 0) != 0 && e.rfind(timeline_prefix, 0) != 0) req.env.push_back(e);
     }
     req.cwd = spec.cwd();
+    if (reply.timeline()) {
+      req.timeline = true;
+      req.env.push_back(timeline_prefix + "3");
+    }
     if (auto it = cpus.find(spec.local_rank()); it != cpus.end()) {
       req.cpus = it->second;
       req.env.push_back(cpus_prefix + CpuListText(req.cpus));
@@ -93,6 +98,7 @@ void AgentLoop::Start(const v1::RegisterReply& reply,
       r.pid = p->pid;
       r.fds[0] = std::move(p->out);
       r.fds[1] = std::move(p->err);
+      r.fds[2] = std::move(p->timeline);
       ev.mutable_started()->set_rank(r.rank);
       ev.mutable_started()->set_pid(r.pid);
       if (!req.cpus.empty()) ev.mutable_started()->set_cpus(CpuListText(req.cpus));
@@ -105,7 +111,9 @@ void AgentLoop::SendOutput(Rank& r, int stream, std::string data, bool final) {
   v1::AgentEvent ev;
   auto* o = ev.mutable_output();
   o->set_rank(r.rank);
-  o->set_stream(stream == 0 ? v1::AgentEvent::STDOUT : v1::AgentEvent::STDERR);
+  static constexpr v1::AgentEvent::Stream kStreams[] = {
+      v1::AgentEvent::STDOUT, v1::AgentEvent::STDERR, v1::AgentEvent::TIMELINE};
+  o->set_stream(kStreams[stream]);
   o->set_data(std::move(data));
   o->set_final(final);
   link_.Send(std::move(ev));
@@ -159,7 +167,7 @@ void AgentLoop::Reap() {
 }
 
 bool AgentLoop::ReadyToReport(const Rank& r, bool force, Clock::TimePoint now) const {
-  bool drained = !r.fds[0].valid() && !r.fds[1].valid();
+  bool drained = !r.fds[0].valid() && !r.fds[1].valid() && !r.fds[2].valid();
   return drained || force || now - r.reaped_at >= milliseconds(kExitReportDelayMs);
 }
 
@@ -181,7 +189,7 @@ void AgentLoop::ReportExits(bool force) {
   for (Rank* rp : order) {
     Rank& r = *rp;
     if (!ReadyToReport(r, force, now)) break;
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < 3; ++w) {
       // Whatever is still buffered (a descendant may hold the pipe open): send it now.
       while (r.fds[w].valid()) {
         size_t before = r.pending[w].size();
@@ -291,7 +299,7 @@ std::vector<AgentLoop::Watch> AgentLoop::watches() {
   std::vector<Watch> out;
   if (link_.queued_bytes() >= kMaxQueuedBytes) return out;
   for (auto& [rank, r] : ranks_) {
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < 3; ++w) {
       if (r.fds[w].valid()) out.push_back({r.fds[w].get(), rank, w});
     }
   }

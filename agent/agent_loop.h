@@ -5,6 +5,8 @@
 //
 // The rules:
 //   - every rank is reported once: Started (or SpawnFailed), its output as whole lines, Exited;
+//     with RegisterReply::timeline, each rank gets a pipe at fd 3 (RINGRUN_TIMELINE_FD=3) whose
+//     lines go up as Output on the TIMELINE stream, as its stdout's do;
 //     Exited waits up to kExitReportDelayMs for the rank's pipes to drain, then sweeps its group;
 //   - Terminate{grace} from the launcher: SIGTERM to every rank's group, SIGKILL after grace
 //     (at once when grace is 0); Signal{signo}: forwarded to every rank's group;
@@ -34,6 +36,9 @@ inline constexpr size_t kMaxLineBytes = 1 << 20;    // longer lines are sent in 
 inline constexpr size_t kMaxQueuedBytes = 8 << 20;  // stop reading ranks' pipes beyond this
 inline constexpr int kExitReportDelayMs = 500;      // a dead rank's pipes get this to drain
 inline constexpr int kMaxPollIntervalMs = 100;      // Step runs at least this often
+// The rank's timeline pipe, when the launcher collects the timeline (runtime/src/knobs.cc reads
+// it). An inherited one is dropped.
+inline constexpr char kTimelineFdVariable[] = "RINGRUN_TIMELINE_FD";
 
 class AgentLoop {
  public:
@@ -68,7 +73,7 @@ class AgentLoop {
   struct Watch {
     int fd;
     int rank;
-    int stream;  // 0 stdout, 1 stderr
+    int stream;  // 0 stdout, 1 stderr, 2 the timeline (RegisterReply::timeline)
   };
   // The ranks' open pipes to wait on; none while the link's queue is over kMaxQueuedBytes.
   std::vector<Watch> watches();
@@ -84,8 +89,8 @@ class AgentLoop {
   struct Rank {
     int rank = 0;
     pid_t pid = -1;
-    UniqueFd fds[2];  // stdout, stderr; reset at EOF
-    std::string pending[2];
+    UniqueFd fds[3];  // stdout, stderr, the timeline (invalid without one); reset at EOF
+    std::string pending[3];
     bool reaped = false;
     int wait_status = 0;
     Clock::TimePoint reaped_at;

@@ -50,6 +50,7 @@ class ForkExecSpawner final : public Spawner {
     options.in = ChildStream::DevNull();
     options.out = ChildStream::NewPipe();
     options.err = ChildStream::NewPipe();
+    if (req.timeline) options.fd3 = ChildStream::NewPipe();
     options.new_process_group = true;
     options.death_signal = SIGKILL;
     options.reset_signals = true;
@@ -59,6 +60,7 @@ class ForkExecSpawner final : public Spawner {
     if (!child.ok()) return child.status();
     Status nonblocking = SetNonBlocking(child->out.get(), true);
     if (nonblocking.ok()) nonblocking = SetNonBlocking(child->err.get(), true);
+    if (nonblocking.ok() && req.timeline) nonblocking = SetNonBlocking(child->fd3.get(), true);
     if (!nonblocking.ok()) {  // the agent's output loop would block on this rank's pipes
       ::killpg(child->pid, SIGKILL);
       ::waitpid(child->pid, nullptr, 0);
@@ -68,6 +70,7 @@ class ForkExecSpawner final : public Spawner {
     p.pid = child->pid;
     p.out = std::move(child->out);
     p.err = std::move(child->err);
+    p.timeline = std::move(child->fd3);
     return p;
   }
 

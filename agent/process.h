@@ -19,12 +19,14 @@ struct SpawnRequest {
   std::vector<std::string> env;   // "NAME=VALUE"
   std::string cwd;
   std::vector<int> cpus;  // CPUs to confine the process to (sched_setaffinity); empty: inherit
+  bool timeline = false;  // a pipe at the child's fd 3 for its timeline (RINGRUN_TIMELINE_FD)
 };
 
 struct SpawnedProcess {
   pid_t pid = -1;  // also the process group id: each rank leads its own group
   UniqueFd out;    // read ends of the rank's stdout and stderr (O_CLOEXEC, non-blocking)
   UniqueFd err;
+  UniqueFd timeline;  // the read end of its fd 3 with SpawnRequest::timeline; else invalid
 };
 
 class Spawner {

@@ -161,6 +161,7 @@ bool Job::OnRegisterAsync(const v1::RegisterRequest& req, const std::string& pee
       reply.set_grace_ms(options_.grace_ms);
       reply.set_heartbeat_interval_ms(kHeartbeatIntervalMs);
       reply.set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+      reply.set_timeline(timeline_ != nullptr);
       reply.set_cpu_binding(options_.bind_to == Options::BindTo::kCore
                                 ? v1::RegisterReply::CPU_BINDING_CORE
                                 : v1::RegisterReply::CPU_BINDING_NONE);
@@ -355,7 +356,11 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
     }
     case v1::AgentEvent::kOutput: {
       const auto& o = ev.output();
-      output_->Write(o.rank(), o.stream() == v1::AgentEvent::STDERR, o.data());
+      if (o.stream() == v1::AgentEvent::TIMELINE) {
+        if (timeline_) timeline_->Append(o.data());
+      } else {
+        output_->Write(o.rank(), o.stream() == v1::AgentEvent::STDERR, o.data());
+      }
       break;
     }
     case v1::AgentEvent::kExited: {
@@ -457,6 +462,20 @@ int Job::Prepare() {
   if (Status st = output_->Open(static_cast<int>(placement_.size())); !st.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", st.message().c_str());
     return 1;
+  }
+
+  // The ranks' timeline, which this launcher writes (timeline_file.h). Each attempt of a
+  // restarted job starts the file again, as the ranks' own files would be.
+  std::vector<std::string> launcher_env;
+  for (char** e = environ; *e; ++e) launcher_env.emplace_back(*e);
+  if (std::string named = TimelineFile::Named(launcher_env, options_.exports, cwd_);
+      !named.empty()) {
+    Result<std::unique_ptr<TimelineFile>> t = TimelineFile::Open(named);
+    if (t.ok()) {
+      timeline_ = std::move(t.value());
+    } else {  // the ranks try their own files, as without this launcher
+      std::fprintf(stderr, "ringrun: %s\n", t.status().message().c_str());
+    }
   }
 
   plan.grace_ms = options_.grace_ms;

@@ -20,6 +20,7 @@
 #include "launcher/job/job_state_machine.h"
 #include "launcher/job/output.h"
 #include "launcher/job/restart_policy.h"
+#include "launcher/job/timeline_file.h"
 #include "launcher/options.h"
 #include "launcher/service/agent_registry.h"
 #include "launcher/service/job_service.h"
@@ -150,6 +151,7 @@ class Job final : public service::JobEvents {
   std::unique_ptr<service::Rendezvous> rendezvous_;
   std::unique_ptr<service::JobService> service_;
   std::unique_ptr<OutputRouter> output_;
+  std::unique_ptr<TimelineFile> timeline_;  // null without a timeline file
 
   // The events for the main thread, from every thread.
   Mutex queue_mu_;

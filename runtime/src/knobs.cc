@@ -219,6 +219,12 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
       e->timeline = t;
     }
   }
+  // The agent's pipe for the timeline (agent/agent_loop.h): an fd number, else ignored.
+  if (const char* v = Set(getenv, "RINGRUN_TIMELINE_FD")) {
+    char* end = nullptr;
+    const long fd = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && fd > 2 && fd < 1 << 20) e->timeline_fd = static_cast<int>(fd);
+  }
   if (const char* v = Set(getenv, "HOROVOD_TIMELINE_MARK_CYCLES")) {
     Result<bool> on = ParseFlag("HOROVOD_TIMELINE_MARK_CYCLES", v);
     if (!on.ok()) return on.status();

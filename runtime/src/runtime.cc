@@ -1,6 +1,7 @@
 #include "runtime/src/runtime.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -120,13 +121,19 @@ EngineSettings Settings(const JobEnv& env) {
   s.autotune = env.autotune;
   s.stall = env.stall;
   s.timeline = env.timeline;
+  // Only a pipe is the launcher's: a program started by a rank inherits the variable, not the
+  // fd (close-on-exec), and then writes files of its own.
+  struct stat st;
+  if (env.timeline_fd >= 0 && ::fstat(env.timeline_fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    s.timeline_fd = env.timeline_fd;
+  }
   s.timeline_dynamic = env.timeline_dynamic;
   s.timeline_mark_cycles = env.timeline_mark_cycles;
   return s;
 }
 
-// Rank 0 writes the file named, as Horovod's coordinator does; rank r > 0 writes
-// "t.<r>.json" beside "t.json" (docs/engine.md, "Timeline").
+// Without the launcher's pipe, rank 0 writes the file named, as Horovod's coordinator does;
+// rank r > 0 writes "t.<r>.json" beside "t.json" (docs/engine.md, "Timeline").
 std::string TimelinePath(const std::string& path, int rank, int size) {
   if (path.empty() || size == 1 || rank == 0) return path;
   const size_t slash = path.rfind('/');
@@ -233,7 +240,13 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.burst_quiet_ns = settings.burst_quiet_ns;
   o.autotune = settings.autotune;
   o.stall = settings.stall;
-  o.timeline_path = TimelinePath(settings.timeline, shape_.rank, shape_.size);
+  // The launcher's pipe takes every rank's events under the name it writes; without one each
+  // rank writes its own file.
+  o.timeline_fd = settings.timeline.empty() ? -1 : settings.timeline_fd;
+  o.timeline_path = o.timeline_fd >= 0 ? settings.timeline
+                                       : TimelinePath(settings.timeline, shape_.rank, shape_.size);
+  timeline_ = settings.timeline;
+  timeline_fd_ = o.timeline_fd;
   o.timeline_dynamic = settings.timeline_dynamic;
   o.timeline_mark_cycles = settings.timeline_mark_cycles;
   o.log = std::move(settings.log);
@@ -245,6 +258,7 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   o.on_failure = [this](const Status& st) { AbortAll(st); };
   set_options_ = o;
   set_options_.timeline_path.clear();
+  set_options_.timeline_fd = -1;
   set_options_.timeline_dynamic = false;
   // A process set's engine runs with the settings given, untuned: its rank 0 would otherwise
   // tune it too and write a second log into the same HOROVOD_AUTOTUNE_LOG file.
@@ -521,7 +535,10 @@ int Runtime::SetSize(int id) {
 }
 
 Status Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
-  return engine_->StartTimeline(TimelinePath(path, shape_.rank, shape_.size), mark_cycles);
+  // The launcher's file is every rank's (the engine goes back to the launcher's pipe).
+  const bool launchers = timeline_fd_ >= 0 && path == timeline_;
+  return engine_->StartTimeline(launchers ? path : TimelinePath(path, shape_.rank, shape_.size),
+                                mark_cycles);
 }
 
 Status Runtime::SubmitAndWait(std::string_view name, const engine::TensorArgs& tensor,

@@ -61,6 +61,7 @@ struct JobEnv {
   int64_t burst_quiet_ns = engine::kDefaultBurstQuietNs;
   engine::StallOptions stall;
   std::string timeline;               // RINGRUN_TIMELINE or HOROVOD_TIMELINE, but DYNAMIC
+  int timeline_fd = -1;               // RINGRUN_TIMELINE_FD: the launcher's pipe, with timeline
   bool timeline_dynamic = false;      // HOROVOD_TIMELINE=DYNAMIC
   bool timeline_mark_cycles = false;  // HOROVOD_TIMELINE_MARK_CYCLES
   // Logging (RINGRUN_LOG_LEVEL or HOROVOD_LOG_LEVEL, as spdlog names it; "" leaves it).
@@ -96,6 +97,7 @@ struct EngineSettings {
   engine::AutotuneOptions autotune;
   engine::StallOptions stall;
   std::string timeline;               // path; "" for none
+  int timeline_fd = -1;               // engine::EngineOptions::timeline_fd
   bool timeline_dynamic = false;      // engine::EngineOptions::timeline_dynamic
   bool timeline_mark_cycles = false;  // engine::EngineOptions::timeline_mark_cycles
   std::function<void(const std::string&)> log;
@@ -150,7 +152,8 @@ class Runtime {
   Status Barrier();
 
   // The timeline from the program (engine::Engine::StartTimeline): rank 0 writes `path`, rank
-  // r > 0 its own file beside it, as with RINGRUN_TIMELINE.
+  // r > 0 its own file beside it, as with RINGRUN_TIMELINE without the launcher; the file the
+  // launcher writes (RINGRUN_TIMELINE_FD) is every rank's, through its pipe.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   Status StopTimeline() { return engine_->StopTimeline(); }
 
@@ -209,6 +212,9 @@ class Runtime {
   transport::PeerTable peers_;
   std::optional<transport::TransportOptions> set_transport_;
   engine::EngineOptions set_options_;
+  // The timeline named at init and the launcher's pipe for it (-1: none); constant.
+  std::string timeline_;
+  int timeline_fd_ = -1;
 
   Mutex admin_mu_;  // held through AddProcessSet and RemoveProcessSet; taken before sets_mu_
   uint64_t registrations_ GUARDED_BY(admin_mu_) = 0;  // names the records' allgathers

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <deque>
 #include <string>
@@ -41,6 +42,13 @@ class FakeSpawner final : public Spawner {
       p.err = std::move(err->read);
       writers.push_back(std::move(out->write));
       writers.push_back(std::move(err->write));
+      if (req.timeline) {
+        auto tl = MakePipe();
+        REQUIRE(tl.ok());
+        REQUIRE(SetNonBlocking(tl->read.get(), true).ok());
+        p.timeline = std::move(tl->read);
+        timeline_writers.push_back(std::move(tl->write));
+      }
     }
     return p;
   }
@@ -67,7 +75,8 @@ class FakeSpawner final : public Spawner {
   std::vector<SpawnRequest> requests;
   std::vector<std::pair<pid_t, int>> signals;
   std::deque<Reaped> exits;
-  std::vector<UniqueFd> writers;  // rank r's stdout at 2r, stderr at 2r+1
+  std::vector<UniqueFd> writers;           // rank r's stdout at 2r, stderr at 2r+1
+  std::vector<UniqueFd> timeline_writers;  // rank r's timeline pipe at r (with a timeline)
 };
 
 class FakeLink final : public LauncherLink {
@@ -387,6 +396,41 @@ TEST_CASE("agent: output goes up as whole lines, the exit after it", "[agent_loo
   CHECK(out[1].output().final());
   REQUIRE(f.link.Sent(v1::AgentEvent::kExited).size() == 1);
   CHECK(f.link.sent.back().has_exited());
+}
+
+TEST_CASE("agent: with a timeline each rank gets a pipe at fd 3 whose lines go up as TIMELINE",
+          "[agent_loop]") {
+  ManualClock clock;
+  FakeSpawner spawner;
+  spawner.with_pipes = true;
+  FakeLink link{clock};
+  AgentLoop loop{"node1", spawner, link, clock};
+  v1::RegisterReply reply = Reply(1, 1000);
+  reply.mutable_ranks(0)->add_env("RINGRUN_TIMELINE_FD=7");  // inherited: dropped
+  reply.set_timeline(true);
+  loop.Start(reply);
+  REQUIRE(spawner.requests.size() == 1);
+  CHECK(spawner.requests[0].timeline);
+  const auto& env = spawner.requests[0].env;
+  CHECK(std::count(env.begin(), env.end(), "RINGRUN_TIMELINE_FD=3") == 1);
+  CHECK(std::count(env.begin(), env.end(), "RINGRUN_TIMELINE_FD=7") == 0);
+  auto watches = loop.watches();
+  REQUIRE(watches.size() == 3);
+  CHECK(watches[2].stream == 2);
+  REQUIRE(WriteAll(spawner.timeline_writers[0].get(), "{\"ph\": \"X\"},\n{", 14).ok());
+  loop.OnPipeReadable(0, 2);
+  auto out = link.Sent(v1::AgentEvent::kOutput);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].output().stream() == v1::AgentEvent::TIMELINE);
+  CHECK(out[0].output().data() == "{\"ph\": \"X\"},\n");
+}
+
+TEST_CASE("agent: without a timeline no rank gets a pipe or RINGRUN_TIMELINE_FD", "[agent_loop]") {
+  Fixture f(1, 1000, /*pipes=*/true);
+  REQUIRE(f.spawner.requests.size() == 1);
+  CHECK_FALSE(f.spawner.requests[0].timeline);
+  for (const auto& e : f.spawner.requests[0].env) CHECK(e.rfind("RINGRUN_TIMELINE_FD=", 0) != 0);
+  CHECK(f.loop.watches().size() == 2);
 }
 
 TEST_CASE("agent: a full outbox stops reading the ranks' pipes", "[agent_loop]") {

@@ -220,6 +220,26 @@ TEST_CASE("spawn: with close_other_fds, an fd opened without O_CLOEXEC does not 
   Wait(closed->pid);
 }
 
+TEST_CASE("spawn: fd3 is a pipe the child writes at fd 3, with close_other_fds", "[spawn]") {
+  SpawnOptions o = Shell("echo event >&3 && echo out");
+  o.close_other_fds = true;
+  o.fd3 = ChildStream::NewPipe();
+  Result<ChildProcess> c = SpawnProcess(o);
+  REQUIRE(c.ok());
+  REQUIRE(c->fd3.valid());
+  CHECK(ReadAll(c->out.get()) == "out\n");
+  CHECK(ReadAll(c->fd3.get()) == "event\n");
+  Wait(c->pid);
+  // Without it the child has no fd 3.
+  o = Shell("echo event >&3 || echo none");
+  o.close_other_fds = true;
+  c = SpawnProcess(o);
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->fd3.valid());
+  CHECK(ReadAll(c->out.get()) == "none\n");
+  Wait(c->pid);
+}
+
 TEST_CASE("spawn: a CPU that cannot be set fails the spawn, naming the CPUs", "[spawn]") {
   SpawnOptions o = Shell("true");
   o.cpus = {-1};

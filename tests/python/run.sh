@@ -19,6 +19,10 @@
 #                    4 ranks to ringrun, with a warning that torchrun's LOCAL_RANK differs
 #   mpirun           mpirun -np 4 (Open MPI, joined through PMIx): ringrun.torch checks the
 #                    shape against OMPI_COMM_WORLD_*, allreduces, and logs that it used PMIx
+#   timeline_file    ringrun -np 2 --timeline-filename t.json: the launcher writes t.json, JSON
+#                    holding both ranks' events (their execution spans too) under pids 0 and 1;
+#                    no rank writes t.<r>.json; stop_timeline, then start_timeline(t.json),
+#                    goes back into it
 #   refuse_size1     torchrun's variables of a job of 2 without a reachable store: init() fails
 #                    naming torchrun and the variables, within the join timeout
 set -uo pipefail
@@ -48,6 +52,34 @@ interrupt)
   awk -v s="$secs" 'BEGIN { exit !(s < 2.0) }' || fail "KeyboardInterrupt came after $secs s"
   grep -q 'went on: \[6.0, 6.0, 6.0, 6.0\]' <<<"$out" || fail "rank 0 did not go on: $out"
   echo "interrupted after $secs s, then went on" ;;
+timeline_file)
+  timeout 120 "$BIN/ringrun" -np 2 --timeline-filename "$WORK/t.json" $PY -c '
+import os, torch, ringrun.torch as hvd
+hvd.init()
+for i in range(3):
+    hvd.allreduce(torch.ones(4), name=f"tl.step{i}")
+hvd.broadcast(torch.ones(2), 0, name="tl.bcast")
+# Stopped, then started again by the name the launcher writes: back into the launcher'"'"'s file.
+hvd.stop_timeline()
+hvd.allreduce(torch.ones(4), name="tl.off")
+hvd.start_timeline(os.environ["HOROVOD_TIMELINE"])
+hvd.allreduce(torch.ones(4), name="tl.again")
+' >"$WORK/out" 2>&1 || fail "$(cat "$WORK/out")"
+  [[ ! -e $WORK/t.1.json && ! -e $WORK/t.0.json ]] || fail "a rank wrote a file of its own: $(ls "$WORK")"
+  $PY - "$WORK/t.json" <<'PY' || fail "t.json: $(head -c 800 "$WORK/t.json")"
+import json, sys
+text = open(sys.argv[1]).read()
+events = json.loads(text if text.rstrip().endswith("]") else text.rstrip().rstrip(",") + "]")
+for rank in (0, 1):
+    mine = [e for e in events if e.get("pid") == rank]
+    names = {e["name"] for e in mine}
+    assert {"process_name", "NEGOTIATE", "ALLREDUCE", "BROADCAST"} <= names, (rank, names)
+    tensors = {e["args"]["tensor"] for e in mine if e["name"] == "ALLREDUCE"}
+    assert {"tl.step0", "tl.step1", "tl.step2", "tl.again"} <= tensors, (rank, tensors)
+    assert "tl.off" not in tensors, tensors
+print(len(events), "events from ranks", sorted({e["pid"] for e in events}))
+PY
+  ;;
 late_peer)
   # RINGRUN_TIMEOUT_MS below the peer's lateness: waits with the engine are not bounded by it.
   out=$(RINGRUN_TIMEOUT_MS=500 timeout 60 "$BIN/ringrun" -np 2 $PY "$here/late_peer.py" 2>&1) || fail "$out"

@@ -1,6 +1,7 @@
 // The engine: named asynchronous collectives negotiated across ranks, ranks as threads over
 // real loopback sockets and shared memory.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -21,10 +22,13 @@
 #include <sstream>
 #include <thread>
 
+#include "ringrun/common/clock.h"
+#include "ringrun/common/fd.h"
 #include "ringrun/names.h"
 #include "runtime/src/engine/controller.h"
 #include "runtime/src/engine/name_table.h"
 #include "runtime/src/engine/stall_inspector.h"
+#include "runtime/src/engine/timeline.h"
 #include "runtime/src/gpu/device_backend.h"
 #include "tests/runtime/engine_helpers.h"
 #include "thread_job.h"
@@ -1014,6 +1018,55 @@ TEST_CASE("engine: the timeline is a Chrome trace with every phase", "[engine][t
     std::remove(path.c_str());
   }
   ::rmdir(dir);
+}
+
+TEST_CASE("engine: the timeline into the launcher's pipe is one event a line and never blocks",
+          "[engine][timeline]") {
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+  UniqueFd read_end(fds[0]), write_end(fds[1]);
+  ::fcntl(write_end.get(), F_SETPIPE_SZ, 4096);  // full soon
+  auto t = engine::Timeline::OpenPipe(write_end.get(), "t.json", 1, &SteadyClock());
+  REQUIRE(t.ok());
+  engine::Timeline& tl = *t.value();
+  CHECK(tl.path() == "t.json");
+  // Nobody reads: more than the pipe and the bounded buffer hold, without blocking.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string name(200, 'x');
+  size_t spans = 0;
+  for (size_t bytes = 0; bytes < 2 * engine::kMaxTimelinePendingBytes; bytes += name.size()) {
+    tl.Span(name + std::to_string(spans % 10), "ALLREDUCE", 0, 1, "\"bytes\": 4");
+    if (++spans % 1000 == 0) tl.Flush();
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  const uint64_t dropped = tl.dropped();
+  CHECK(dropped > 0);
+  CHECK(dropped < spans);
+  // The reader catches up while Close drains what waits: whole lines, each one event of rank 1.
+  std::string text;
+  std::thread reader([&] {
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(read_end.get(), buf, sizeof(buf))) > 0) text.append(buf, n);
+  });
+  tl.Close();
+  write_end.Reset();  // the last writer: the reader sees the end
+  reader.join();
+  CHECK(tl.dropped() == dropped);  // Close drained the rest
+  REQUIRE(!text.empty());
+  CHECK(text.back() == '\n');
+  CHECK(text.find('[') != 0);  // the launcher's file has the brackets
+  size_t lines = 0, rank1 = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = text.find('\n', at);
+    const std::string line = text.substr(at, nl - at);
+    ++lines;
+    if (line.rfind("{", 0) == 0 && line.size() > 2 && line.substr(line.size() - 2) == "},") ++rank1;
+    CHECK(line.find("\"pid\": 1") != std::string::npos);
+    at = nl + 1;
+  }
+  CHECK(lines == rank1);
+  CHECK(lines + dropped == spans + 3 + 10);  // 3 metadata events, 10 rows named
 }
 
 TEST_CASE("engine: a dynamic timeline starts and stops while collectives are in flight",

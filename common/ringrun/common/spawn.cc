@@ -50,7 +50,7 @@ struct ChildPlan {
   char* const* argv;
   char* const* envp;
   const char* cwd;  // nullptr: stay
-  int stdio[3];     // the fd to dup2 onto 0, 1, 2 (all above 2); -1: leave that one alone
+  int stdio[4];     // the fd to dup2 onto 0, 1, 2, 3 (all above 3); -1: leave that one alone
   bool new_process_group;
   int death_signal;
   pid_t parent;
@@ -86,7 +86,7 @@ struct ChildPlan {
   } else {
     ::sigprocmask(SIG_SETMASK, plan.caller_mask, nullptr);
   }
-  // Every source is above 2 (the parent made it so), so no dup2 overwrites a later one.
+  // Every source is above 3 (the parent made it so), so no dup2 overwrites a later one.
   for (int target = 0; target < 3; ++target) {
     if (plan.stdio[target] >= 0 && ::dup2(plan.stdio[target], target) < 0) {
       Fail(plan.status_fd, kStdio);
@@ -94,6 +94,8 @@ struct ChildPlan {
   }
   // Ours are O_CLOEXEC already; this catches fds other code opened without it.
   if (plan.close_other_fds) ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  // After the sweep: dup2's copy is not close-on-exec.
+  if (plan.stdio[3] >= 0 && ::dup2(plan.stdio[3], 3) < 0) Fail(plan.status_fd, kStdio);
   if (plan.cwd != nullptr && ::chdir(plan.cwd) != 0) Fail(plan.status_fd, kWorkingDirectory);
   if (plan.cpus->set() != nullptr &&
       ::sched_setaffinity(0, plan.cpus->size(), plan.cpus->set()) != 0) {
@@ -103,17 +105,17 @@ struct ChildPlan {
   Fail(plan.status_fd, kExec);
 }
 
-// A CLOEXEC copy of `fd` above 2, so that the child's dup2 onto 0..2 cannot clobber it.
-Result<UniqueFd> DupAbove2(int fd) {
-  UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
+// A CLOEXEC copy of `fd` above 3, so that the child's dup2 onto 0..3 cannot clobber it.
+Result<UniqueFd> DupAbove3(int fd) {
+  UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 4));
   if (!copy.valid()) return ErrnoStatus("redirecting stdio: fcntl(F_DUPFD_CLOEXEC)", errno);
   return copy;
 }
 
-// Moves a valid `fd` among 0..2 above 2 (the parent may run with a standard stream closed).
-Status KeepAbove2(UniqueFd* fd) {
-  if (!fd->valid() || fd->get() > 2) return Status::Ok();
-  Result<UniqueFd> copy = DupAbove2(fd->get());
+// Moves a valid `fd` among 0..3 above 3 (the parent may run with a standard stream closed).
+Status KeepAbove3(UniqueFd* fd) {
+  if (!fd->valid() || fd->get() > 3) return Status::Ok();
+  Result<UniqueFd> copy = DupAbove3(fd->get());
   if (!copy.ok()) return copy.status();
   *fd = std::move(*copy);
   return Status::Ok();
@@ -145,12 +147,12 @@ Result<ChildProcess> SpawnProcess(const SpawnOptions& options) {
     envp.push_back(nullptr);
   }
 
-  // The child's ends of its streams (closed here once it has them), each above 2.
+  // The child's ends of its streams (closed here once it has them), each above 3.
   ChildProcess child;
-  const ChildStream* streams[3] = {&options.in, &options.out, &options.err};
-  UniqueFd* parent_end[3] = {&child.in, &child.out, &child.err};
-  UniqueFd child_end[3];
-  for (int target = 0; target < 3; ++target) {
+  const ChildStream* streams[4] = {&options.in, &options.out, &options.err, &options.fd3};
+  UniqueFd* parent_end[4] = {&child.in, &child.out, &child.err, &child.fd3};
+  UniqueFd child_end[4];
+  for (int target = 0; target < 4; ++target) {
     const ChildStream& s = *streams[target];
     const bool reads = target == 0;
     switch (s.kind) {
@@ -168,25 +170,25 @@ Result<ChildProcess> SpawnProcess(const SpawnOptions& options) {
         break;
       }
       case ChildStream::Kind::kFd: {
-        Result<UniqueFd> copy = DupAbove2(s.fd);
+        Result<UniqueFd> copy = DupAbove3(s.fd);
         if (!copy.ok()) return copy.status();
         child_end[target] = std::move(*copy);
         break;
       }
     }
-    RINGRUN_RETURN_IF_ERROR(KeepAbove2(&child_end[target]));
+    RINGRUN_RETURN_IF_ERROR(KeepAbove3(&child_end[target]));
   }
 
   Result<Pipe> status = MakePipe();
   if (!status.ok()) return status.status().Annotate("exec-status pipe");
-  RINGRUN_RETURN_IF_ERROR(KeepAbove2(&status->write));
+  RINGRUN_RETURN_IF_ERROR(KeepAbove3(&status->write));
 
   ChildPlan plan{};
   plan.path = options.path.c_str();
   plan.argv = argv.data();
   plan.envp = options.env ? envp.data() : environ;
   plan.cwd = options.cwd.empty() ? nullptr : options.cwd.c_str();
-  for (int target = 0; target < 3; ++target) plan.stdio[target] = child_end[target].get();
+  for (int target = 0; target < 4; ++target) plan.stdio[target] = child_end[target].get();
   plan.new_process_group = options.new_process_group;
   plan.death_signal = options.death_signal;
   plan.parent = ::getpid();

@@ -11,8 +11,8 @@
 // the caller may have other threads). Everything it needs (argv, envp, the CPU mask, /dev/null)
 // is prepared before fork. The child's steps, in order: a new process group, the death signal
 // (and exit if the parent is already gone), default signal dispositions and an empty signal
-// mask, the standard streams, fds above 2 marked close-on-exec, the working directory, the CPU
-// affinity, execve.
+// mask, the standard streams, fds above 2 marked close-on-exec, fd 3 (SpawnOptions::fd3), the
+// working directory, the CPU affinity, execve.
 #pragma once
 
 #include <sys/types.h>
@@ -50,6 +50,9 @@ struct SpawnOptions {
   std::optional<std::vector<std::string>> env;
   std::string cwd;  // empty: ours
   ChildStream in, out, err;
+  // An output stream the child finds open at fd 3 (kInherit: none; the others as for out). The
+  // child learns of it only from whatever the caller says in `env` (RINGRUN_TIMELINE_FD).
+  ChildStream fd3;
   // The child leads a new process group (setpgid in the child and in the parent, so that
   // killpg(pid) works as soon as SpawnProcess returns).
   bool new_process_group = false;
@@ -68,8 +71,8 @@ struct SpawnOptions {
 struct ChildProcess {
   pid_t pid = -1;  // also the process group id with new_process_group
   // The parent's ends of kPipe streams (O_CLOEXEC, blocking): stdin's write end, stdout's and
-  // stderr's read ends; invalid for the other kinds.
-  UniqueFd in, out, err;
+  // stderr's and fd3's read ends; invalid for the other kinds.
+  UniqueFd in, out, err, fd3;
 };
 
 // Starts `options.path`. The caller reaps the child (waitpid) once it runs. Errors name the

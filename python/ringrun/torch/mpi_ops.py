@@ -97,7 +97,8 @@ def ccl_built():
 
 def start_timeline(file_path, mark_cycles=False):
     """Creates a timeline file at `file_path` and begins recording, as Horovod's: rank 0
-    writes `file_path`, rank r > 0 `t.<r>.json` beside `t.json` (docs/engine.md, "Timeline").
+    writes `file_path`, rank r > 0 `t.<r>.json` beside `t.json`; the name given to ringrun's
+    `--timeline-filename` goes to the one file the launcher writes (docs/engine.md, "Timeline").
     mark_cycles: a CYCLE_START mark per engine cycle. Needs HOROVOD_TIMELINE (DYNAMIC, or a file)
     at init. Safe while collectives are in flight; returns once the engine has switched.
 

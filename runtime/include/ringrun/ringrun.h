@@ -440,13 +440,14 @@ RINGRUN_API ringrun_status ringrun_allgather_on_stream(const void* sendbuf, void
  * (at most the collective timeout, RINGRUN_ERR_TIMEOUT).
  *
  * ringrun_start_timeline: rank 0 writes `path` (truncated), rank r > 0 "t.<r>.json" beside
- * "t.json", as with RINGRUN_TIMELINE. Allowed once the timeline is enabled at init, as in
- * Horovod: RINGRUN_TIMELINE or HOROVOD_TIMELINE names a file (written from the start) or is
- * DYNAMIC (nothing written until this call); else RINGRUN_ERR_INVALID_ARGUMENT. A timeline open
- * to another file is closed first (strict JSON); to this file, it goes on. mark_cycles != 0:
- * a CYCLE_START mark per negotiation round from now on (the engine's cycle;
- * HOROVOD_TIMELINE_MARK_CYCLES=1 at init), 0: none. A file that cannot be opened is the call's
- * error (RINGRUN_ERR_NOT_FOUND, ...), and the timeline open before stays open.
+ * "t.json", as with RINGRUN_TIMELINE without ringrun's launcher; `path` naming the file that
+ * the launcher writes (--timeline-filename) sends every rank's events there. Allowed once the
+ * timeline is enabled at init, as in Horovod: RINGRUN_TIMELINE or HOROVOD_TIMELINE names a file
+ * (written from the start) or is DYNAMIC (nothing written until this call); else
+ * RINGRUN_ERR_INVALID_ARGUMENT. A timeline open to another file is closed first (strict JSON); to
+ * this file, it goes on. mark_cycles != 0: a CYCLE_START mark per negotiation round from now on
+ * (the engine's cycle; HOROVOD_TIMELINE_MARK_CYCLES=1 at init), 0: none. A file that cannot be
+ * opened is the call's error (RINGRUN_ERR_NOT_FOUND, ...), and the timeline open before stays open.
  * ringrun_stop_timeline: closes the file (strict JSON). With none open it does nothing and
  * returns RINGRUN_OK, as Horovod's. */
 RINGRUN_API ringrun_status ringrun_start_timeline(const char* path, int mark_cycles);

@@ -163,7 +163,11 @@ Status Engine::ApplyTimeline(const TimelineChange& change) {
   if (!change.start) {
     timeline_.reset();
   } else if (!timeline_ || timeline_->path() != change.path) {
-    Result<std::unique_ptr<Timeline>> t = Timeline::Open(change.path, options_.rank, clock_);
+    // The launcher's file (from the start, or named again after a stop) goes to its pipe.
+    const bool to_launcher = options_.timeline_fd >= 0 && change.path == options_.timeline_path;
+    Result<std::unique_ptr<Timeline>> t =
+        to_launcher ? Timeline::OpenPipe(options_.timeline_fd, change.path, options_.rank, clock_)
+                    : Timeline::Open(change.path, options_.rank, clock_);
     if (!t.ok()) return t.status();
     timeline_.reset(std::move(t.value()));
   }

@@ -78,6 +78,10 @@ struct EngineOptions {
   // may start and stop one (StartTimeline; as Horovod, once HOROVOD_TIMELINE names a file or
   // DYNAMIC), and whether it marks every round with Horovod's CYCLE_START.
   std::string timeline_path;
+  // With timeline_path: the launcher's pipe (RINGRUN_TIMELINE_FD) that takes the events instead
+  // of the file, which the launcher writes (Timeline::OpenPipe, on a copy of the fd); -1: none.
+  // StartTimeline(timeline_path) goes there too; any other path is a file of the rank's.
+  int timeline_fd = -1;
   bool timeline_dynamic = false;
   bool timeline_mark_cycles = false;
   // Autotuning (tuner.h; HOROVOD_AUTOTUNE): must be enabled on every rank or none (Hello

@@ -11,6 +11,7 @@
 
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"
+#include "ringrun/common/tsan.h"
 
 namespace ringrun::launcher::service {
 
@@ -41,6 +42,7 @@ class JobService::SessionReactor final
  public:
   SessionReactor(JobService* service, grpc::CallbackServerContext* ctx)
       : service_(*service), ctx_(ctx) {
+    RINGRUN_HAPPENS_BEFORE(this);
     StartRead(&event_);
   }
 
@@ -88,8 +90,14 @@ int64_t NowMs() {
 // A Session refused before it began (no secret, no Hello): finished at once.
 class RefusedSession final : public grpc::ServerBidiReactor<v1::AgentEvent, v1::AgentCommand> {
  public:
-  explicit RefusedSession(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  explicit RefusedSession(grpc::Status status) {
+    RINGRUN_HAPPENS_BEFORE(this);  // gRPC calls OnDone on another thread
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    RINGRUN_HAPPENS_AFTER(this);
+    delete this;
+  }
 };
 
 }  // namespace
@@ -122,12 +130,15 @@ void JobService::SessionReactor::Conclude() {
     why = why_;
   }
   service_.events_->OnSessionEnded(host, clean, why);
+  RINGRUN_HAPPENS_BEFORE(this);
   Finish(grpc::Status::OK);
 }
 
 void JobService::SessionReactor::OnReadDone(bool ok) {
+  RINGRUN_HAPPENS_AFTER(this);  // gRPC calls back on its threads (see the class comment)
   if (!registered_) {
     if (!ok || !event_.has_hello()) {
+      RINGRUN_HAPPENS_BEFORE(this);
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a Session starts with Hello"));
       return;
     }
@@ -152,16 +163,20 @@ void JobService::SessionReactor::OnReadDone(bool ok) {
       }
     }
     if (!refused.ok()) {
+      RINGRUN_HAPPENS_BEFORE(this);
       Finish(refused);
       return;
     }
+    RINGRUN_HAPPENS_BEFORE(this);
     if (first != nullptr) StartWrite(first);
+    RINGRUN_HAPPENS_BEFORE(this);
     StartRead(&event_);
     return;
   }
   if (ok) {
     last_heard_ms = NowMs();
     if (!event_.has_heartbeat()) service_.events_->OnAgentEvent(host, event_);
+    RINGRUN_HAPPENS_BEFORE(this);
     StartRead(&event_);
     return;
   }
@@ -179,6 +194,7 @@ void JobService::SessionReactor::OnReadDone(bool ok) {
 }
 
 void JobService::SessionReactor::OnWriteDone(bool ok) {
+  RINGRUN_HAPPENS_AFTER(this);
   const v1::AgentCommand* next = nullptr;
   bool conclude = false;
   {
@@ -192,11 +208,15 @@ void JobService::SessionReactor::OnWriteDone(bool ok) {
       next = service_.NextWrite(this);
     }
   }
+  RINGRUN_HAPPENS_BEFORE(this);
   if (next != nullptr) StartWrite(next);
   if (conclude) Conclude();
 }
 
-void JobService::SessionReactor::OnDone() { delete this; }
+void JobService::SessionReactor::OnDone() {
+  RINGRUN_HAPPENS_AFTER(this);
+  delete this;
+}
 
 JobService::JobService(std::string secret, JobEvents* events, Rendezvous* rendezvous,
                        int heartbeat_interval_ms, int heartbeat_timeout_ms)
@@ -339,7 +359,10 @@ void JobService::Tick() {
     }
     if (writes.empty() && finishes.empty()) continue;
     mu_.Unlock();
-    for (auto& [session, m] : writes) session->StartWrite(m);
+    for (auto& [session, m] : writes) {
+      RINGRUN_HAPPENS_BEFORE(session);
+      session->StartWrite(m);
+    }
     for (SessionReactor* session : finishes) session->Conclude();
     writes.clear();
     finishes.clear();
@@ -370,6 +393,7 @@ void JobService::Send(int host_index, const v1::AgentCommand& command) {
     session = box.session;
     if (session != nullptr) next = NextWrite(session);
   }
+  RINGRUN_HAPPENS_BEFORE(session);
   if (next != nullptr) session->StartWrite(next);
 }
 

@@ -296,7 +296,7 @@ t_runtime_under_ringrun() {
   wait_for_lines "$WORK/out" "looping rank=" 3 30  # every rank inside its allreduce loop
   local victim
   victim=$(for p in $(tagged_pids); do
-    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx RINGRUN_RANK=1 && echo $p; done | head -1)
+    tr '\0' '\n' 2>/dev/null </proc/$p/environ | grep -qx RINGRUN_RANK=1 && echo $p; done | head -1)
   [[ -n $victim ]] || fail "rank 1 not found"
   start=$SECONDS
   kill -9 "$victim"
@@ -582,7 +582,7 @@ mpirun_np() {  # NP ARGS...
 # The rank of mpirun's job whose OMPI_COMM_WORLD_RANK is $1.
 mpirun_rank_pid() {
   for p in $(tagged_pids); do
-    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo $p
+    tr '\0' '\n' 2>/dev/null </proc/$p/environ | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo $p
   done | head -1
 }
 
@@ -632,8 +632,19 @@ t_mpirun_kill() {
     mpirun_np 4 $recovery -x RINGRUN_TIMEOUT_MS=20000 "$worker" loop >"$WORK/out" 2>"$WORK/err" &
     pid=$!
     wait_for_lines "$WORK/out" "looping rank=" 4 30
-    victim=$(mpirun_rank_pid 2)
-    [[ -n $victim ]] || fail "rank 2 not found"
+    victim=
+    for _ in $(seq 50); do
+      victim=$(mpirun_rank_pid 2)
+      [[ -n $victim ]] && break
+      sleep 0.1
+    done
+    if [[ -z $victim ]]; then
+      for p in $(tagged_pids); do
+        echo "tagged: $p $(cat /proc/$p/comm 2>/dev/null) $(tr '\0' '\n' 2>/dev/null </proc/$p/environ | grep OMPI_COMM_WORLD_RANK=)" >&2
+      done
+      cat "$WORK/out" >&2
+      fail "rank 2 not found"
+    fi
     start=$SECONDS
     kill -9 "$victim"
     wait $pid; rc=$?

@@ -11,8 +11,8 @@ indices and dealt to the ranks in turn (rank r takes positions r, r + size, ...)
 of every rank covers one contiguous stretch of it.
 
 Ranks call record_batch in step (the same calls on every rank, as Horovod's); record_indices
-may differ between ranks: TorchState's commit gathers every rank's extra indices (one
-allgather) so that every rank keeps the union.
+may differ between ranks: TorchState's commit gathers what every rank processed (one
+allgather_object) so that every rank keeps the union.
 """
 import math
 import random

@@ -604,7 +604,8 @@ def can_init_again():
 @pytest.mark.skipif(not can_init_again(), reason="needs shutdown() and init() to join again")
 def test_real_resets_redo_only_the_steps_since_the_commit(monkeypatch, capsys):
     """The example's model in elastic.run with the real reset (shutdown, init): a
-    HorovodInternalError at step 13 (last commit at step 10) makes steps 11-13 run again; a
+    HorovodInternalError at step 13 (last commit at step 10; with several ranks, a real one
+    from a collective whose shapes differ) makes steps 11-13 run again; a
     host change that the last rank alone sees at step 27 interrupts every rank at the step-30
     commit and redoes nothing. The final parameters are those of one process taking the same
     batches (bit for bit with one rank, to 1e-12 with more)."""
@@ -640,7 +641,10 @@ def test_real_resets_redo_only_the_steps_since_the_commit(monkeypatch, capsys):
                 steps.append(state.step)
                 if state.step == 13 and not failed:
                     failed.append(True)
-                    raise hvd.HorovodInternalError("simulated")
+                    if hvd.size() == 1:
+                        raise hvd.HorovodInternalError("simulated")
+                    # A real failure: the ranks disagree on a shape, and every rank raises.
+                    hvd.allreduce(torch.zeros(1 + hvd.rank()), name="test_elastic.mismatch")
                 if state.batch % args.batches_per_commit == 0:
                     state.commit()
             state.epoch, state.batch = state.epoch + 1, 0

@@ -158,6 +158,12 @@ def test_restore_after_a_failed_reduction_in_flight():
     assert_same(snapshot(model, optimizer), before)
     assert not optimizer._pending()
     train_step(model, optimizer, 1)  # usable again
+    # Elsewhere the failure is raised, once every bucket has been waited for.
+    waited = []
+    optimizer._buckets[0].gathered = {model.weight: failed, model.bias: lambda: waited.append(1)}
+    with pytest.raises(hvd.HorovodInternalError, match="peer gone"):
+        optimizer.set_backward_passes_per_step(1)
+    assert waited == [1] and not optimizer._pending()
 
 
 def test_torch_state_new_model_is_committed():

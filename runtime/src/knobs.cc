@@ -155,7 +155,8 @@ const std::vector<HorovodVariable>& HorovodVariables() {
       {"HOROVOD_DISABLE_GROUP_FUSION", "grouped collectives fuse like others", false},
       {"HOROVOD_DYNAMIC_PROCESS_SETS",
        "1: ringrun.torch allows add_process_set; collectives run on the global set only", true},
-      {"HOROVOD_ELASTIC", "elastic jobs are not supported", false},
+      {"HOROVOD_ELASTIC",
+       "1: ringrun.torch.elastic.run re-forms the job after a failure (elastic jobs)", true},
   };
   return v;
 }

@@ -25,6 +25,9 @@
 #                    goes back into it
 #   refuse_size1     torchrun's variables of a job of 2 without a reachable store: init() fails
 #                    naming torchrun and the variables, within the join timeout
+#   elastic_example  examples/elastic/pytorch_synthetic_elastic.py at np=2 (no failure): its
+#                    final parameters equal those of --reference (one process, plain torch)
+#                    within 1e-12, and the run never reset
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:?BIN=build/bin}" "${PYDIR:?PYDIR=build/python}"
@@ -239,6 +242,25 @@ print("size", ringrun.size())' 2>&1)
   try "mpirun" "started by mpirun (Open MPI) (OMPI_COMM_WORLD_SIZE=4" OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1
   out=$(env -u RINGRUN_RANK -u RINGRUN_SIZE WORLD_SIZE=1 RANK=0 $PY -c 'import ringrun; ringrun.init(); print("size", ringrun.size())') || fail "single: $out"
   [[ $out == "size 1" ]] || fail "a single process: $out" ;;
+elastic_example)
+  ex=$here/../../examples/elastic/pytorch_synthetic_elastic.py
+  timeout 120 "$BIN/ringrun" -np 2 $PY "$ex" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "np=2"; }
+  timeout 120 $PY "$ex" --reference >"$WORK/ref" 2>&1 || { cat "$WORK/ref"; fail "--reference"; }
+  cat "$WORK/out" "$WORK/ref"
+  grep -q 'epoch 5 done on 2 ranks' "$WORK/out" || fail "the job did not train 5 epochs on 2 ranks"
+  ! grep -q 'reset:' "$WORK/out" || fail "the job reset without a failure"
+  [[ $(grep -c 'final loss=' "$WORK/out") == 1 ]] || fail "not one final line (rank 0's)"
+  $PY - "$WORK/out" "$WORK/ref" <<'PY' || fail "np=2 and --reference differ"
+import re, sys
+def final(path):
+    line = re.search(r"final loss=(\S+) params=\[(.*)\]", open(path).read())
+    return [float(line.group(1))] + [float(v) for v in line.group(2).split(",")]
+got, want = final(sys.argv[1]), final(sys.argv[2])
+diff = max(abs(a - b) for a, b in zip(got, want))
+assert len(got) == len(want) == 10 and diff < 1e-12, (diff, got, want)
+print(f"np=2 against --reference: max abs difference {diff:.3g}")
+PY
+  ;;
 *)
   sed -n '2,/^set /p' "$0" | sed '$d'; exit 2 ;;
 esac

@@ -243,7 +243,7 @@ TEST_CASE("a Horovod variable that means nothing here is said, not ignored", "[r
   Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_THREAD_AFFINITY", "1"},
                                      {"HOROVOD_NUM_NCCL_STREAMS", "2"},
                                      {"HOROVOD_AUTOTUNE", "1"},    // honoured
-                                     {"HOROVOD_ELASTIC", "0"}}));  // what ringrun does anyway
+                                     {"HOROVOD_ELASTIC", "1"}}));  // honoured (ringrun.torch)
   REQUIRE(e.ok());
   std::string all;
   for (const std::string& n : e->knob_notes) all += n + "\n";

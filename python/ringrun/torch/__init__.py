@@ -7,8 +7,8 @@ NotImplementedError) that says so.
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
-from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
-                      add_process_set, allgather, allgather_async, allreduce, allreduce_,
+from .mpi_ops import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                      Product, ProcessSet, Sum, add_process_set, allgather, allgather_async, allreduce, allreduce_,
                       allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
                       broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built,
                       cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
@@ -22,6 +22,7 @@ from .mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, 
                       synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # noqa: E402 - after the names it uses
 
 
 class NotSupportedError(NotImplementedError, AttributeError):
@@ -30,7 +31,6 @@ class NotSupportedError(NotImplementedError, AttributeError):
 
 # horovod.torch names that ringrun.torch does not provide, and why.
 _MISSING = {
-    "elastic": "elastic training is not supported",
     "mpi_lib": "ringrun has no MPI library",
     "mpi_lib_v2": "ringrun has no MPI library",
 }

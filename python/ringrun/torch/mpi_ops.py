@@ -24,7 +24,19 @@ from .process_sets import (ProcessSet, add_process_set, global_process_set,  # n
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed in the runtime (a peer died, the timeout passed, ...)."""
+    """A collective failed in the runtime (a peer died, the timeout passed, ...). Inside
+    ringrun.torch.elastic.run, the state goes back to its last commit and the job re-forms."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The launcher changed the job's hosts (ringrun.torch.elastic: State.check_host_updates
+    raises it on every rank at once). Inside elastic.run the job re-forms without going back
+    to the last commit; skip_sync: the state need not be broadcast again, unless a rank needs
+    it (elastic.run decides that with every rank)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the job's hosts were updated")
+        self.skip_sync = skip_sync
 
 
 def init(comm=None, process_sets=None):

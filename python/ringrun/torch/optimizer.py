@@ -281,17 +281,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bpps = self.backward_passes_per_step
         return any(d != bpps for d in self._allreduce_delay.values())
 
-    def _reset(self):
+    def _reset(self, failures="raise"):
         """Waits for the buckets in flight (their allreduces are on the wire and write the
-        buckets) and forgets the backward passes counted so far."""
+        buckets) and forgets the backward passes counted so far. Every bucket is waited for
+        even when one fails; then the first failure is raised, unless failures="drop" (a
+        rollback: the gradients are forgotten anyway)."""
+        first = None
         try:
             for b in self._buckets:
+                waits = []
                 if b.handle is not None:
                     h, b.handle = b.handle, None
-                    mpi_ops._internal(lambda: _engine.wait(h))
+                    waits.append(lambda h=h: _engine.wait(h))
                 gathered, b.gathered = b.gathered, {}
-                for wait in gathered.values():
-                    mpi_ops._internal(wait)
+                waits.extend(gathered.values())
+                for wait in waits:
+                    try:
+                        mpi_ops._internal(wait)
+                    except mpi_ops.HorovodInternalError as e:
+                        first = first or e
         finally:
             with self._lock:
                 for b in self._buckets:
@@ -302,6 +310,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._next_launch = 0
             self._synchronized = False
             self._stepped_without_backward = False
+        if first is not None and failures == "raise":
+            raise first
 
     def set_backward_passes_per_step(self, passes):
         """As Horovod's: a new number of local passes per step, counted from now."""
@@ -311,8 +321,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reset()
 
     def load_state_dict(self, *args, **kwargs):
-        """As Horovod's: a rollback also forgets the gradients of passes since the last step."""
-        self._reset()
+        """As Horovod's: a rollback also forgets the gradients of passes since the last step,
+        and the failures of their reductions (elastic.run restores the state after one)."""
+        self._reset(failures="drop")
         return super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def step(self, closure=None):

@@ -155,7 +155,9 @@ const std::vector<HorovodVariable>& HorovodVariables() {
       {"HOROVOD_DISABLE_GROUP_FUSION", "grouped collectives fuse like others", false},
       {"HOROVOD_DYNAMIC_PROCESS_SETS",
        "1: ringrun.torch allows add_process_set; collectives run on the global set only", true},
-      {"HOROVOD_ELASTIC", "elastic jobs are not supported", false},
+      {"HOROVOD_ELASTIC",
+       "a job is elastic when ringrun starts it with --min-np or --max-np (RINGRUN_ELASTIC=1)",
+       false},
   };
   return v;
 }
@@ -249,8 +251,9 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
   for (const HorovodVariable& h : HorovodVariables()) {
     if (h.honoured) continue;
     if (const char* v = Set(getenv, h.name)) {
-      // 0 asks for what ringrun does anyway.
+      // 0 asks for what ringrun does anyway; ringrun sets HOROVOD_ELASTIC in elastic jobs.
       if (std::string(v) == "0") continue;
+      if (std::string(h.name) == "HOROVOD_ELASTIC" && Set(getenv, "RINGRUN_ELASTIC")) continue;
       e->knob_notes.push_back(std::string(h.name) + "=" + v + " has no effect: " + h.here);
     }
   }

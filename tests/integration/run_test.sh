@@ -563,11 +563,15 @@ t_horovodrun_flags() {
     fail "--oversubscribe failed: $(cat "$WORK/err")"
   expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_LOCAL_SIZE=3"
 
-  # Elastic flags: refused, exit 2, nothing started.
-  "$RINGRUN" -np 2 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
-  expect_rc 2 $rc "--min-np"
-  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
-  [[ ! -e $WORK/started ]] || fail "--min-np started the command"
+  # Elastic usage errors and the flag not supported yet: exit 2, nothing started.
+  "$RINGRUN" -np 2 --min-np 3 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--min-np above -np"
+  expect_contains "$WORK/err" "--min-np 3 is more than -np 2"
+  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script ./d.sh touch "$WORK/started" 2>"$WORK/err"
+  rc=$?
+  expect_rc 2 $rc "--host-discovery-script"
+  expect_contains "$WORK/err" "--host-discovery-script: host discovery is not supported yet"
+  [[ ! -e $WORK/started ]] || fail "an elastic usage error started the command"
   expect_no_orphans
 }
 
@@ -779,7 +783,7 @@ t_restarts_exhausted() {
   expect_contains "$WORK/err" "--max-restarts three: not a whole number"
   "$RINGRUN" -np 1 --max-restarts 1 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
   expect_rc 2 $rc "--min-np beside --max-restarts"
-  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
+  expect_contains "$WORK/err" "--max-restarts and an elastic job (--min-np, --max-np) cannot be"
   [[ ! -e $WORK/started ]] || fail "a usage error started the command"
   expect_no_orphans
 }
@@ -799,6 +803,80 @@ t_restarts_sigint() {
   expect_contains "$WORK/err" "SIGINT received: forwarding it to every rank"
   [[ ! -e $WORK/pids.2 ]] || fail "a third attempt started after SIGINT"
   expect_not_contains "$WORK/out" "left behind"
+  expect_no_orphans
+}
+
+# Elastic jobs on two "hosts" of this machine (localhost and 127.0.0.1, an agent each).
+ELASTIC_HOSTS=localhost:2,127.0.0.1:2
+
+# The pid of every "joined" line of worker W in $WORK/out, one per line.
+elastic_pids() { grep -F "[$1]<stdout>:joined " "$WORK/out" | sed 's/.* pid=//' | sort -u; }
+
+t_elastic_kill() {
+  # Rank 2 of 4 (on 127.0.0.1) is killed -9 mid-run: its host is blacklisted and its other rank
+  # (3) ended; ranks 0 and 1 (on localhost) go on as generation 2 of size 2, in the same
+  # processes, and the job ends with 0.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w
+  "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 300 2 100 kill \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "an elastic job that lost a rank: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "rank 2 (worker 2) on host 127.0.0.1 was killed by SIGKILL (signal 9)"
+  expect_contains "$WORK/err" "host 127.0.0.1 is blacklisted, its workers 3 are ended"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1"
+  [[ $(grep -c "generation" "$WORK/err") == 1 ]] || fail "expected one reset line: $(cat "$WORK/err")"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=4 local=$w/2 cross=0/2 "
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=2 local=$w/2 cross=0/1 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=300 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+    # The failed collective names a rank of 127.0.0.1 and that host.
+    grep -F "[$w]<stdout>:error at step" "$WORK/out" | grep -qE "rank [23] on host 127\.0\.0\.1" ||
+      fail "worker $w's error does not name the failed rank and host: $(grep -F "[$w]" "$WORK/out" | grep error)"
+  done
+  expect_not_contains "$WORK/out" "[2]<stdout>:done"
+  expect_not_contains "$WORK/out" "[3]<stdout>:done"
+  expect_no_orphans
+}
+
+t_elastic_leave() {
+  # A rank that exits 0 leaves: the others go on without it, no host blamed, no reset counted
+  # (--reset-limit 0 allows none).
+  local worker="$BIN/ringrun-test-elastic-worker" rc w
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 0 -H $ELASTIC_HOSTS "$worker" 200 3 50 leave \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "an elastic job with a rank leaving: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "rank 3 (worker 3) on host 127.0.0.1 exited 0 and left the job"
+  expect_contains "$WORK/err" "generation 2: 3 ranks (was 4), reset 0"
+  expect_not_contains "$WORK/err" "blacklisted"
+  for w in 0 1 2; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=3 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=3"
+  done
+  expect_contains "$WORK/out" "[2]<stdout>:joined rank=2 size=3 local=0/1 cross=1/2 "
+  expect_no_orphans
+}
+
+t_elastic_limits() {
+  # The failure that needs a reset beyond --reset-limit ends the job naming the limit, with the
+  # failed rank's exit code; so does one that leaves fewer than --min-np ranks.
+  local worker="$BIN/ringrun-test-elastic-worker" rc
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 0 -H $ELASTIC_HOSTS "$worker" 300 2 50 kill \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 137 $rc "--reset-limit 0"
+  expect_contains "$WORK/err" "reset limit 0 reached (--reset-limit)"
+  expect_not_contains "$WORK/err" "generation 2"
+  expect_no_orphans
+  "$RINGRUN" -np 4 --min-np 3 -H $ELASTIC_HOSTS "$worker" 300 1 50 fail \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 3 $rc "below --min-np"
+  expect_contains "$WORK/err" "rank 1 (worker 1) on host localhost exited with code 3"
+  expect_contains "$WORK/err" "2 ranks remain, fewer than --min-np 3: ending the job"
+  expect_no_orphans
+  # Within the limit: a failure (exit 3) with --reset-limit 1 is one reset, and the job goes on.
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 1 -H $ELASTIC_HOSTS "$worker" 200 3 50 fail \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "one reset within --reset-limit 1: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1 of --reset-limit 1"
   expect_no_orphans
 }
 

@@ -838,6 +838,32 @@ t_elastic_kill() {
   expect_no_orphans
 }
 
+t_elastic_agent_lost() {
+  # The agent of 127.0.0.1 is killed -9 mid-run (its ranks die with it, unreported): the host is
+  # lost and blacklisted, and localhost's ranks go on as generation 2 of size 2.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid agent=""
+  "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 2000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "joined rank=" 4 30
+  for p in $(tagged_pids); do
+    if [[ $(cat /proc/$p/comm 2>/dev/null) == ringrun-agent ]] &&
+       tr '\0' ' ' </proc/$p/cmdline | grep -q -- "--host-index 1 "; then
+      agent=$p
+    fi
+  done
+  [[ -n $agent ]] || fail "no agent for host index 1"
+  kill -9 "$agent"
+  wait $pid; rc=$?
+  expect_rc 0 $rc "an elastic job that lost an agent: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "lost the agent on host 127.0.0.1"
+  expect_contains "$WORK/err" "(workers 2,3 were running); host 127.0.0.1 is blacklisted; generation 2: 2 ranks (was 4), reset 1"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=2000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process"
+  done
+  expect_no_orphans
+}
+
 t_elastic_leave() {
   # A rank that exits 0 leaves: the others go on without it, no host blamed, no reset counted
   # (--reset-limit 0 allows none).

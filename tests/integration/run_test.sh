@@ -406,7 +406,8 @@ int main() {
   ringrun::Session s;
   std::vector<float> v(3, float(s.rank() + 1));
   s.Allreduce(v);
-  std::printf("cxx rank=%d size=%d sum=%g\n", s.rank(), s.size(), double(v[2]));
+  std::printf("cxx rank=%d size=%d sum=%g epoch=%llu\n", s.rank(), s.size(), double(v[2]),
+              static_cast<unsigned long long>(s.membership_epoch()));
   try {  // one split per rank, or an error (not a read past the vector)
     s.AlltoallAsync("short", v.data(), std::vector<size_t>(size_t(s.size()) + 1, 1));
     std::printf("cxx: AlltoallAsync took a rows vector of the wrong size\n");
@@ -428,7 +429,7 @@ CXX
   expect_contains "$WORK/c2" "[1]<stdout>:c rank=1 size=2 sum=3"
   "$RINGRUN" -np 2 "$WORK/consumer/build/cxx_app" >"$WORK/cxx2" 2>&1; rc=$?
   expect_rc 0 $rc "cxx_app under ringrun -np 2"
-  expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3"
+  expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3 epoch=0"
   expect_contains "$WORK/cxx2" "[1]<stdout>:cxx rank=1: AlltoallAsync: rows has 3 entries, one per rank is 2"
   # The installed library is the one that ran, not the build tree's.
   ldd "$WORK/consumer/build/c_app" | grep -q "$WORK/prefix/lib.*/libringrun.so" ||

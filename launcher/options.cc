@@ -849,6 +849,10 @@ Status SettleElastic(Given& g) {
         "elastic jobs (--min-np, --max-np) under Slurm are not supported yet: an srun step "
         "ends with its first node; use --starter ssh");
   }
+  if (o.hosts.size() == 1) {
+    o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
+                      ") ends at its first failure: the failed rank's host is left out");
+  }
   if (e.max_np > o.np) {
     o.notes.push_back("--max-np " + std::to_string(e.max_np) +
                       ": a job on a fixed host set never grows past -np " + std::to_string(o.np));

@@ -383,8 +383,11 @@ TEST_CASE("horovodrun: elastic flags and their defaults", "[options][horovodrun]
   o = Ok({"-np", "2", "--reset-limit", "1", "prog"});
   CHECK_FALSE(o.elastic.enabled);
   CHECK_THAT(o.notes.at(0), Contains("apply to elastic jobs only"));
+  // One host: a note that the first failure ends the job.
+  o = Ok({"-np", "2", "--min-np", "1", "prog"});
+  CHECK_THAT(o.notes.at(0), Contains("an elastic job on one host (localhost) ends at its first"));
   // --max-np above -np: a note (a fixed host set does not grow).
-  o = Ok({"-np", "2", "--max-np", "4", "-H", "localhost:4", "prog"});
+  o = Ok({"-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"});
   CHECK(o.elastic.max_np == 4);
   CHECK_THAT(o.notes.at(0), Contains("never grows past -np 2"));
 }

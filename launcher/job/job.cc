@@ -412,13 +412,14 @@ void Job::Handle(Event& e) {
       state_->SessionEnded(e.host, e.why);
       break;
     case Event::kGenerationJoined:
-      if (static_cast<uint32_t>(e.signo) == generation_) pending_after_failure_ = false;
+      if (static_cast<uint32_t>(e.signo) == generation_) {
+        pending_after_failure_ = false;
+        generation_complete_ = true;
+      }
       break;
     case Event::kJoinWaiting:
       join_waiting_ = std::max(join_waiting_, static_cast<uint32_t>(e.signo));
-      if (policy_ && !leaves_.empty() && !state_->stopping() && join_waiting_ > generation_) {
-        Reform("", false, 1);
-      }
+      if (policy_ && !state_->stopping() && JoinBlockedByLeaves()) Reform("", false, 1);
       break;
     case Event::kSignal:
       state_->SignalReceived(e.signo);
@@ -612,6 +613,11 @@ int Job::PrepareElastic() {
   return 0;
 }
 
+bool Job::JoinBlockedByLeaves() const {
+  return !leaves_.empty() &&
+         (join_waiting_ > generation_ || (join_waiting_ == generation_ && !generation_complete_));
+}
+
 int Job::RankOfWorker(int worker) const {
   for (size_t r = 0; r < generation_workers_.size(); ++r) {
     if (generation_workers_[r] == worker) return static_cast<int>(r);
@@ -631,6 +637,7 @@ void Job::FormGeneration(const elastic::Generation& g, const std::string& cause)
   const size_t before = generation_workers_.size();
   generation_workers_ = workers;
   generation_ = static_cast<uint32_t>(g.number);
+  generation_complete_ = false;
   eg.number = generation_;
   eg.workers = std::move(workers);
   Result<std::string> key = GenerateSecret();
@@ -691,8 +698,8 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo) {
     (void)policy_->OnRankGone(rank, false);
     if (!any_alive) return;
     leaves_ += (leaves_.empty() ? "" : "; ") + who + " exited 0 and left the job";
-    // A survivor may already wait for the next generation.
-    if (join_waiting_ > generation_) Reform("", false, 1);
+    // A survivor may already wait for a generation that cannot complete without it.
+    if (JoinBlockedByLeaves()) Reform("", false, 1);
     return;
   }
   const std::string what = who + (signo ? " was killed by " + SignalText(signo)

@@ -211,7 +211,10 @@ class Job final : public service::JobEvents {
   // generation without them is formed when a survivor asks for it (or with a failure), so that
   // ranks finishing one after another form none.
   std::string leaves_;
-  uint32_t join_waiting_ = 0;  // the newest generation a held Join asked for
+  uint32_t join_waiting_ = 0;         // the newest generation a held Join waits for
+  bool generation_complete_ = false;  // every member of the current generation joined it
+  // Whether a survivor waits for a generation that the ranks that left make impossible.
+  bool JoinBlockedByLeaves() const;
 };
 
 }  // namespace ringrun::launcher::job

@@ -17,7 +17,7 @@ struct Rendezvous::Outcome {
   std::vector<JoinReactor*> released;
   std::string reply;  // serialized, for `released`
   uint32_t completed = 0;
-  uint32_t waiting = 0;  // a Join held for this generation, not formed yet
+  uint32_t waiting = 0;  // a Join is held for this generation (or its round is incomplete)
 };
 
 struct Rendezvous::State {
@@ -348,9 +348,8 @@ grpc::ServerUnaryReactor* Rendezvous::ElasticJoin(const v1::JoinRequest& req,
                                               std::max<uint32_t>(1, req.generation())};
       s.Evaluate(&out);
       auto held = s.elastic_joins.find(w);
-      if (held != s.elastic_joins.end() && held->second.reactor == reactor &&
-          held->second.wants > s.generation.number) {
-        out.waiting = held->second.wants;
+      if (held != s.elastic_joins.end() && held->second.reactor == reactor) {
+        out.waiting = std::max(held->second.wants, s.generation.number);
       }
     }
   }

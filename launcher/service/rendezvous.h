@@ -54,8 +54,8 @@ class Rendezvous {
   // Called once per elastic generation, when every member has joined it (on the thread that
   // completed it, outside any lock). Set before the server starts.
   void SetOnGenerationComplete(std::function<void(uint32_t generation)> f);
-  // Called when a Join is held for a generation newer than the newest formed (`wanted`), on
-  // the thread of that Join, outside any lock. Set before the server starts.
+  // Called when a Join is held (`wanted`: the generation it waits for, the newest formed or a
+  // newer one), on the thread of that Join, outside any lock. Set before the server starts.
   void SetOnJoinWaiting(std::function<void(uint32_t wanted)> f);
 
   // How many ranks have joined so far.

@@ -6,7 +6,8 @@
  *   Every step allreduces (SUM) 1.0 from each rank and checks that the sum is the size. After
  *   a join, the ranks agree on the step to go on from: the fewest steps any of them completed.
  *   The worker whose RINGRUN_WORKER_ID is WORKER, on reaching STEP in the first generation,
- *   kills itself with SIGKILL (kill), exits 0 (leave) or exits 3 (fail).
+ *   kills itself with SIGKILL (kill), exits 0 (leave) or exits 3 (fail). The worker named by
+ *   ELASTIC_QUIT_ON_ERROR exits 0 at its first failed collective instead of joining again.
  * Output, one line each: "joined rank=R size=S local=L/LS cross=C/CS pid=P" after every join;
  * "error at step N: MESSAGE" for a failed collective; "done steps=N size=S pid=P" at the end.
  * Exit codes: 0 done, 1 a join failed, 2 usage, 4 a wrong sum. */
@@ -66,6 +67,11 @@ int main(int argc, char** argv) {
     }
     printf("error at step %ld (%d): %s\n", step, (int)st, ringrun_error_message());
     fflush(stdout);
+    const char* quit = getenv("ELASTIC_QUIT_ON_ERROR");
+    if (quit && atoi(quit) == me) {
+      printf("quitting\n");
+      return 0;
+    }
     for (;;) { /* the next generation, until a whole one agrees on the step */
       ringrun_shutdown();
       first_generation = 0;

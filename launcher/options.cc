@@ -171,10 +171,11 @@ struct Given {
   explicit Given(const std::vector<std::string>& env) : environ_vars(env) {}
   const std::vector<std::string>& environ_vars;
   Options o;
-  std::optional<FlagUse> host_flag;  // -H or --hostfile, once given
-  std::string starter;               // --starter; "" for auto
-  bool log_level_given = false;      // --log-level, which wins over --verbose
-  bool start_timeout_given = false;  // --start-timeout, which wins over HOROVOD_START_TIMEOUT
+  std::optional<FlagUse> host_flag;    // -H or --hostfile, once given
+  std::string starter;                 // --starter; "" for auto
+  bool log_level_given = false;        // --log-level, which wins over --verbose
+  bool start_timeout_given = false;    // --start-timeout, which wins over HOROVOD_START_TIMEOUT
+  bool elastic_timeout_given = false;  // --elastic-timeout, over HOROVOD_ELASTIC_TIMEOUT
   std::vector<std::pair<std::string, std::string>> engine_vars;  // set after -x: the flags win
   void Note(const FlagUse& u, const std::string& text) {
     std::string line = u.spelling + ": " + text;
@@ -416,9 +417,16 @@ Status ApplyStartTimeout(const FlagUse& u, Given& g) {
 
 static_assert(job::kTimeoutExitCode == 124, "--help and the README say --timeout exits 124");
 
-constexpr char kElastic[] =
-    "elastic jobs are not supported yet; ringrun runs a fixed number of ranks (-np) on fixed "
-    "hosts (-H, --hostfile); --max-restarts N starts the whole job again after a failure";
+constexpr char kDiscovery[] =
+    "host discovery is not supported yet; an elastic job (--min-np, --max-np) runs on a fixed "
+    "host set (-H, --hostfile)";
+
+// --elastic-timeout, or (`u.spelling` "HOROVOD_ELASTIC_TIMEOUT") horovodrun's variable for it.
+Status ApplyElasticTimeout(const FlagUse& u, Given& g) {
+  Result<int> s = ParseIntFlag(u, 0, 7 * 24 * 3600, " of seconds");
+  if (s.ok()) g.o.elastic.elastic_timeout_s = *s, g.elastic_timeout_given = true;
+  return s.status();
+}
 
 std::string VersionText() { return "ringrun " RINGRUN_VERSION_STRING "\n"; }
 
@@ -666,17 +674,57 @@ const std::vector<FlagGroup>& FlagGroups() {
             Noted(0, "ringrun keeps no cache of start-up checks; it checks every time"),
             "horovodrun's cache of SSH checks."},
        }},
-      {"Elastic (horovodrun's elastic flags are refused: not supported yet)",
+      {"Elastic (horovodrun's flags; a fixed host set: -H, --hostfile, or this machine)",
        {
-           {"--min-np --min-num-proc", "N", Refused(1, kElastic), "Fewest ranks to go on with."},
-           {"--max-np --max-num-proc", "N", Refused(1, kElastic), "Most ranks to grow to."},
-           {"--slots-per-host", "N", Refused(1, kElastic), "Slots of a discovered host."},
-           {"--host-discovery-script", "FILE", Refused(1, kElastic),
-            "Prints the hosts now available."},
-           {"--elastic-timeout", "SECONDS", Refused(1, kElastic), "Wait for hosts after a change."},
-           {"--reset-limit", "N", Refused(1, kElastic), "Most changes of size."},
-           {"--blacklist-cooldown-range", "MIN MAX", Refused(2, kElastic),
-            "Seconds a failed host is left out."},
+           {"--min-np --min-num-proc", "N", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 1, kMaxNumProc);
+              if (v.ok()) g.o.elastic.min_np = *v, g.o.elastic.enabled = true;
+              return v.status();
+            }),
+            "Fewest ranks to go on with; makes the job elastic: a failed rank's host is left "
+            "out and the others go on. Default: -np."},
+           {"--max-np --max-num-proc", "N", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 1, kMaxNumProc);
+              if (v.ok()) g.o.elastic.max_np = *v, g.o.elastic.enabled = true;
+              return v.status();
+            }),
+            "Most ranks; makes the job elastic. Default: -np."},
+           {"--slots-per-host", "N", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 1, 65536);
+              if (v.ok()) g.o.elastic.slots_per_host = *v;
+              return v.status();
+            }),
+            "Slots of a discovered host listed without ':N'.", "1"},
+           {"--host-discovery-script", "FILE", Refused(1, kDiscovery),
+            "Prints the hosts now available (not supported yet)."},
+           {"--elastic-timeout", "SECONDS", Value([](const FlagUse& u, Given& g) {
+              return ApplyElasticTimeout(u, g);
+            }),
+            "Wait for enough slots after a change; else HOROVOD_ELASTIC_TIMEOUT.",
+            std::to_string(kElasticTimeoutS)},
+           {"--reset-limit", "N", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 0, 1 << 30);
+              if (v.ok()) g.o.elastic.reset_limit = *v;
+              return v.status();
+            }),
+            "End the job when it needs a new generation after N resets. Default: no limit."},
+           {"--blacklist-cooldown-range", "MIN MAX", Kind{2, [](const FlagUse& u, Given& g) {
+              FlagUse lo = u, hi = u;
+              lo.values = {u.values[0]};
+              hi.values = {u.values[1]};
+              Result<int> a = ParseIntFlag(lo, 0, 7 * 24 * 3600, " of seconds");
+              if (!a.ok()) return a.status();
+              Result<int> b = ParseIntFlag(hi, 0, 7 * 24 * 3600, " of seconds");
+              if (!b.ok()) return b.status();
+              if (*b < *a) {
+                return InvalidArgument(u.spelling + " " + u.values[0] + " " + u.values[1] +
+                                       ": MAX is less than MIN");
+              }
+              g.o.elastic.cooldown_s = std::make_pair(*a, *b);
+              return Status();
+            }},
+            "Seconds a failed host is left out (the first time MIN to 1.25 MIN, doubling). "
+            "Default: for good."},
        }},
       {"Diagnostics",
        {
@@ -757,6 +805,61 @@ ParseOutcome UsageError(std::string message) {
   return out;
 }
 
+// The elastic flags, once np is known.
+Status SettleElastic(Given& g) {
+  Options& o = g.o;
+  Options::Elastic& e = o.elastic;
+  if (!e.enabled) {
+    if (e.reset_limit || e.cooldown_s || e.elastic_timeout_s != kElasticTimeoutS) {
+      o.notes.push_back(
+          "--reset-limit, --blacklist-cooldown-range and --elastic-timeout apply to elastic jobs "
+          "only (--min-np, --max-np): no effect here");
+    }
+    return Status();
+  }
+  if (!g.elastic_timeout_given) {
+    const std::string prefix = "HOROVOD_ELASTIC_TIMEOUT=";
+    for (const std::string& kv : g.environ_vars) {
+      if (kv.compare(0, prefix.size(), prefix) != 0 || kv.size() == prefix.size()) continue;
+      RINGRUN_RETURN_IF_ERROR(ApplyElasticTimeout(
+          FlagUse{0, "HOROVOD_ELASTIC_TIMEOUT", {kv.substr(prefix.size())}}, g));
+      break;
+    }
+  }
+  if (e.min_np == 0) e.min_np = o.np;
+  if (e.max_np == 0) e.max_np = std::max(o.np, e.min_np);
+  if (e.min_np > o.np) {
+    return InvalidArgument("--min-np " + std::to_string(e.min_np) + " is more than -np " +
+                           std::to_string(o.np) + ": an elastic job starts with -np ranks");
+  }
+  if (e.max_np < o.np) {
+    return InvalidArgument("--max-np " + std::to_string(e.max_np) + " is less than -np " +
+                           std::to_string(o.np));
+  }
+  if (o.max_restarts > 0) {
+    return InvalidArgument(
+        "--max-restarts and an elastic job (--min-np, --max-np) cannot be used together");
+  }
+  if (o.check_gpu || o.check_build) {
+    return InvalidArgument(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
+                           " runs no job: --min-np and --max-np do not apply");
+  }
+  if (o.starter == Options::Starter::kSlurm) {
+    return InvalidArgument(
+        "elastic jobs (--min-np, --max-np) under Slurm are not supported yet: an srun step "
+        "ends with its first node; use --starter ssh");
+  }
+  if (o.hosts.size() == 1) {
+    o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
+                      ") ends at its first failure: the failed rank's host is left out");
+  }
+  if (e.max_np > o.np) {
+    o.notes.push_back("--max-np " + std::to_string(e.max_np) +
+                      ": a job on a fixed host set never grows past -np " + std::to_string(o.np));
+  }
+  return Status();
+}
+
 // After every flag: the combinations, then the hosts, the starter and np.
 Status Settle(Given& g) {
   Options& o = g.o;
@@ -817,7 +920,8 @@ Status Settle(Given& g) {
   } else if (o.np == 0) {
     o.np = hosts::TotalSlots(o.hosts);
   }
-  return hosts::CheckNumProc(o.hosts, o.np, o.oversubscribe);
+  RINGRUN_RETURN_IF_ERROR(hosts::CheckNumProc(o.hosts, o.np, o.oversubscribe));
+  return SettleElastic(g);
 }
 
 }  // namespace

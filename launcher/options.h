@@ -43,6 +43,18 @@ struct Options {
   // --max-restarts (torchrun's): how many times a failed job starts again on the same hosts
   // (launcher/job/restart_policy.h); 0: never.
   int max_restarts = 0;
+  // Elastic jobs (horovodrun's flags; docs/elastic.md): on when --min-np or --max-np is given.
+  // The host set is fixed (-H, --hostfile, localhost): a failed rank's host is left out and the
+  // survivors go on in a new generation while at least min_np of them remain.
+  struct Elastic {
+    bool enabled = false;
+    int min_np = 0;                                 // --min-np; resolved to np when not given
+    int max_np = 0;                                 // --max-np; resolved to np when not given
+    int slots_per_host = 1;                         // --slots-per-host (for a discovery script)
+    int elastic_timeout_s = kElasticTimeoutS;       // --elastic-timeout, HOROVOD_ELASTIC_TIMEOUT
+    std::optional<int> reset_limit;                 // --reset-limit; none: unlimited
+    std::optional<std::pair<int, int>> cooldown_s;  // --blacklist-cooldown-range MIN MAX
+  } elastic;
 
   // Remote hosts (SSH).
   std::string ssh_identity_file;  // -i/--ssh-identity-file

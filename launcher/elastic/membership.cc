@@ -42,7 +42,21 @@ Result<MembershipPolicy> MembershipPolicy::Create(const MembershipOptions& o, co
 MembershipPolicy::MembershipPolicy(const MembershipOptions& options, const Clock& clock)
     : options_(options), clock_(clock), created_(clock.Now()), jitter_(options.jitter_seed) {}
 
-void MembershipPolicy::OnDiscovery(const HostSet& hosts) { discovered_ = hosts; }
+void MembershipPolicy::OnDiscovery(const HostSet& hosts) {
+  if (!(hosts == discovered_)) discovery_changed_ = true;
+  discovered_ = hosts;
+}
+
+Status MembershipPolicy::OnRankGone(int rank, bool failed) {
+  if (!current_) return InvalidArgument("a rank gone before the first generation");
+  if (rank < 0 || rank >= static_cast<int>(current_->ranks.size())) {
+    return InvalidArgument("rank " + std::to_string(rank) + " is not in generation " +
+                           std::to_string(current_->number));
+  }
+  dead_ranks_.insert(rank);
+  if (failed) broken_ = true;
+  return Status::Ok();
+}
 
 Status MembershipPolicy::OnFailure(const Failure& failure) {
   if (!current_) return InvalidArgument("a failure reported before the first generation");
@@ -146,6 +160,7 @@ Generation MembershipPolicy::Assign() const {
   }
   // Survivors always stay (there are at most max_np); new slots fill what max_np leaves.
   int new_budget = std::max(0, options_.max_np - kept);
+  if (current_ && !options_.refill) new_budget = 0;
   Generation next;
   next.number = current_ ? current_->number + 1 : 1;
   for (const std::string& host : order) {
@@ -182,6 +197,7 @@ Decision MembershipPolicy::Decide() {
     const Clock::TimePoint end_by = created_ + options_.elastic_timeout;
     const int need = now < start_by ? options_.np : options_.min_np;
     if (size >= need) {
+      discovery_changed_ = false;
       current_ = std::move(next);
       d.action = Decision::Action::kForm;
       d.generation = *current_;
@@ -205,7 +221,9 @@ Decision MembershipPolicy::Decide() {
     short_since_.reset();
     return d;  // kKeep
   }
-  if (options_.reset_limit && resets_ >= *options_.reset_limit) {
+  // Ranks that only left (exit 0) make no reset.
+  const bool counts = broken_ || discovery_changed_;
+  if (counts && options_.reset_limit && resets_ >= *options_.reset_limit) {
     return End(Aborted("reset limit " + std::to_string(*options_.reset_limit) +
                        " reached (--reset-limit): the job was reset " + std::to_string(resets_) +
                        " times and needs another"));
@@ -229,10 +247,11 @@ Decision MembershipPolicy::Decide() {
     d.missing = std::to_string(size) + " of --min-np " + std::to_string(options_.min_np) + " slots";
     return d;
   }
-  ++resets_;
+  if (counts) ++resets_;
   current_ = std::move(next);
   dead_ranks_.clear();
   broken_ = false;
+  discovery_changed_ = false;
   short_since_.reset();
   d.action = Decision::Action::kForm;
   d.generation = *current_;

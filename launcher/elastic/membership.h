@@ -2,7 +2,8 @@
 // events in (discovery results, rank failures), decisions out; it starts and ends nothing, and
 // reads time only through the Clock it is given, so that tests drive it by hand.
 //
-// Not wired into the launcher yet: the elastic flags are refused (launcher/options.cc).
+// The launcher's elastic jobs on a fixed host set use it (launcher/job/job.cc), with refill
+// off: it starts no process in a running job.
 //
 // The rules:
 //   - Hosts. The usable hosts are the last discovery result less the blacklisted hosts. A host
@@ -64,6 +65,10 @@ struct MembershipOptions {
   std::chrono::milliseconds start_timeout{std::chrono::seconds(kDefaultStartTimeoutS)};
   std::chrono::milliseconds elastic_timeout{std::chrono::seconds(kElasticTimeoutS)};
   uint64_t jitter_seed = 0;  // the cooldown jitter's generator
+  // Whether a generation after the first may have new processes (RankSlot::previous_rank -1) in
+  // free slots. false: every later generation is made of survivors only (a launcher that starts
+  // no process in a running job).
+  bool refill = true;
 };
 
 // One rank of a generation (its index in Generation::ranks is its rank).
@@ -112,6 +117,12 @@ class MembershipPolicy {
   // generation's first failure once, and what failed after it, within the same generation, as
   // consequences. Errors: no current generation, a rank not in it.
   Status OnFailure(const Failure& failure);
+  // A rank of the current generation is gone without blame on its host: `failed` false, it
+  // exited 0 (left the job); true, it failed as a consequence of a failure already reported
+  // (OnFailure) to an earlier generation. Either needs a new generation; one that is needed
+  // only because ranks left is not counted as a reset (nor limited by reset_limit). Errors: no
+  // current generation, a rank not in it.
+  Status OnRankGone(int rank, bool failed);
 
   // What to do now. A kForm decision is taken as done: the generation it names becomes the
   // current one (failures to start it come back through OnFailure). After kEnd every call
@@ -144,6 +155,7 @@ class MembershipPolicy {
   std::optional<Generation> current_;
   std::set<int> dead_ranks_;                     // of current_: processes gone
   bool broken_ = false;                          // current_ failed: a reset is needed
+  bool discovery_changed_ = false;               // since current_ was formed
   std::optional<Clock::TimePoint> short_since_;  // when a needed generation began to wait
   int resets_ = 0;
   std::optional<Status> ended_;

@@ -2,6 +2,7 @@
 
 #include <limits.h>
 #include <signal.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -223,6 +224,11 @@ std::map<int, std::vector<v1::RankSpec>> Job::BuildSpecs(
     for (auto& kv : BuildRankEnvironment(launcher_env, options_.exports, p, ctx)) {
       spec.add_env(std::move(kv));
     }
+    if (options_.elastic.enabled) {
+      spec.add_env("RINGRUN_ELASTIC=1");
+      spec.add_env("HOROVOD_ELASTIC=1");
+      spec.add_env("RINGRUN_WORKER_ID=" + std::to_string(p.rank));
+    }
     spec.set_cwd(cwd_);
     specs[p.host_index].push_back(std::move(spec));
   }
@@ -366,6 +372,11 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
     case v1::AgentEvent::kExited: {
       const auto& x = ev.exited();
       const bool failed = x.exit_code() != 0 || x.signal() != 0;
+      if (policy_ && !state_->stopping() && x.rank() >= 0 &&
+          x.rank() < static_cast<int>(workers_.size())) {
+        ElasticRankExited(x.rank(), x.exit_code(), x.signal());
+        break;
+      }
       state_->RankExited(x.rank(), x.exit_code(), x.signal(),
                          failed ? output_->StderrTail(x.rank()) : "");
       break;
@@ -395,7 +406,20 @@ void Job::Handle(Event& e) {
       state_->AgentRegistered(e.host);
       break;
     case Event::kSessionEnded:
+      if (policy_) {
+        ElasticHostLost(e.host, e.why.empty() ? "the agent closed its session early" : e.why);
+      }
       state_->SessionEnded(e.host, e.why);
+      break;
+    case Event::kGenerationJoined:
+      if (static_cast<uint32_t>(e.signo) == generation_) {
+        pending_after_failure_ = false;
+        generation_complete_ = true;
+      }
+      break;
+    case Event::kJoinWaiting:
+      join_waiting_ = std::max(join_waiting_, static_cast<uint32_t>(e.signo));
+      if (policy_ && !state_->stopping() && JoinBlockedByLeaves()) Reform("", false, 1);
       break;
     case Event::kSignal:
       state_->SignalReceived(e.signo);
@@ -424,7 +448,13 @@ void Job::PollAgents() {
   // What an agent reported before it ended (its registration, its session's end) is queued by
   // now: it counts first.
   HandleQueued();
-  for (const auto& [h, code] : exited) state_->AgentExited(h, code, agents_.at(h)->StderrTail());
+  for (const auto& [h, code] : exited) {
+    if (policy_) {
+      ElasticHostLost(h, "the agent exited with code " + std::to_string(code));
+      Execute();
+    }
+    state_->AgentExited(h, code, agents_.at(h)->StderrTail());
+  }
   Execute();
 }
 
@@ -483,6 +513,7 @@ int Job::Prepare() {
   plan.timeout_s = options_.timeout_s;
   plan.timeout_used = attempt_.timeout_used;
   plan.agent_path = agent_path_;
+  plan.elastic = options_.elastic.enabled;
   state_ = std::make_unique<JobStateMachine>(std::move(plan), clock_);
   registry_ = std::make_unique<service::AgentRegistry>(
       active_hosts_, clock_.Now() + std::chrono::seconds(options_.start_timeout_s),
@@ -492,7 +523,256 @@ int Job::Prepare() {
   rendezvous_ = std::make_unique<service::Rendezvous>(static_cast<int>(placement_.size()), job_id_);
   service_ = std::make_unique<service::JobService>(secret_, this, rendezvous_.get(),
                                                    kHeartbeatIntervalMs, kHeartbeatTimeoutMs);
+  return options_.elastic.enabled ? PrepareElastic() : 0;
+}
+
+// ---- Elastic jobs ----
+
+namespace {
+
+std::string SignalText(int signo) {
+  const char* abbrev = ::sigabbrev_np(signo);
+  return (abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signo)) + " (signal " +
+         std::to_string(signo) + ")";
+}
+
+}  // namespace
+
+void Job::Report(const std::string& line) {
+  output_->Flush();
+  std::fprintf(stderr, "ringrun: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+int Job::PrepareElastic() {
+  const Options::Elastic& e = options_.elastic;
+  elastic::MembershipOptions mo;
+  mo.np = options_.np;
+  mo.min_np = e.min_np;
+  mo.max_np = std::max(e.max_np, options_.np);
+  mo.reset_limit = e.reset_limit;
+  if (e.cooldown_s) {
+    mo.cooldown = std::make_pair(std::chrono::seconds(e.cooldown_s->first),
+                                 std::chrono::seconds(e.cooldown_s->second));
+  }
+  mo.start_timeout = std::chrono::seconds(options_.start_timeout_s);
+  mo.elastic_timeout = std::chrono::seconds(e.elastic_timeout_s);
+  mo.jitter_seed = std::hash<std::string>()(job_id_);
+  mo.refill = false;
+  Result<elastic::MembershipPolicy> policy = elastic::MembershipPolicy::Create(mo, clock_);
+  if (!policy.ok()) {
+    std::fprintf(stderr, "ringrun: %s\n", policy.status().message().c_str());
+    return 1;
+  }
+  policy_ = std::make_unique<elastic::MembershipPolicy>(std::move(policy.value()));
+  // The fixed host set: each host with the ranks placed on it.
+  elastic::HostSet hosts;
+  for (int h : active_hosts_) {
+    int slots = 0;
+    for (const auto& p : placement_) slots += p.host_index == h;
+    hosts.push_back({options_.hosts[h].name, slots});
+  }
+  policy_->OnDiscovery(hosts);
+  for (const auto& p : placement_) workers_.push_back(Worker{p.host_index, true});
+  elastic::Decision d = policy_->Decide();
+  if (d.action != elastic::Decision::Action::kForm ||
+      d.generation.ranks.size() != placement_.size()) {
+    std::fprintf(stderr, "ringrun: the elastic policy did not take the placement as is\n");
+    return 1;
+  }
+  // The first generation is the placement: worker w is the rank w placed.
+  std::vector<int> first;
+  for (const auto& slot : d.generation.ranks) {
+    int w = -1;
+    for (const auto& p : placement_) {
+      if (options_.hosts[p.host_index].name == slot.host && p.local_rank == slot.local_rank) {
+        w = p.rank;
+      }
+    }
+    if (w < 0) {
+      std::fprintf(stderr, "ringrun: the elastic policy placed a rank on %s, not placed\n",
+                   slot.host.c_str());
+      return 1;
+    }
+    first.push_back(w);
+  }
+  generation_workers_ = std::move(first);
+  rendezvous_->SetOnGenerationComplete([this](uint32_t g) {
+    Event ev;
+    ev.kind = Event::kGenerationJoined;
+    ev.signo = static_cast<int>(g);
+    Push(std::move(ev));
+  });
+  rendezvous_->SetOnJoinWaiting([this](uint32_t g) {
+    Event ev;
+    ev.kind = Event::kJoinWaiting;
+    ev.signo = static_cast<int>(g);
+    Push(std::move(ev));
+  });
+  FormGeneration(d.generation, "");
   return 0;
+}
+
+bool Job::JoinBlockedByLeaves() const {
+  return !leaves_.empty() &&
+         (join_waiting_ > generation_ || (join_waiting_ == generation_ && !generation_complete_));
+}
+
+int Job::RankOfWorker(int worker) const {
+  for (size_t r = 0; r < generation_workers_.size(); ++r) {
+    if (generation_workers_[r] == worker) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+void Job::FormGeneration(const elastic::Generation& g, const std::string& cause) {
+  std::vector<int> workers;
+  service::Rendezvous::ElasticGeneration eg;
+  for (const auto& slot : g.ranks) {
+    const int w = g.number == 1 ? generation_workers_.at(workers.size())
+                                : generation_workers_.at(static_cast<size_t>(slot.previous_rank));
+    workers.push_back(w);
+    eg.hosts.push_back(slot.host);
+  }
+  const size_t before = generation_workers_.size();
+  generation_workers_ = workers;
+  generation_ = static_cast<uint32_t>(g.number);
+  generation_complete_ = false;
+  eg.number = generation_;
+  eg.workers = std::move(workers);
+  Result<std::string> key = GenerateSecret();
+  eg.data_secret = key.ok() ? key.value() : secret_;
+  rendezvous_->SetGeneration(std::move(eg));
+  if (cause.empty()) return;
+  std::string limit = options_.elastic.reset_limit
+                          ? " of --reset-limit " + std::to_string(*options_.elastic.reset_limit)
+                          : "";
+  Report(cause + "; generation " + std::to_string(g.number) + ": " +
+         std::to_string(g.ranks.size()) + " ranks (was " + std::to_string(before) + "), reset " +
+         std::to_string(policy_->resets()) + limit);
+}
+
+void Job::Reform(const std::string& failure, bool failed, int exit_code) {
+  // The ranks that left since the last generation are part of the change.
+  std::string cause = leaves_;
+  if (!failure.empty()) cause += (cause.empty() ? "" : "; ") + failure;
+  leaves_.clear();
+  elastic::Decision d = policy_->Decide();
+  switch (d.action) {
+    case elastic::Decision::Action::kKeep:
+      break;
+    case elastic::Decision::Action::kForm:
+      pending_after_failure_ = failed || pending_after_failure_;
+      FormGeneration(d.generation, cause);
+      break;
+    case elastic::Decision::Action::kWait: {
+      // A fixed host set: no slot will come.
+      int alive = 0;
+      for (const Worker& w : workers_) alive += w.alive;
+      const std::string few = std::to_string(alive) + " ranks remain, fewer than --min-np " +
+                              std::to_string(options_.elastic.min_np);
+      state_->EndJob(exit_code, cause + "; " + few + ": ending the job");
+      Execute();
+      break;
+    }
+    case elastic::Decision::Action::kEnd:
+      state_->EndJob(exit_code, cause + "; " + d.end.message());
+      Execute();
+      break;
+  }
+}
+
+void Job::ElasticRankExited(int worker, int exit_code, int signo) {
+  Worker& wk = workers_[static_cast<size_t>(worker)];
+  state_->RankGone(worker);
+  if (!wk.alive) return;  // ended with its blacklisted host: expected
+  wk.alive = false;
+  const std::string& host = options_.hosts[wk.host].name;
+  const int rank = RankOfWorker(worker);
+  const std::string who = "rank " + std::to_string(rank < 0 ? worker : rank) + " (worker " +
+                          std::to_string(worker) + ") on host " + host;
+  if (rank < 0) return;  // not in the current generation (cannot happen: members only live)
+  bool any_alive = false;
+  for (const Worker& w : workers_) any_alive = any_alive || w.alive;
+  if (exit_code == 0 && signo == 0) {
+    (void)policy_->OnRankGone(rank, false);
+    if (!any_alive) return;
+    leaves_ += (leaves_.empty() ? "" : "; ") + who + " exited 0 and left the job";
+    // A survivor may already wait for a generation that cannot complete without it.
+    if (JoinBlockedByLeaves()) Reform("", false, 1);
+    return;
+  }
+  const std::string what = who + (signo ? " was killed by " + SignalText(signo)
+                                        : " exited with code " + std::to_string(exit_code));
+  const int code = signo ? 128 + signo : exit_code;
+  if (pending_after_failure_) {
+    (void)policy_->OnRankGone(rank, true);
+    Reform(what + " while generation " + std::to_string(generation_) +
+               " was forming (a consequence: its host is not blacklisted)",
+           true, code);
+    return;
+  }
+  (void)policy_->OnFailure(elastic::Failure{rank, {}});
+  // The host is blacklisted: its other ranks are ended.
+  std::string others;
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (workers_[w].host != wk.host || !workers_[w].alive) continue;
+    workers_[w].alive = false;
+    others += (others.empty() ? "" : ",") + std::to_string(w);
+  }
+  if (!others.empty()) {
+    v1::AgentCommand cmd;
+    cmd.mutable_terminate()->set_grace_ms(options_.grace_ms);
+    cmd.mutable_terminate()->set_reason("host " + host + " blacklisted");
+    service_->Send(wk.host, cmd);
+  }
+  const auto bl = policy_->Blacklist();
+  auto it = bl.find(host);
+  std::string how = "host " + host + " is blacklisted";
+  if (it != bl.end() && it->second != Clock::TimePoint::max()) {
+    how +=
+        " for " +
+        std::to_string(
+            std::chrono::duration_cast<std::chrono::seconds>(it->second - clock_.Now()).count()) +
+        " s";
+  }
+  if (!others.empty()) how += ", its workers " + others + " are ended";
+  Reform(what + "; " + how, true, code);
+}
+
+bool Job::ElasticHostLost(int host, const std::string& why) {
+  if (state_->stopping()) return false;
+  std::vector<int> lost;
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (workers_[w].host != host) continue;
+    // Gone with the agent, reported or not (ranks of a blacklisted host included).
+    state_->RankGone(static_cast<int>(w));
+    if (workers_[w].alive) lost.push_back(static_cast<int>(w));
+  }
+  if (lost.empty()) return false;
+  std::string list;
+  int root = -1;
+  std::vector<int> ranks;
+  for (int w : lost) {
+    workers_[static_cast<size_t>(w)].alive = false;
+    list += (list.empty() ? "" : ",") + std::to_string(w);
+    const int r = RankOfWorker(w);
+    if (r >= 0) ranks.push_back(r);
+  }
+  if (ranks.empty()) return true;
+  const std::string what = "lost the agent on host " + options_.hosts[host].name + ": " + why +
+                           " (workers " + list + " were running)";
+  if (pending_after_failure_) {
+    for (int r : ranks) (void)policy_->OnRankGone(r, true);
+    Reform(what + " while generation " + std::to_string(generation_) +
+               " was forming (a consequence: the host is not blacklisted)",
+           true, 1);
+    return true;
+  }
+  root = ranks.front();
+  (void)policy_->OnFailure(elastic::Failure{root, {}});
+  Reform(what + "; host " + options_.hosts[host].name + " is blacklisted", true, 1);
+  return true;
 }
 
 int Job::Loop() {

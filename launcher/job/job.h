@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/elastic/membership.h"
 #include "launcher/hosts/placement.h"
 #include "launcher/job/job_state_machine.h"
 #include "launcher/job/output.h"
@@ -65,6 +66,18 @@ using StartersForAttempt = std::function<Starters(int restart_count)>;
 // are appended to by later attempts. The exit code is the last attempt's; a signal to the
 // launcher, during an attempt or between two, ends the job without another.
 //
+// Elastic jobs (options.elastic.enabled, docs/elastic.md): a rank that fails or an agent that
+// is lost does not end the job. The membership policy (launcher/elastic/membership.h, without
+// refill: no process is started in a running job) blacklists the host of the rank that failed
+// first, its other ranks are ended, and the survivors form the next generation through the job
+// service's Join (each survivor's ringrun_shutdown and ringrun_init), while at least --min-np
+// remain and --reset-limit allows; else the job ends naming them. A rank that exits 0 leaves:
+// the others go on without it, no host blamed, no reset counted; that generation is formed
+// when a survivor asks to join it, so that ranks that finish one after another form none. One
+// line on stderr per new generation. Failures of ranks while a generation formed after a failure is
+// still gathering its members are taken as consequences of that failure: their hosts are not
+// blacklisted.
+//
 // Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
 int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
            const StartersForAttempt& starters, const JobHooks& hooks = {});
@@ -108,7 +121,15 @@ class Job final : public service::JobEvents {
  private:
   // What the main thread reacts to.
   struct Event {
-    enum Kind { kAgent, kSessionEnded, kSignal, kStarted, kRegistered } kind = kAgent;
+    enum Kind {
+      kAgent,
+      kSessionEnded,
+      kSignal,
+      kStarted,
+      kRegistered,
+      kGenerationJoined,  // signo: the elastic generation whose members have all joined
+      kJoinWaiting,       // signo: a rank asks to join an elastic generation not formed yet
+    } kind = kAgent;
     int host = -1;
     v1::AgentEvent agent;
     std::string why;
@@ -134,6 +155,18 @@ class Job final : public service::JobEvents {
   std::string AddressOf(int host, const std::map<int, service::Registration>& registered) const;
   void StartAgents();
   Event StartAgent(starters::AgentStarter* starter, int host, starters::AgentLaunch launch) const;
+
+  // Elastic jobs (main thread).
+  int PrepareElastic();
+  void ElasticRankExited(int worker, int exit_code, int signo);
+  // The host's ranks are gone with its agent (`why`); true when it had live ranks.
+  bool ElasticHostLost(int host, const std::string& why);
+  // Asks the policy what now, after `cause` (a sentence); `failed`: a failure, not a leave.
+  void Reform(const std::string& cause, bool failed, int exit_code);
+  // Makes `g` the current generation: the job service's rendezvous serves it from now on.
+  void FormGeneration(const elastic::Generation& g, const std::string& cause);
+  int RankOfWorker(int worker) const;
+  void Report(const std::string& line);
 
   // Constant after construction.
   const Options& options_;
@@ -162,6 +195,26 @@ class Job final : public service::JobEvents {
   std::unique_ptr<JobStateMachine> state_;
   std::map<int, std::unique_ptr<starters::AgentHandle>> agents_;  // by host index
   std::vector<std::thread> start_threads_;  // remote Start() calls; joined before Run returns
+
+  // Elastic jobs, main thread only. A worker is one process of the job, by its rank in the
+  // first generation (RINGRUN_WORKER_ID, the tag of its output).
+  struct Worker {
+    int host = -1;
+    bool alive = true;
+  };
+  std::vector<Worker> workers_;
+  std::unique_ptr<elastic::MembershipPolicy> policy_;
+  std::vector<int> generation_workers_;  // the current generation: worker id by rank
+  uint32_t generation_ = 0;
+  bool pending_after_failure_ = false;  // formed after a failure, not yet joined by all
+  // Ranks that exited 0 since the current generation formed, as the reset line names them; the
+  // generation without them is formed when a survivor asks for it (or with a failure), so that
+  // ranks finishing one after another form none.
+  std::string leaves_;
+  uint32_t join_waiting_ = 0;         // the newest generation a held Join waits for
+  bool generation_complete_ = false;  // every member of the current generation joined it
+  // Whether a survivor waits for a generation that the ranks that left make impossible.
+  bool JoinBlockedByLeaves() const;
 };
 
 }  // namespace ringrun::launcher::job

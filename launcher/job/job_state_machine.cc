@@ -160,6 +160,16 @@ void JobStateMachine::RankExited(int rank, int exit_code, int signo,
        tail);
 }
 
+void JobStateMachine::RankGone(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+  ranks_[rank].exited = true;
+  ranks_[rank].started = true;
+}
+
+void JobStateMachine::EndJob(int exit_code, std::string what) {
+  Fail(JobFailure::Cause::kRank, exit_code, std::move(what));
+}
+
 void JobStateMachine::RankSpawnFailed(int rank, int exit_code, const std::string& message) {
   if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
   ranks_[rank].exited = true;
@@ -191,6 +201,11 @@ void JobStateMachine::AgentExited(int host, int exit_code, const std::string& st
   if (hs == nullptr || hs->finished) return;
   hs->finished = true;
   if (hs->session_ended || stopping()) return;
+  if (plan_.elastic && hs->registered) {
+    bool all_gone = true;
+    for (int r : hs->ranks) all_gone = all_gone && ranks_[r].exited;
+    if (all_gone) return;
+  }
   const std::string name = plan_.hosts[host].Display();
   const std::string tail = stderr_tail.empty() ? "" : ": " + stderr_tail;
   if (exit_code == 127 && !hs->registered) {

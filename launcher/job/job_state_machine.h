@@ -18,7 +18,11 @@
 //     agent that could not start, reported after a signal too unless a failure came first);
 //   - an agent that has not finished kAbandonAfterGraceMs after the grace period is killed;
 //   - the job is over when every host is finished: its session ended, its agent died or was
-//     killed, or it never started.
+//     killed, or it never started;
+//   - elastic jobs (JobPlan::elastic): the job (job.cc) decides on rank exits and lost agents
+//     through its membership policy, and tells this machine RankGone for each rank that is gone
+//     without ending the job; an agent whose ranks are all gone ends without a failure. EndJob
+//     ends the job with the policy's reason.
 // Not thread-safe: one thread drives it.
 #pragma once
 
@@ -84,6 +88,7 @@ struct JobPlan {
   // Of timeout_s, what the job's earlier attempts (--max-restarts) took.
   std::chrono::milliseconds timeout_used{0};
   std::string agent_path;  // named when the agent is missing on a host
+  bool elastic = false;    // see the rules above
 };
 
 class JobStateMachine {
@@ -109,6 +114,13 @@ class JobStateMachine {
   // The host's agent process ended with `exit_code` (its stderr tail for the message).
   void AgentExited(int host, int exit_code, const std::string& stderr_tail);
   void SignalReceived(int signo);
+  // Elastic jobs: the rank's process is gone (its exit or its agent's loss was handled by the
+  // job's membership policy); no failure, no report.
+  void RankGone(int rank);
+  // Ends the job as its first failure: reports `what` and tears down, exit code `exit_code`.
+  void EndJob(int exit_code, std::string what);
+  // The teardown has begun (a failure, EndJob) or a signal interrupted the job.
+  bool stopping() const { return tearing_down_ || interrupted_ != 0; }
   // Time passed: the start timeout, the SIGKILL deadline, abandoning agents.
   void Tick();
 
@@ -141,7 +153,6 @@ class JobStateMachine {
     bool exited = false;
   };
 
-  bool stopping() const { return tearing_down_ || interrupted_ != 0; }
   Host* FindHost(int host);
   // Records the first failure (later ones are ignored), reports `what` + `detail`, and starts
   // the teardown.

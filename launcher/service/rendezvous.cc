@@ -1,6 +1,8 @@
 #include "launcher/service/rendezvous.h"
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <unordered_map>
 
 #include "ringrun/common/peer_table.h"
@@ -8,6 +10,15 @@
 #include "ringrun/common/tsan.h"
 
 namespace ringrun::launcher::service {
+
+// What to finish once State::mu is released.
+struct Rendezvous::Outcome {
+  std::vector<std::pair<JoinReactor*, grpc::Status>> rejected;
+  std::vector<JoinReactor*> released;
+  std::string reply;  // serialized, for `released`
+  uint32_t completed = 0;
+  uint32_t waiting = 0;  // a Join is held for this generation (or its round is incomplete)
+};
 
 struct Rendezvous::State {
   State(int n, std::string id)
@@ -31,6 +42,23 @@ struct Rendezvous::State {
   std::vector<uint32_t> address_of GUARDED_BY(mu);
   std::vector<uint32_t> port_of GUARDED_BY(mu);
   std::string nccl_id GUARDED_BY(mu);
+
+  // Elastic Joins, by worker id (SetGeneration).
+  struct ElasticJoin {
+    JoinReactor* reactor = nullptr;
+    std::string address;
+    uint32_t port = 0;
+    uint32_t wants = 0;  // JoinRequest.generation
+  };
+  std::map<int, ElasticJoin> elastic_joins GUARDED_BY(mu);
+  ElasticGeneration generation GUARDED_BY(mu);  // number 0: none formed yet
+  bool generation_complete GUARDED_BY(mu) = false;
+  std::function<void(uint32_t)> on_generation_complete;  // set before any Join
+  std::function<void(uint32_t)> on_join_waiting;         // set before any Join
+
+  // Refuses the held Joins that the newest generation leaves out, and completes it when every
+  // member waits for it.
+  void Evaluate(Outcome* out) REQUIRES(mu);
 };
 
 // One held Join call. Deleted by gRPC's OnDone. Exactly one of release, abort, cancel or
@@ -38,8 +66,8 @@ struct Rendezvous::State {
 // State::mu, so that a claimed call is no longer in State::held.
 class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
  public:
-  JoinReactor(std::shared_ptr<State> state, int rank, grpc::ByteBuffer* reply)
-      : state_(std::move(state)), rank_(rank), reply_(reply) {
+  JoinReactor(std::shared_ptr<State> state, int rank, grpc::ByteBuffer* reply, bool elastic = false)
+      : state_(std::move(state)), rank_(rank), reply_(reply), elastic_(elastic) {
     RINGRUN_HAPPENS_BEFORE(this);  // gRPC calls OnCancel/OnDone on other threads
   }
 
@@ -58,7 +86,12 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
       MutexLock lock(&state_->mu);
       if (!Claim()) return;
       // The rank gave up (deadline or disconnect) before the barrier: it may join again.
-      if (state_->held[rank_] == this) {
+      if (elastic_) {
+        auto it = state_->elastic_joins.find(rank_);
+        if (it != state_->elastic_joins.end() && it->second.reactor == this) {
+          state_->elastic_joins.erase(it);
+        }
+      } else if (state_->held[rank_] == this) {
         state_->held[rank_] = nullptr;
         --state_->joined;
       }
@@ -71,8 +104,9 @@ class Rendezvous::JoinReactor final : public grpc::ServerUnaryReactor {
   }
 
   const std::shared_ptr<State> state_;
-  const int rank_;
+  const int rank_;  // elastic: the worker id
   grpc::ByteBuffer* const reply_;
+  const bool elastic_;
 
  private:
   std::atomic<bool> finished_{false};
@@ -102,6 +136,7 @@ grpc::ServerUnaryReactor* Rendezvous::Join(grpc::CallbackServerContext* ctx,
               return parsed.ParseFromString(bytes);
             }();
   const v1::JoinRequest* req = &parsed;
+  if (parsed_ok && req->elastic()) return ElasticJoin(parsed, response);
   auto* reactor = new JoinReactor(state_, req->rank(), response);
   auto reject = [&](grpc::StatusCode code, const std::string& msg) {
     if (reactor->Claim()) reactor->Complete(grpc::Status(code, msg));
@@ -202,8 +237,158 @@ void Rendezvous::Abort(const std::string& reason) {
       if (h != nullptr && h->Claim()) held.push_back(h);
       h = nullptr;
     }
+    for (auto& [worker, j] : state_->elastic_joins) {
+      if (j.reactor != nullptr && j.reactor->Claim()) held.push_back(j.reactor);
+    }
+    state_->elastic_joins.clear();
   }
   for (JoinReactor* h : held) h->Complete(grpc::Status(grpc::StatusCode::ABORTED, reason));
+}
+
+namespace {
+
+std::string GenerationText(uint32_t g) { return "generation " + std::to_string(g); }
+
+}  // namespace
+
+void Rendezvous::State::Evaluate(Outcome* out) {
+  if (generation.number == 0) return;
+  const ElasticGeneration& g = generation;
+  // Held Joins for this generation (or an older one) of workers it leaves out: refused.
+  for (auto it = elastic_joins.begin(); it != elastic_joins.end();) {
+    const int w = it->first;
+    ElasticJoin& j = it->second;
+    const bool member = std::find(g.workers.begin(), g.workers.end(), w) != g.workers.end();
+    if (j.wants <= g.number && !member) {
+      if (j.reactor->Claim()) {
+        out->rejected.emplace_back(
+            j.reactor,
+            grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                         "worker " + std::to_string(w) + " asked to join " +
+                             GenerationText(j.wants) + ", but " + GenerationText(g.number) +
+                             " of the job was formed without it (it failed, left, or its host "
+                             "was blacklisted): it may not join again"));
+      }
+      it = elastic_joins.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  if (generation_complete) return;
+  for (int w : g.workers) {
+    auto it = elastic_joins.find(w);
+    if (it == elastic_joins.end() || it->second.wants > g.number) return;
+  }
+  // Every member waits: one reply for all.
+  v1::JoinReply built;
+  const int n = static_cast<int>(g.workers.size());
+  built.set_size(n);
+  std::unordered_map<std::string, uint32_t> index;
+  for (int r = 0; r < n; ++r) {
+    const ElasticJoin& j = elastic_joins.at(g.workers[r]);
+    auto [a, inserted] = index.emplace(j.address, static_cast<uint32_t>(built.addresses_size()));
+    if (inserted) built.add_addresses(j.address);
+    built.add_address_of_rank(a->second);
+    built.add_port_of_rank(j.port);
+    built.add_worker_of_rank(g.workers[r]);
+    built.add_host_of_rank(g.hosts[r]);
+  }
+  built.set_job_id(job_id);
+  built.set_generation(g.number);
+  built.set_data_secret(g.data_secret);
+  built.set_membership_epoch(g.membership_epoch);
+  (void)PackPeerColumns(&built);
+  out->reply = built.SerializeAsString();
+  for (int w : g.workers) {
+    auto it = elastic_joins.find(w);
+    if (it->second.reactor->Claim()) out->released.push_back(it->second.reactor);
+    elastic_joins.erase(it);
+  }
+  generation_complete = true;
+  out->completed = g.number;
+}
+
+grpc::ServerUnaryReactor* Rendezvous::ElasticJoin(const v1::JoinRequest& req,
+                                                  grpc::ByteBuffer* response) {
+  State& s = *state_;
+  const int w = req.worker_id();
+  auto* reactor = new JoinReactor(state_, w, response, /*elastic=*/true);
+  auto reject = [&](grpc::StatusCode code, const std::string& msg) {
+    if (reactor->Claim()) reactor->Complete(grpc::Status(code, msg));
+    return reactor;
+  };
+  if (w < 0) return reject(grpc::StatusCode::INVALID_ARGUMENT, "a negative worker id");
+  if (req.address().empty() || req.port() == 0 || req.port() > 65535) {
+    return reject(grpc::StatusCode::INVALID_ARGUMENT,
+                  "worker " + std::to_string(w) + " sent no usable data-plane endpoint");
+  }
+  Outcome out;
+  {
+    MutexLock lock(&s.mu);
+    if (s.aborted) {
+      if (reactor->Claim())
+        out.rejected.emplace_back(reactor, grpc::Status(grpc::StatusCode::ABORTED, s.abort_reason));
+    } else if (s.elastic_joins.count(w)) {
+      if (reactor->Claim()) {
+        out.rejected.emplace_back(
+            reactor, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                  "worker " + std::to_string(w) + " is already joining"));
+      }
+    } else if (req.generation() <= s.generation.number && s.generation_complete &&
+               std::find(s.generation.workers.begin(), s.generation.workers.end(), w) !=
+                   s.generation.workers.end()) {
+      if (reactor->Claim()) {
+        out.rejected.emplace_back(
+            reactor, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                  "worker " + std::to_string(w) + " has already joined " +
+                                      GenerationText(s.generation.number)));
+      }
+    } else {
+      s.elastic_joins[w] = State::ElasticJoin{reactor, req.address(), req.port(),
+                                              std::max<uint32_t>(1, req.generation())};
+      s.Evaluate(&out);
+      auto held = s.elastic_joins.find(w);
+      if (held != s.elastic_joins.end() && held->second.reactor == reactor) {
+        out.waiting = std::max(held->second.wants, s.generation.number);
+      }
+    }
+  }
+  Complete(out);
+  return reactor;
+}
+
+void Rendezvous::Complete(Outcome& out) {
+  for (auto& [r, st] : out.rejected) r->Complete(st);
+  if (!out.released.empty()) {
+    grpc::Slice shared(out.reply);
+    for (JoinReactor* h : out.released) {
+      *h->reply_ = grpc::ByteBuffer(&shared, 1);
+      h->Complete(grpc::Status::OK);
+    }
+  }
+  if (out.completed != 0 && state_->on_generation_complete) {
+    state_->on_generation_complete(out.completed);
+  }
+  if (out.waiting != 0 && state_->on_join_waiting) state_->on_join_waiting(out.waiting);
+}
+
+void Rendezvous::SetGeneration(ElasticGeneration generation) {
+  Outcome out;
+  {
+    MutexLock lock(&state_->mu);
+    state_->generation = std::move(generation);
+    state_->generation_complete = false;
+    state_->Evaluate(&out);
+  }
+  Complete(out);
+}
+
+void Rendezvous::SetOnGenerationComplete(std::function<void(uint32_t)> f) {
+  state_->on_generation_complete = std::move(f);
+}
+
+void Rendezvous::SetOnJoinWaiting(std::function<void(uint32_t)> f) {
+  state_->on_join_waiting = std::move(f);
 }
 
 int Rendezvous::joined() const {

@@ -7,6 +7,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +37,27 @@ class Rendezvous {
   // Fails every held and future Join with ABORTED and `reason` (the job is being torn down).
   void Abort(const std::string& reason);
 
+  // Elastic jobs: Joins with JoinRequest.elastic are matched by worker id against the newest
+  // generation the launcher formed (SetGeneration), not by rank (see job.proto). A Join asking
+  // for a generation newer than the newest is held until it is formed; a held Join of a worker
+  // that a newer generation leaves out is refused (FAILED_PRECONDITION), so a generation that
+  // lost a member before it completed goes on as the next one with the Joins already there.
+  struct ElasticGeneration {
+    uint32_t number = 0;             // 1 for the first; each call a larger one
+    std::vector<int> workers;        // by new rank: the worker id
+    std::vector<std::string> hosts;  // by new rank: the host's name
+    std::string data_secret;         // the data plane's secret of this generation
+    uint64_t membership_epoch = 0;
+  };
+  // Thread-safe. Completes the generation at once if every member is already waiting.
+  void SetGeneration(ElasticGeneration generation);
+  // Called once per elastic generation, when every member has joined it (on the thread that
+  // completed it, outside any lock). Set before the server starts.
+  void SetOnGenerationComplete(std::function<void(uint32_t generation)> f);
+  // Called when a Join is held (`wanted`: the generation it waits for, the newest formed or a
+  // newer one), on the thread of that Join, outside any lock. Set before the server starts.
+  void SetOnJoinWaiting(std::function<void(uint32_t wanted)> f);
+
   // How many ranks have joined so far.
   int joined() const;
 
@@ -43,6 +66,10 @@ class Rendezvous {
   // (which aborts held calls) before or after the server that routes Join to it shuts down.
   struct State;
   class JoinReactor;
+  grpc::ServerUnaryReactor* ElasticJoin(const v1::JoinRequest& req, grpc::ByteBuffer* response);
+  // Finishes the calls an evaluation decided (State::Outcome), outside the lock.
+  struct Outcome;
+  void Complete(Outcome& out);
   std::shared_ptr<State> state_;
 };
 

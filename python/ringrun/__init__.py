@@ -9,6 +9,7 @@ bytearray, array.array, memoryview). Horovod's PyTorch API is ringrun.torch.
 Failures raise ringrun.RingrunError carrying the runtime's message.
 """
 import atexit
+import ctypes
 import os
 import pickle
 
@@ -23,7 +24,7 @@ from . import _engine, _lib, _rendezvous
 from ._lib import RingrunError
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-           "cross_size", "cross_rank", "allreduce", "allreduce_", "allgather", "broadcast",
+           "cross_size", "cross_rank", "membership_epoch", "allreduce", "allreduce_", "allgather", "broadcast",
            "broadcast_", "alltoall", "reducescatter", "barrier", "join", "broadcast_object",
            "allgather_object", "Sum", "Average", "Min", "Max", "Product", "RingrunError"]
 
@@ -73,6 +74,17 @@ atexit.register(shutdown)
 
 def is_initialized():
     return _initialized
+
+
+def membership_epoch():
+    """The membership epoch of an elastic job (ringrun --min-np/--max-np): a counter that the
+    launcher raises when the job's host set changed and a new generation is pending, as the
+    last init() received it; 0 when it never changed, and in jobs that are not elastic. Safe
+    before init() and after shutdown(). Compare it across ranks with allreduce(..., op=Max) to
+    agree on whether hosts were updated."""
+    value = ctypes.c_uint64(0)
+    _lib.check(_lib.lib.ringrun_membership_epoch(ctypes.byref(value)), "membership_epoch")
+    return value.value
 
 
 def _shape_value(fn, what):

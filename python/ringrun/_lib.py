@@ -71,6 +71,7 @@ _SIGNATURES = {
     "ringrun_local_size": (_c_int, []),
     "ringrun_cross_rank": (_c_int, []),
     "ringrun_cross_size": (_c_int, []),
+    "ringrun_membership_epoch": (_c_int, [ctypes.POINTER(ctypes.c_uint64)]),
     "ringrun_nccl_version": (_c_int, []),
     "ringrun_error_message": (_cstr, []),
     "ringrun_dtype_size": (_c_size, [_c_int]),

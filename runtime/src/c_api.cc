@@ -77,6 +77,10 @@ struct Process {
   std::atomic<Runtime*> current{nullptr};
   std::vector<std::unique_ptr<Runtime>> runtimes GUARDED_BY(init_mu);  // every one initialized
   uint32_t joins GUARDED_BY(init_mu) = 0;  // rendezvous rounds joined so far
+  // Elastic jobs: the last generation joined (the next init asks for the one after it), and
+  // the membership epoch of the last join (ringrun_membership_epoch; read without the lock).
+  uint32_t elastic_generation GUARDED_BY(init_mu) = 0;
+  std::atomic<uint64_t> membership_epoch{0};
   // Under a PMIx launcher: the process's PMIx client, connected at the first ringrun_init and
   // kept until the process exits (rendezvous/pmix_store.h); later rounds join through it too.
   std::unique_ptr<rdzv::PmixStore> pmix GUARDED_BY(init_mu);
@@ -361,14 +365,19 @@ ringrun_status Init(int spin) {
       ringrun::runtime::ReadJobEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) return Fail(env.status());
   if (env->spin < 0) env->spin = spin;
-  env->generation = p.joins;
+  env->generation = env->elastic ? p.elastic_generation + 1 : p.joins;
   if (!env->in_job && !env->pmix_launcher.empty()) return JoinPmix(p, *env);
-  return JoinAndKeep(p, *env, "ringrun_init: ", [](ringrun::runtime::JobEnv& e) {
+  const ringrun_status st = JoinAndKeep(p, *env, "ringrun_init: ", [](ringrun::runtime::JobEnv& e) {
     std::unique_ptr<ringrun::runtime::JobClient> client;
     if (e.in_job && e.size > 1)
       client = ringrun::runtime::MakeGrpcJobClient(e.job_service, e.secret);
     return ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>>(std::move(client));
   });
+  if (st == RINGRUN_OK && env->elastic && Current() != nullptr) {
+    p.elastic_generation = std::max(p.elastic_generation, Current()->generation());
+    p.membership_epoch.store(Current()->membership_epoch(), std::memory_order_relaxed);
+  }
+  return st;
 }
 
 // ringrun_init_with_store (ringrun.h): the environment's settings, the rank and size from
@@ -425,6 +434,15 @@ ringrun_status ringrun_init_with_spin(int spin) { return Init(spin); }
 ringrun_status ringrun_init_with_store(const ringrun_store* store,
                                        const ringrun_store_options* options) {
   return InitWithStore(store, options);
+}
+
+ringrun_status ringrun_membership_epoch(uint64_t* epoch) {
+  t_error.clear();
+  if (epoch == nullptr) {
+    return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_membership_epoch: epoch is NULL");
+  }
+  *epoch = TheProcess().membership_epoch.load(std::memory_order_relaxed);
+  return RINGRUN_OK;
 }
 
 void ringrun_shutdown(void) {

@@ -46,7 +46,7 @@ class GrpcJobClient final : public JobClient {
     v1::JoinReply reply;
     grpc::Status s = stub_->Join(&ctx, req, &reply);
     if (!s.ok()) return FromGrpc(s, target_);
-    return PeerTableFromReply(&reply, info.size, "job service " + target_);
+    return PeerTableFromReply(&reply, info.elastic ? -1 : info.size, "job service " + target_);
   }
 
  private:
@@ -65,6 +65,10 @@ v1::JoinRequest MakeJoinRequest(const JoinInfo& info) {
   req.set_port(info.port);
   req.set_nccl_id(info.nccl_id);
   req.set_generation(info.generation);
+  if (info.elastic) {
+    req.set_elastic(true);
+    req.set_worker_id(info.worker_id);
+  }
   return req;
 }
 
@@ -77,6 +81,12 @@ Result<transport::PeerTable> PeerTableFromReply(v1::JoinReply* reply, int size,
   t.port_of_rank.assign(reply->port_of_rank().begin(), reply->port_of_rank().end());
   t.nccl_id = reply->nccl_id();
   t.job_id = reply->job_id();
+  t.host_of_rank.assign(reply->host_of_rank().begin(), reply->host_of_rank().end());
+  t.worker_of_rank.assign(reply->worker_of_rank().begin(), reply->worker_of_rank().end());
+  t.generation = reply->generation();
+  t.data_secret = reply->data_secret();
+  t.membership_epoch = reply->membership_epoch();
+  if (size < 0) size = reply->size();
   if (reply->size() != size || t.size() != size ||
       t.address_of_rank.size() != t.port_of_rank.size()) {
     return Internal(where + ": Join reply has a peer table of size " + std::to_string(t.size()) +

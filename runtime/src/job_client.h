@@ -18,6 +18,10 @@ struct JoinInfo {
   uint16_t port = 0;
   std::string nccl_id;      // rank 0 only, may be empty
   uint32_t generation = 0;  // this process's earlier successful joins (JoinRequest.generation)
+  // Elastic jobs: the process's worker id (JoinRequest.worker_id); `generation` is then the
+  // generation asked for, and the reply's size may differ from `size`.
+  bool elastic = false;
+  int worker_id = -1;
 };
 
 class JobClient {
@@ -32,7 +36,8 @@ class JobClient {
 // The JoinRequest that carries `info`.
 v1::JoinRequest MakeJoinRequest(const JoinInfo& info);
 
-// The peer table of a JoinReply (packed or not) for a job of `size` ranks, checked for shape;
+// The peer table of a JoinReply (packed or not) for a job of `size` ranks (-1: any, for elastic
+// jobs), checked for shape, with the elastic fields of the reply;
 // `where` (who sent it) prefixes the errors. Shared by every JobClient.
 Result<transport::PeerTable> PeerTableFromReply(v1::JoinReply* reply, int size,
                                                 const std::string& where);

@@ -156,7 +156,9 @@ const std::vector<HorovodVariable>& HorovodVariables() {
       {"HOROVOD_DYNAMIC_PROCESS_SETS",
        "1: ringrun.torch allows add_process_set; collectives run on the global set only", true},
       {"HOROVOD_ELASTIC",
-       "1: ringrun.torch.elastic.run re-forms the job after a failure (elastic jobs)", true},
+       "1 (ringrun sets it in elastic jobs, --min-np/--max-np): ringrun.torch.elastic.run "
+       "re-forms the job after a failure",
+       true},
   };
   return v;
 }
@@ -250,8 +252,9 @@ Status ReadKnobs(const Getenv& getenv, JobEnv* e) {
   for (const HorovodVariable& h : HorovodVariables()) {
     if (h.honoured) continue;
     if (const char* v = Set(getenv, h.name)) {
-      // 0 asks for what ringrun does anyway.
+      // 0 asks for what ringrun does anyway; ringrun sets HOROVOD_ELASTIC in elastic jobs.
       if (std::string(v) == "0") continue;
+      if (std::string(h.name) == "HOROVOD_ELASTIC" && Set(getenv, "RINGRUN_ELASTIC")) continue;
       e->knob_notes.push_back(std::string(h.name) + "=" + v + " has no effect: " + h.here);
     }
   }

@@ -84,11 +84,42 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   get_str(env::kSecret, &e.secret);
   get_str(env::kHostAddr, &e.host_addr);
   get_str(env::kJobId, &e.job_id);
+  int elastic = 0;
+  RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_ELASTIC", 0, 1, &elastic));
+  e.elastic = elastic == 1;
+  if (e.elastic) {
+    RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_WORKER_ID", 0, 1 << 24, &e.worker_id));
+    if (e.worker_id < 0) e.worker_id = e.rank;
+  }
   if (e.size > 1 && e.job_service.empty()) {
     return InvalidArgument(std::string(env::kJobService) + " is not set (job of size " +
                            std::to_string(e.size) + ")");
   }
   return e;
+}
+
+Shape ShapeFromHosts(const std::vector<std::string>& host_of_rank, int rank) {
+  Shape s;
+  s.rank = rank;
+  s.size = static_cast<int>(host_of_rank.size());
+  std::vector<std::string> order;  // hosts by their first rank
+  std::map<std::string, int> count;
+  for (const std::string& h : host_of_rank) {
+    if (count[h]++ == 0) order.push_back(h);
+  }
+  const std::string& mine = host_of_rank.at(static_cast<size_t>(rank));
+  s.local_rank = 0;
+  for (int r = 0; r < rank; ++r) s.local_rank += host_of_rank[static_cast<size_t>(r)] == mine;
+  s.local_size = count[mine];
+  s.cross_rank = 0, s.cross_size = 0;
+  bool before = true;
+  for (const std::string& h : order) {
+    if (h == mine) before = false;
+    if (count[h] <= s.local_rank) continue;
+    ++s.cross_size;
+    if (before) ++s.cross_rank;
+  }
+  return s;
 }
 
 Shape DeriveShape(const transport::PeerTable& peers, int rank) {
@@ -180,19 +211,50 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   info.address = env.host_addr;
   info.port = listener->port;
   info.generation = env.generation;
+  info.elastic = env.elastic;
+  info.worker_id = env.worker_id;
   // No NCCL id here: the engine makes one at the first device collective.
   Result<transport::PeerTable> peers =
       client->Join(info, env.join_timeout_ms > 0 ? env.join_timeout_ms : kJoinTimeoutMs);
-  if (!peers.ok()) return peers.status().Annotate("rank " + std::to_string(env.rank));
+  if (!peers.ok()) {
+    return peers.status().Annotate(env.elastic ? "worker " + std::to_string(env.worker_id)
+                                               : "rank " + std::to_string(env.rank));
+  }
   if (joined) *joined = true;
   if (peers->job_id.empty()) peers->job_id = env.job_id;
+  int my_rank = env.rank;
+  std::string secret = env.secret;
+  if (env.elastic) {
+    // The generation's numbering and keys: this process's rank is where its worker id is,
+    // and the data plane's secret and job tag are the generation's, so that a process of
+    // another generation cannot connect.
+    auto it = std::find(peers->worker_of_rank.begin(), peers->worker_of_rank.end(), env.worker_id);
+    if (it == peers->worker_of_rank.end() ||
+        peers->host_of_rank.size() != peers->worker_of_rank.size() ||
+        static_cast<int>(peers->worker_of_rank.size()) != peers->size() ||
+        peers->data_secret.empty()) {
+      return Internal("worker " + std::to_string(env.worker_id) +
+                      ": the job service's elastic Join reply does not place this process");
+    }
+    my_rank = static_cast<int>(it - peers->worker_of_rank.begin());
+    secret = peers->data_secret;
+    peers->job_id += "/generation/" + std::to_string(peers->generation);
+    if (peers->size() == 1) {  // alone in this generation: no data plane
+      shape = ShapeFromHosts(peers->host_of_rank, 0);
+      auto rt = std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env));
+      rt->generation_ = peers->generation;
+      rt->membership_epoch_ = peers->membership_epoch;
+      return Started(std::move(rt));
+    }
+  }
   transport::TransportOptions topts;
   topts.use_shm = env.use_shm;
-  topts.secret = env.secret;
+  topts.secret = secret;
   topts.allow_nat = env.allow_nat;
   if (env.shm_ring_kib > 0) topts.shm_ring_bytes = size_t(env.shm_ring_kib) << 10;
   EngineSettings settings = Settings(env);
-  Shape derived = DeriveShape(*peers, env.rank);
+  Shape derived =
+      env.elastic ? ShapeFromHosts(peers->host_of_rank, my_rank) : DeriveShape(*peers, env.rank);
   // env.spin (RINGRUN_SPIN, or ringrun_init_with_spin) overrides: a training rank computes on
   // its own thread while the engine waits, so spinning there takes the core its peer needs
   // (the Python package passes 0).
@@ -201,23 +263,30 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
                    : derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
   settings.set_transport = topts;
   shape = derived;
-  // The launcher's numbering wins where it gave one.
-  if (env.local_rank >= 0) shape.local_rank = env.local_rank;
-  if (env.local_size >= 0) shape.local_size = env.local_size;
-  if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
-  if (env.cross_size >= 0) shape.cross_size = env.cross_size;
+  // The launcher's numbering wins where it gave one (an elastic job's is in the reply).
+  if (!env.elastic) {
+    if (env.local_rank >= 0) shape.local_rank = env.local_rank;
+    if (env.local_size >= 0) shape.local_size = env.local_size;
+    if (env.cross_rank >= 0) shape.cross_rank = env.cross_rank;
+    if (env.cross_size >= 0) shape.cross_size = env.cross_size;
+  }
+  const uint32_t generation = peers->generation;
+  const uint64_t epoch = peers->membership_epoch;
   spdlog::log(env.source.empty() ? spdlog::level::debug : spdlog::level::info,
               "ringrun: rank {} of {} found its peers through {}: local rank {} of {}, cross rank "
               "{} of {}, data plane at {}:{}",
-              env.rank, env.size,
+              my_rank, shape.size,
               env.source.empty() ? "the ringrun job service at " + env.job_service : env.source,
               shape.local_rank, shape.local_size, shape.cross_rank, shape.cross_size, env.host_addr,
               info.port);
   Result<std::unique_ptr<transport::Transport>> t = transport::MakeSocketTransport(
-      env.rank, std::move(peers.value()), std::move(listener.value()), topts);
+      my_rank, std::move(peers.value()), std::move(listener.value()), topts);
   if (!t.ok()) return t.status();
-  return Started(
-      std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, std::move(settings)));
+  auto rt =
+      std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, std::move(settings));
+  rt->generation_ = generation;
+  rt->membership_epoch_ = epoch;
+  return Started(std::move(rt));
 }
 
 Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, int timeout_ms,

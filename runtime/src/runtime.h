@@ -75,8 +75,13 @@ struct JobEnv {
   // logs them at init.
   std::vector<std::string> knob_notes;
   // Not from the environment: how many times this process joined before (set by
-  // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous).
+  // ringrun_init; a join after ringrun_shutdown is a new round of the job's rendezvous). In an
+  // elastic job: the generation to ask for, one more than the last joined.
   uint32_t generation = 0;
+  // Elastic jobs (RINGRUN_ELASTIC=1, RINGRUN_WORKER_ID): the rank, size and shape come from
+  // the job service's reply, not from the variables above.
+  bool elastic = false;
+  int worker_id = -1;
 };
 
 // Parses the environment through `getenv` (injectable for tests). Malformed values are
@@ -129,6 +134,10 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   const Shape& shape() const { return shape_; }
+  // Elastic jobs: the generation this runtime joined and the membership epoch the job service
+  // gave then (0 otherwise). Set by Join.
+  uint32_t generation() const { return generation_; }
+  uint64_t membership_epoch() const { return membership_epoch_; }
   engine::Engine& engine() { return *engine_; }
 
   // Submits one tensor under `name` ("": unnamed; engine::Engine::Submit) and waits; a request
@@ -206,6 +215,8 @@ class Runtime {
 
   const Shape shape_;
   const int timeout_ms_;
+  uint32_t generation_ = 0;
+  uint64_t membership_epoch_ = 0;
   std::unique_ptr<engine::Engine> engine_;
   // Constant after construction: the job's peer table (empty without a transport), and what
   // a set's engine is built from: the global engine's options but its timeline.
@@ -230,5 +241,10 @@ class Runtime {
 
 // The shape a peer table implies for `rank`: hosts are address indices in order of first use.
 Shape DeriveShape(const transport::PeerTable& peers, int rank);
+// The shape of `rank` when host_of_rank names each rank's host (elastic jobs): the launcher's
+// placement rule (launcher/hosts/placement.cc): local ranks count a host's ranks in rank order;
+// for local rank l, cross_size is the number of hosts with more than l ranks and cross_rank
+// this host's index among them, hosts in order of their first rank.
+Shape ShapeFromHosts(const std::vector<std::string>& host_of_rank, int rank);
 
 }  // namespace ringrun::runtime

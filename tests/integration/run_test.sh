@@ -406,7 +406,8 @@ int main() {
   ringrun::Session s;
   std::vector<float> v(3, float(s.rank() + 1));
   s.Allreduce(v);
-  std::printf("cxx rank=%d size=%d sum=%g\n", s.rank(), s.size(), double(v[2]));
+  std::printf("cxx rank=%d size=%d sum=%g epoch=%llu\n", s.rank(), s.size(), double(v[2]),
+              static_cast<unsigned long long>(s.membership_epoch()));
   try {  // one split per rank, or an error (not a read past the vector)
     s.AlltoallAsync("short", v.data(), std::vector<size_t>(size_t(s.size()) + 1, 1));
     std::printf("cxx: AlltoallAsync took a rows vector of the wrong size\n");
@@ -428,7 +429,7 @@ CXX
   expect_contains "$WORK/c2" "[1]<stdout>:c rank=1 size=2 sum=3"
   "$RINGRUN" -np 2 "$WORK/consumer/build/cxx_app" >"$WORK/cxx2" 2>&1; rc=$?
   expect_rc 0 $rc "cxx_app under ringrun -np 2"
-  expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3"
+  expect_contains "$WORK/cxx2" "[0]<stdout>:cxx rank=0 size=2 sum=3 epoch=0"
   expect_contains "$WORK/cxx2" "[1]<stdout>:cxx rank=1: AlltoallAsync: rows has 3 entries, one per rank is 2"
   # The installed library is the one that ran, not the build tree's.
   ldd "$WORK/consumer/build/c_app" | grep -q "$WORK/prefix/lib.*/libringrun.so" ||
@@ -563,11 +564,15 @@ t_horovodrun_flags() {
     fail "--oversubscribe failed: $(cat "$WORK/err")"
   expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_LOCAL_SIZE=3"
 
-  # Elastic flags: refused, exit 2, nothing started.
-  "$RINGRUN" -np 2 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
-  expect_rc 2 $rc "--min-np"
-  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
-  [[ ! -e $WORK/started ]] || fail "--min-np started the command"
+  # Elastic usage errors and the flag not supported yet: exit 2, nothing started.
+  "$RINGRUN" -np 2 --min-np 3 touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--min-np above -np"
+  expect_contains "$WORK/err" "--min-np 3 is more than -np 2"
+  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script ./d.sh touch "$WORK/started" 2>"$WORK/err"
+  rc=$?
+  expect_rc 2 $rc "--host-discovery-script"
+  expect_contains "$WORK/err" "--host-discovery-script: host discovery is not supported yet"
+  [[ ! -e $WORK/started ]] || fail "an elastic usage error started the command"
   expect_no_orphans
 }
 
@@ -793,7 +798,7 @@ t_restarts_exhausted() {
   expect_contains "$WORK/err" "--max-restarts three: not a whole number"
   "$RINGRUN" -np 1 --max-restarts 1 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
   expect_rc 2 $rc "--min-np beside --max-restarts"
-  expect_contains "$WORK/err" "--min-np: elastic jobs are not supported yet"
+  expect_contains "$WORK/err" "--max-restarts and an elastic job (--min-np, --max-np) cannot be"
   [[ ! -e $WORK/started ]] || fail "a usage error started the command"
   expect_no_orphans
 }
@@ -813,6 +818,116 @@ t_restarts_sigint() {
   expect_contains "$WORK/err" "SIGINT received: forwarding it to every rank"
   [[ ! -e $WORK/pids.2 ]] || fail "a third attempt started after SIGINT"
   expect_not_contains "$WORK/out" "left behind"
+  expect_no_orphans
+}
+
+# Elastic jobs on two "hosts" of this machine (localhost and 127.0.0.1, an agent each).
+ELASTIC_HOSTS=localhost:2,127.0.0.1:2
+
+# The pid of every "joined" line of worker W in $WORK/out, one per line.
+elastic_pids() { grep -F "[$1]<stdout>:joined " "$WORK/out" | sed 's/.* pid=//' | sort -u; }
+
+t_elastic_kill() {
+  # Rank 2 of 4 (on 127.0.0.1) is killed -9 mid-run: its host is blacklisted and its other rank
+  # (3) ended; ranks 0 and 1 (on localhost) go on as generation 2 of size 2, in the same
+  # processes, and the job ends with 0.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w
+  "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 300 2 100 kill \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "an elastic job that lost a rank: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "rank 2 (worker 2) on host 127.0.0.1 was killed by SIGKILL (signal 9)"
+  expect_contains "$WORK/err" "host 127.0.0.1 is blacklisted, its workers 3 are ended"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1"
+  [[ $(grep -c "generation" "$WORK/err") == 1 ]] || fail "expected one reset line: $(cat "$WORK/err")"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=4 local=$w/2 cross=0/2 "
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=2 local=$w/2 cross=0/1 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=300 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+    # The failed collective names a rank of 127.0.0.1 and that host.
+    grep -F "[$w]<stdout>:error at step" "$WORK/out" | grep -qE "rank [23] on host 127\.0\.0\.1" ||
+      fail "worker $w's error does not name the failed rank and host: $(grep -F "[$w]" "$WORK/out" | grep error)"
+  done
+  expect_not_contains "$WORK/out" "[2]<stdout>:done"
+  expect_not_contains "$WORK/out" "[3]<stdout>:done"
+  expect_no_orphans
+}
+
+t_elastic_agent_lost() {
+  # The agent of 127.0.0.1 is killed -9 mid-run (its ranks die with it, unreported): the host is
+  # lost and blacklisted, and localhost's ranks go on as generation 2 of size 2.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid agent=""
+  "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 2000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "joined rank=" 4 30
+  for p in $(tagged_pids); do
+    if [[ $(cat /proc/$p/comm 2>/dev/null) == ringrun-agent ]] &&
+       tr '\0' ' ' </proc/$p/cmdline | grep -q -- "--host-index 1 "; then
+      agent=$p
+    fi
+  done
+  [[ -n $agent ]] || fail "no agent for host index 1"
+  kill -9 "$agent"
+  wait $pid; rc=$?
+  expect_rc 0 $rc "an elastic job that lost an agent: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "lost the agent on host 127.0.0.1"
+  expect_contains "$WORK/err" "(workers 2,3 were running); host 127.0.0.1 is blacklisted; generation 2: 2 ranks (was 4), reset 1"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=2000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process"
+  done
+  expect_no_orphans
+}
+
+t_elastic_leave() {
+  # A rank that exits 0 leaves: the others go on without it, no host blamed, no reset counted
+  # (--reset-limit 0 allows none).
+  local worker="$BIN/ringrun-test-elastic-worker" rc w
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 0 -H $ELASTIC_HOSTS "$worker" 200 3 50 leave \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "an elastic job with a rank leaving: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "rank 3 (worker 3) on host 127.0.0.1 exited 0 and left the job"
+  expect_contains "$WORK/err" "generation 2: 3 ranks (was 4), reset 0"
+  expect_not_contains "$WORK/err" "blacklisted"
+  for w in 0 1 2; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=3 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=3"
+  done
+  expect_contains "$WORK/out" "[2]<stdout>:joined rank=2 size=3 local=0/1 cross=1/2 "
+  expect_no_orphans
+  # A survivor that exits 0 instead of joining the generation formed after a failure: the
+  # others' Join does not wait for it; worker 0 goes on alone (generation 3, size 1).
+  "$RINGRUN" -np 4 --min-np 1 -H $ELASTIC_HOSTS -x ELASTIC_QUIT_ON_ERROR=1 "$worker" 200 2 50 kill \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "a survivor leaving a forming generation: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1"
+  expect_contains "$WORK/err" "rank 1 (worker 1) on host localhost exited 0 and left the job; generation 3: 1 ranks (was 2), reset 1"
+  expect_contains "$WORK/out" "[0]<stdout>:joined rank=0 size=1 local=0/1 cross=0/1 "
+  expect_contains "$WORK/out" "[0]<stdout>:done steps=200 size=1"
+  expect_no_orphans
+}
+
+t_elastic_limits() {
+  # The failure that needs a reset beyond --reset-limit ends the job naming the limit, with the
+  # failed rank's exit code; so does one that leaves fewer than --min-np ranks.
+  local worker="$BIN/ringrun-test-elastic-worker" rc
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 0 -H $ELASTIC_HOSTS "$worker" 300 2 50 kill \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 137 $rc "--reset-limit 0"
+  expect_contains "$WORK/err" "reset limit 0 reached (--reset-limit)"
+  expect_not_contains "$WORK/err" "generation 2"
+  expect_no_orphans
+  "$RINGRUN" -np 4 --min-np 3 -H $ELASTIC_HOSTS "$worker" 300 1 50 fail \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 3 $rc "below --min-np"
+  expect_contains "$WORK/err" "rank 1 (worker 1) on host localhost exited with code 3"
+  expect_contains "$WORK/err" "2 ranks remain, fewer than --min-np 3: ending the job"
+  expect_no_orphans
+  # Within the limit: a failure (exit 3) with --reset-limit 1 is one reset, and the job goes on.
+  "$RINGRUN" -np 4 --min-np 2 --reset-limit 1 -H $ELASTIC_HOSTS "$worker" 200 3 50 fail \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "one reset within --reset-limit 1: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1 of --reset-limit 1"
   expect_no_orphans
 }
 

@@ -1,6 +1,7 @@
 // horovodrun's options, group by group: each is accepted with its meaning, sets what it sets in
-// Horovod, or says what ringrun does instead; the elastic ones are refused. Also --config-file
-// (Horovod's YAML schema) and the mpirun habits (-wdir, --timeout, --oversubscribe, ...).
+// Horovod, or says what ringrun does instead; the elastic ones make the job elastic (host discovery
+// is refused). Also --config-file (Horovod's YAML schema) and the mpirun habits (-wdir, --timeout,
+// --oversubscribe, ...).
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -28,8 +29,8 @@ ParseOutcome Parse(std::vector<std::string> args, std::vector<std::string> env =
   return ParseCommandLine(static_cast<int>(args.size()), argv.data(), env);
 }
 
-Options Ok(std::vector<std::string> args) {
-  ParseOutcome out = Parse(std::move(args));
+Options Ok(std::vector<std::string> args, std::vector<std::string> env = {}) {
+  ParseOutcome out = Parse(std::move(args), std::move(env));
   INFO(out.message);
   REQUIRE(out.kind == ParseOutcome::kRun);
   return out.options;
@@ -114,14 +115,7 @@ const std::map<std::string, std::vector<std::string>>& SampleValues() {
   return kValues;
 }
 
-bool IsElastic(const std::string& name) {
-  for (const char* e : {"--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
-                        "--slots-per-host", "--elastic-timeout", "--reset-limit",
-                        "--blacklist-cooldown-range", "--host-discovery-script"}) {
-    if (name == e) return true;
-  }
-  return false;
-}
+bool IsRefused(const std::string& name) { return name == "--host-discovery-script"; }
 
 TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name",
           "[options][horovodrun]") {
@@ -139,12 +133,11 @@ TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name"
     if (name == "-h" || name == "--help" || name == "-v" || name == "--version") {
       CHECK(out.kind == ParseOutcome::kExitNow);
       CHECK(out.exit_code == 0);
-    } else if (IsElastic(name)) {
+    } else if (IsRefused(name)) {
       CHECK(out.exit_code == 2);
       CHECK(out.message == name +
-                               ": elastic jobs are not supported yet; ringrun runs a fixed "
-                               "number of ranks (-np) on fixed hosts (-H, --hostfile); "
-                               "--max-restarts N starts the whole job again after a failure");
+                               ": host discovery is not supported yet; an elastic job (--min-np, "
+                               "--max-np) runs on a fixed host set (-H, --hostfile)");
     } else if (name == "-cb" || name == "--check-build") {
       CHECK(out.exit_code == 2);  // it runs no command
       CHECK_THAT(out.message, Contains("--check-build runs no command"));
@@ -364,23 +357,57 @@ TEST_CASE("horovodrun: other machines' flags are accepted with a note saying wha
   CHECK(o.notes.empty());
 }
 
-TEST_CASE("horovodrun: elastic flags are refused before anything starts", "[options][horovodrun]") {
-  for (const std::vector<std::string>& flag : {std::vector<std::string>{"--min-np", "2"},
-                                               {"--max-np", "8"},
-                                               {"--min-num-proc", "2"},
-                                               {"--max-num-proc", "8"},
-                                               {"--slots-per-host", "4"},
-                                               {"--host-discovery-script", "d.sh"},
-                                               {"--elastic-timeout", "60"},
-                                               {"--reset-limit", "1"},
-                                               {"--blacklist-cooldown-range", "10", "100"}}) {
-    std::vector<std::string> args = {"-np", "2"};
-    args.insert(args.end(), flag.begin(), flag.end());
-    args.push_back("prog");
-    CHECK_THAT(Usage(args), Contains(flag[0] + ": elastic jobs are not supported yet"));
-  }
-  // Even with values horovodrun would refuse, the message is about elasticity.
-  CHECK_THAT(Usage({"-np", "2", "--min-np", "x", "prog"}), Contains("elastic"));
+TEST_CASE("horovodrun: elastic flags and their defaults", "[options][horovodrun][elastic]") {
+  Options o = Ok({"-np", "4", "-H", "localhost:2,127.0.0.1:2", "--min-np", "2", "prog"});
+  CHECK(o.elastic.enabled);
+  CHECK(o.elastic.min_np == 2);
+  CHECK(o.elastic.max_np == 4);  // -np
+  CHECK(o.elastic.elastic_timeout_s == 600);
+  CHECK_FALSE(o.elastic.reset_limit);
+  CHECK_FALSE(o.elastic.cooldown_s);
+  o = Ok({"-np", "4", "--max-num-proc", "4", "--reset-limit", "3", "--elastic-timeout", "30",
+          "--blacklist-cooldown-range", "10", "100", "--slots-per-host", "2", "prog"});
+  CHECK(o.elastic.enabled);
+  CHECK(o.elastic.min_np == 4);  // -np, as horovodrun
+  CHECK(o.elastic.reset_limit == 3);
+  CHECK(o.elastic.elastic_timeout_s == 30);
+  CHECK(o.elastic.cooldown_s == std::make_pair(10, 100));
+  CHECK(o.elastic.slots_per_host == 2);
+  // horovodrun's variable, below the flag.
+  o = Ok({"-np", "2", "--min-np", "1", "prog"}, {"HOROVOD_ELASTIC_TIMEOUT=42"});
+  CHECK(o.elastic.elastic_timeout_s == 42);
+  o = Ok({"-np", "2", "--min-np", "1", "--elastic-timeout", "7", "prog"},
+         {"HOROVOD_ELASTIC_TIMEOUT=42"});
+  CHECK(o.elastic.elastic_timeout_s == 7);
+  // Not elastic without --min-np or --max-np: the others change nothing, with a note.
+  o = Ok({"-np", "2", "--reset-limit", "1", "prog"});
+  CHECK_FALSE(o.elastic.enabled);
+  CHECK_THAT(o.notes.at(0), Contains("apply to elastic jobs only"));
+  // One host: a note that the first failure ends the job.
+  o = Ok({"-np", "2", "--min-np", "1", "prog"});
+  CHECK_THAT(o.notes.at(0), Contains("an elastic job on one host (localhost) ends at its first"));
+  // --max-np above -np: a note (a fixed host set does not grow).
+  o = Ok({"-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"});
+  CHECK(o.elastic.max_np == 4);
+  CHECK_THAT(o.notes.at(0), Contains("never grows past -np 2"));
+}
+
+TEST_CASE("horovodrun: elastic usage errors start nothing", "[options][horovodrun][elastic]") {
+  CHECK_THAT(Usage({"-np", "4", "--min-np", "5", "prog"}),
+             Contains("--min-np 5 is more than -np 4"));
+  CHECK_THAT(Usage({"-np", "4", "--max-np", "3", "prog"}),
+             Contains("--max-np 3 is less than -np 4"));
+  CHECK_THAT(Usage({"-np", "2", "--min-np", "0", "prog"}), Contains("--min-np 0"));
+  CHECK_THAT(Usage({"-np", "2", "--min-np", "x", "prog"}),
+             Contains("--min-np x: not a whole number"));
+  CHECK_THAT(Usage({"-np", "2", "--min-np", "1", "--reset-limit", "-1", "prog"}),
+             Contains("--reset-limit -1"));
+  CHECK_THAT(Usage({"-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "10", "5", "prog"}),
+             Contains("MAX is less than MIN"));
+  CHECK_THAT(Usage({"-np", "2", "--min-np", "1", "--max-restarts", "2", "prog"}),
+             Contains("--max-restarts and an elastic job"));
+  CHECK_THAT(Usage({"-np", "2", "--host-discovery-script", "d.sh", "prog"}),
+             Contains("--host-discovery-script: host discovery is not supported yet"));
 }
 
 TEST_CASE("horovodrun: --network-interfaces, repeatable and comma-separated",
@@ -440,10 +467,9 @@ TEST_CASE("torchrun's --max-restarts: both spellings, a whole number from 0", "[
         "--max-restarts 1.5: not a whole number");
   CHECK(Usage({"-np", "1", "--max-restarts", "99999999999", "prog"}) ==
         "--max-restarts 99999999999: must be at most " + std::to_string(job::kMaxRestarts));
-  // The elastic flags stay refused beside it, and say what it does.
-  CHECK_THAT(Usage({"-np", "2", "--max-restarts", "3", "--min-np", "1", "prog"}),
-             Contains("--min-np: elastic jobs are not supported yet") &&
-                 Contains("--max-restarts N starts the whole job again after a failure"));
+  // Whole-job restarts and an elastic job are two answers to a failure: one at a time.
+  CHECK(Usage({"-np", "2", "--max-restarts", "3", "--min-np", "1", "prog"}) ==
+        "--max-restarts and an elastic job (--min-np, --max-np) cannot be used together");
 }
 
 TEST_CASE("mpirun habits: -wdir, --timeout, --report-bindings, --oversubscribe",

@@ -189,6 +189,77 @@ TEST_CASE("job service: the secret admits Register, Session and Join", "[job_ser
   CHECK(jreply.port_of_rank(0) == 4242);
 }
 
+// An elastic Join of `worker` asking for `generation`, answered into *reply (async).
+std::future<grpc::Status> ElasticJoin(Server& s, const std::string& secret, int worker,
+                                      uint32_t generation, v1::JoinReply* reply) {
+  return std::async(std::launch::async, [&s, secret, worker, generation, reply] {
+    grpc::ClientContext ctx;
+    AttachSecret(&ctx, secret);
+    ctx.set_deadline(DeadlineAfterMs(10000));
+    v1::JoinRequest jr;
+    jr.set_elastic(true);
+    jr.set_worker_id(worker);
+    jr.set_generation(generation);
+    jr.set_address("127.0.0.1");
+    jr.set_port(static_cast<uint32_t>(5000 + worker));
+    return s.stub->Join(&ctx, jr, reply);
+  });
+}
+
+TEST_CASE("job service: elastic Joins meet by worker id in the launcher's generations",
+          "[job_service][elastic]") {
+  const std::string secret(64, 'e');
+  Server s(secret);
+  std::atomic<uint32_t> completed{0};
+  s.rendezvous.SetOnGenerationComplete([&](uint32_t g) { completed = g; });
+  // Generation 1: workers 0..2 on two hosts.
+  Rendezvous::ElasticGeneration g1;
+  g1.number = 1;
+  g1.workers = {0, 1, 2};
+  g1.hosts = {"a", "a", "b"};
+  g1.data_secret = std::string(64, '1');
+  s.rendezvous.SetGeneration(g1);
+  v1::JoinReply r[3];
+  std::future<grpc::Status> f[3];
+  for (int w = 0; w < 3; ++w) f[w] = ElasticJoin(s, secret, w, 1, &r[w]);
+  for (int w = 0; w < 3; ++w) REQUIRE(f[w].get().ok());
+  CHECK(completed == 1);
+  CHECK(r[2].generation() == 1);
+  CHECK(r[2].size() == 3);
+  CHECK(r[2].data_secret() == std::string(64, '1'));
+  CHECK(std::vector<int>(r[2].worker_of_rank().begin(), r[2].worker_of_rank().end()) ==
+        std::vector<int>{0, 1, 2});
+  CHECK(r[2].host_of_rank(2) == "b");
+
+  // Worker 1 failed. Workers 0 and 2 ask for generation 2 before the launcher formed it: held.
+  for (int w : {0, 2}) f[w] = ElasticJoin(s, secret, w, 2, &r[w]);
+  f[1] = ElasticJoin(s, secret, 1, 2, &r[1]);  // the failed one, late
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(f[0].wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  Rendezvous::ElasticGeneration g2;
+  g2.number = 2;
+  g2.workers = {2, 0};  // worker 2 is rank 0 now
+  g2.hosts = {"b", "a"};
+  g2.data_secret = std::string(64, '2');
+  s.rendezvous.SetGeneration(g2);
+  for (int w : {0, 2}) REQUIRE(f[w].get().ok());
+  grpc::Status refused = f[1].get();
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(refused.error_message(),
+             Catch::Contains("worker 1 asked to join generation 2, but generation 2 of the job "
+                             "was formed without it"));
+  CHECK(completed == 2);
+  CHECK(r[0].size() == 2);
+  CHECK(r[0].worker_of_rank(0) == 2);
+  CHECK(r[0].data_secret() == std::string(64, '2'));
+  REQUIRE(UnpackPeerColumns(&r[0]).ok());
+  CHECK(r[0].port_of_rank(0) == 5002);
+  // A straggler of generation 1 asking for it now is refused too.
+  v1::JoinReply late;
+  CHECK(ElasticJoin(s, secret, 1, 1, &late).get().error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_CASE("job service: a command sent before the Session opens is delivered when it does",
           "[job_service]") {
   const std::string secret(64, 'd');

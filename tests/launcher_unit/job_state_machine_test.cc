@@ -82,6 +82,30 @@ TEST_CASE("job: every rank exiting 0 ends the job with 0", "[job_state]") {
   CHECK(f.job.TakeCommands().empty());
 }
 
+TEST_CASE("job: elastic ranks that are gone end no job, EndJob does", "[job_state][elastic]") {
+  ManualClock clock;
+  JobPlan plan = Plan();
+  plan.elastic = true;
+  JobStateMachine job(plan, clock);
+  StartEverything(job);
+  // Host a's ranks are gone (the job's policy handled them); its agent ends: no failure.
+  job.RankGone(0);
+  job.RankGone(1);
+  job.AgentExited(0, 0, "");
+  CHECK(job.TakeCommands().empty());
+  CHECK_FALSE(job.stopping());
+  CHECK(job.finished(0));
+  // The policy ends the job: reported once, torn down, with the code it gives.
+  job.EndJob(137, "2 ranks remain, fewer than --min-np 3: ending the job");
+  std::vector<JobCommand> commands = job.TakeCommands();
+  REQUIRE(OfKind(commands, Kind::kReport).size() == 1);
+  CHECK(OfKind(commands, Kind::kReport)[0].text ==
+        "2 ranks remain, fewer than --min-np 3: ending the job");
+  CHECK(OfKind(commands, Kind::kTerminateRanks).size() == 1);
+  CHECK(job.stopping());
+  CHECK(job.exit_code() == 137);
+}
+
 TEST_CASE("job: the first failure wins, reported once, and tears the job down", "[job_state]") {
   Fixture f;
   f.StartAll();

@@ -319,5 +319,39 @@ TEST_CASE("membership: options and failures are checked", "[membership]") {
   CHECK(s.message() == "rank 1 is not in generation 1 (size 1)");
 }
 
+TEST_CASE("membership: without refill a later generation is survivors only", "[membership]") {
+  ManualClock clock;
+  MembershipOptions o = Options(6, 2, 6);
+  o.refill = false;
+  MembershipPolicy p = Started(o, clock, {{"a", 2}, {"b", 2}, {"c", 2}});
+  REQUIRE(p.OnFailure({3, {0, 4}}).ok());
+  Decision d = p.Decide();
+  REQUIRE(d.action == Action::kForm);
+  CHECK(Layout(d.generation) == std::vector<std::string>{"a:0<-1", "c:0<-5"});
+  CHECK(p.resets() == 1);
+}
+
+TEST_CASE("membership: ranks that leave make a generation but no reset", "[membership]") {
+  ManualClock clock;
+  MembershipOptions o = Options(4, 2, 4);
+  o.refill = false;
+  o.reset_limit = 0;
+  MembershipPolicy p = Started(o, clock, {{"a", 2}, {"b", 2}});
+  REQUIRE(p.OnRankGone(3, false).ok());
+  Decision d = p.Decide();
+  REQUIRE(d.action == Action::kForm);
+  CHECK(Layout(d.generation) == std::vector<std::string>{"a:0<-0", "a:1<-1", "b:0<-2"});
+  CHECK(p.resets() == 0);
+  CHECK(p.Blacklist().empty());
+  // A consequence of a failure is a reset, without blacklisting: here beyond the limit.
+  REQUIRE(p.OnRankGone(0, true).ok());
+  d = p.Decide();
+  REQUIRE(d.action == Action::kEnd);
+  CHECK(d.end.message() ==
+        "reset limit 0 reached (--reset-limit): the job was reset 0 times and needs another");
+  CHECK(p.Blacklist().empty());
+  CHECK_FALSE(p.OnRankGone(7, false).ok());
+}
+
 }  // namespace
 }  // namespace ringrun::launcher::elastic

@@ -100,6 +100,21 @@ rank_raises)
   grep -q '^\[1\]<stderr>:RuntimeError: boom at step 3 on rank 1' "$WORK/out" || fail "no traceback of rank 1"
   grep -q 'exited with code 1' "$WORK/out" || fail "the launcher did not report the exit code"
   ((secs < 30)) || fail "took $secs s (a rank hung)" ;;
+elastic)
+  # An elastic job (--min-np) from Python: worker 2 of 4 is killed, its host (127.0.0.1) is
+  # left out, and workers 0 and 1 go on as ranks 0 and 1 of 2 after shutdown() and init().
+  timeout 60 "$BIN/ringrun" -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 $PY \
+    "$here/elastic_rejoin.py" >"$WORK/out" 2>&1
+  rc=$?
+  cat "$WORK/out"
+  [[ $rc == 0 ]] || fail "exit code $rc"
+  grep -q 'generation 2: 2 ranks (was 4), reset 1' "$WORK/out" || fail "no reset line"
+  for w in 0 1; do
+    grep -q "^\[$w\]<stdout>:error: .*rank [23] on host 127\.0\.0\.1" "$WORK/out" ||
+      fail "worker $w's error does not name the failed rank and host"
+    grep -q "^\[$w\]<stdout>:rejoined $w 2 $w 1 0\$" "$WORK/out" || fail "worker $w did not rejoin"
+    grep -q "^\[$w\]<stdout>:done $w 2 " "$WORK/out" || fail "worker $w did not finish"
+  done ;;
 example)
   [[ -d /usr/share/datasets/fashion-mnist ]] || { echo "needs dataset-fashion-mnist"; exit 77; }
   ex=$here/../../examples/pytorch/train_fashion_mnist.py

@@ -26,6 +26,14 @@ def test_shape():
     assert 0 <= ringrun.cross_rank() < ringrun.cross_size()
 
 
+def test_membership_epoch():
+    # Not an elastic job: the epoch is 0, and an int that allreduce(Max) can agree on.
+    epoch = ringrun.membership_epoch()
+    assert epoch == 0 and isinstance(epoch, int)
+    agreed = ringrun.allreduce(np.array([epoch], np.int64), op=ringrun.Max)
+    assert agreed.tolist() == [0]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_collectives(dtype):
     n, r = ringrun.size(), ringrun.rank()

@@ -235,6 +235,26 @@ RINGRUN_API ringrun_status ringrun_init_with_store(const ringrun_store* store,
  * (a few kilobytes) stays allocated until the process exits. */
 RINGRUN_API void ringrun_shutdown(void);
 
+/* Elastic jobs (ringrun --min-np/--max-np; docs/elastic.md). When a rank of the job fails
+ * (exits non-zero, is killed) or its host is lost, the survivors' pending and later
+ * collectives fail fast with RINGRUN_ERR_UNAVAILABLE (the peer's connections closed) or,
+ * for a peer that went silent, RINGRUN_ERR_TIMEOUT; the message names the peer's rank and its
+ * host ("rank 2 on host h2 (10.0.0.3:41234)"). The runtime stays broken until the program
+ * calls ringrun_shutdown() and then ringrun_init(): that init joins the next generation that
+ * the launcher formed from the survivors, and ringrun_rank(), ringrun_size() and the local and
+ * cross shape report the new values (the launcher's RINGRUN_RANK etc. in the environment keep
+ * the first generation's). Each generation has its own data-plane secret from the job
+ * service, so a process of an earlier generation cannot connect to a later one. An init by a
+ * process that the new generation left out (its host was blacklisted, the job went on
+ * without it) fails with RINGRUN_ERR_INVALID_ARGUMENT naming the generation; a job being torn
+ * down fails it with RINGRUN_ERR_ABORTED.
+ *
+ * ringrun_membership_epoch sets *epoch to the membership epoch given with the last join: a
+ * counter the launcher raises when the job's host set changed and a new generation is pending
+ * (0 when it never did, and in jobs that are not elastic). Safe to call at any time, even
+ * before ringrun_init(). RINGRUN_ERR_INVALID_ARGUMENT for a NULL epoch. */
+RINGRUN_API ringrun_status ringrun_membership_epoch(uint64_t* epoch);
+
 /* The job's shape; -1 before ringrun_init(). local_* count the ranks on this host, cross_*
  * the hosts (cross_rank is this host's index among the job's hosts). */
 RINGRUN_API int ringrun_rank(void);

@@ -122,6 +122,12 @@ class Session {
   int local_size() const { return ringrun_local_size(); }
   int cross_rank() const { return ringrun_cross_rank(); }
   int cross_size() const { return ringrun_cross_size(); }
+  // The membership epoch of an elastic job (ringrun_membership_epoch).
+  uint64_t membership_epoch() const {
+    uint64_t epoch = 0;
+    detail::Check(ringrun_membership_epoch(&epoch), "ringrun_membership_epoch");
+    return epoch;
+  }
 
   template <typename T>
   void Allreduce(const T* send, T* recv, size_t count, ringrun_op op = RINGRUN_SUM) {

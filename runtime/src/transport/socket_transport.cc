@@ -36,7 +36,9 @@ namespace ringrun::runtime::transport {
 
 std::string PeerTable::Describe(int r) const {
   if (r < 0 || r >= size()) return "rank " + std::to_string(r);
-  return "rank " + std::to_string(JobRank(r)) + " (" + address(r) + ":" +
+  const std::string host =
+      r < static_cast<int>(host_of_rank.size()) ? " on host " + host_of_rank[r] : "";
+  return "rank " + std::to_string(JobRank(r)) + host + " (" + address(r) + ":" +
          std::to_string(port_of_rank[r]) + ")";
 }
 

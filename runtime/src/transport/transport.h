@@ -71,6 +71,14 @@ struct PeerTable {
   // A process set's table (runtime.h): the job's rank of each of its ranks, which messages
   // name. Empty: the table's ranks are the job's.
   std::vector<int> job_ranks;
+  // Elastic jobs (the job service's Join reply, job.proto): by rank, its host's name as the
+  // launcher names it (Describe names it) and its worker id; the generation joined, its data
+  // plane secret, and the membership epoch. Empty or 0 otherwise.
+  std::vector<std::string> host_of_rank;
+  std::vector<int> worker_of_rank;
+  uint32_t generation = 0;
+  std::string data_secret;
+  uint64_t membership_epoch = 0;
 
   int size() const { return static_cast<int>(port_of_rank.size()); }
   const std::string& address(int rank) const { return addresses[address_of_rank[rank]]; }
@@ -78,7 +86,8 @@ struct PeerTable {
   int JobRank(int rank) const {
     return rank >= 0 && rank < static_cast<int>(job_ranks.size()) ? job_ranks[rank] : rank;
   }
-  // "rank 3 (10.0.0.2:4711)", for error messages; the job's rank.
+  // "rank 3 (10.0.0.2:4711)", for error messages; the job's rank. With host_of_rank:
+  // "rank 3 on host h2 (10.0.0.2:4711)".
   std::string Describe(int rank) const;
 };
 

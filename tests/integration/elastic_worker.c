@@ -1,0 +1,92 @@
+/* A rank of an elastic job for the integration tests (run_test.sh, t_elastic_*): it loops
+ * allreduces of a known value and, when one fails, leaves and joins the next generation
+ * (ringrun_shutdown, ringrun_init), as an elastic training program does.
+ *
+ * Usage: ringrun-test-elastic-worker STEPS [WORKER STEP kill|leave|fail]
+ *   Every step allreduces (SUM) 1.0 from each rank and checks that the sum is the size. After
+ *   a join, the ranks agree on the step to go on from: the fewest steps any of them completed.
+ *   The worker whose RINGRUN_WORKER_ID is WORKER, on reaching STEP in the first generation,
+ *   kills itself with SIGKILL (kill), exits 0 (leave) or exits 3 (fail). The worker named by
+ *   ELASTIC_QUIT_ON_ERROR exits 0 at its first failed collective instead of joining again.
+ * Output, one line each: "joined rank=R size=S local=L/LS cross=C/CS pid=P" after every join;
+ * "error at step N: MESSAGE" for a failed collective; "done steps=N size=S pid=P" at the end.
+ * Exit codes: 0 done, 1 a join failed, 2 usage, 4 a wrong sum. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ringrun/ringrun.h"
+
+static int Join(void) {
+  ringrun_status st = ringrun_init();
+  if (st != RINGRUN_OK) {
+    printf("join failed (%d): %s\n", (int)st, ringrun_error_message());
+    fflush(stdout);
+    return 0;
+  }
+  printf("joined rank=%d size=%d local=%d/%d cross=%d/%d pid=%d\n", ringrun_rank(), ringrun_size(),
+         ringrun_local_rank(), ringrun_local_size(), ringrun_cross_rank(), ringrun_cross_size(),
+         (int)getpid());
+  fflush(stdout);
+  return 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2 && argc != 5) {
+    fprintf(stderr, "usage: %s STEPS [WORKER STEP kill|leave|fail]\n", argv[0]);
+    return 2;
+  }
+  const long steps = atol(argv[1]);
+  const char* id = getenv("RINGRUN_WORKER_ID");
+  const int me = id ? atoi(id) : -1;
+  const int victim = argc == 5 ? atoi(argv[2]) : -2;
+  const long at = argc == 5 ? atol(argv[3]) : -1;
+  const char* how = argc == 5 ? argv[4] : "";
+  int first_generation = 1;
+  if (!Join()) return 1;
+  long step = 0;
+  while (step < steps) {
+    if (first_generation && me == victim && step == at) {
+      printf("%s at step %ld\n", how, step);
+      fflush(stdout);
+      if (strcmp(how, "kill") == 0) raise(SIGKILL);
+      return strcmp(how, "leave") == 0 ? 0 : 3;
+    }
+    double one = 1.0, sum = 0.0;
+    ringrun_status st = ringrun_allreduce(&one, &sum, 1, RINGRUN_FLOAT64, RINGRUN_SUM);
+    if (st == RINGRUN_OK) {
+      if (sum != (double)ringrun_size()) {
+        printf("wrong sum %g at step %ld with size %d\n", sum, step, ringrun_size());
+        return 4;
+      }
+      ++step;
+      usleep(2000);
+      continue;
+    }
+    printf("error at step %ld (%d): %s\n", step, (int)st, ringrun_error_message());
+    fflush(stdout);
+    const char* quit = getenv("ELASTIC_QUIT_ON_ERROR");
+    if (quit && atoi(quit) == me) {
+      printf("quitting\n");
+      return 0;
+    }
+    for (;;) { /* the next generation, until a whole one agrees on the step */
+      ringrun_shutdown();
+      first_generation = 0;
+      if (!Join()) return 1;
+      long mine = step, least = 0;
+      st = ringrun_allreduce(&mine, &least, 1, RINGRUN_INT64, RINGRUN_MIN);
+      if (st == RINGRUN_OK) {
+        step = least;
+        break;
+      }
+      printf("error agreeing on the step (%d): %s\n", (int)st, ringrun_error_message());
+      fflush(stdout);
+    }
+  }
+  printf("done steps=%ld size=%d pid=%d\n", step, ringrun_size(), (int)getpid());
+  ringrun_shutdown();
+  return 0;
+}

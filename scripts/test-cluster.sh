@@ -16,6 +16,9 @@
 # (names and addresses of every host), hosts (name address lines) and h<i>/ (sshd config, host key,
 # log). /etc/hosts gets "198.18.0.x rr-hI" lines marked "# ringrun-test-cluster".
 #
+# `up` raises the kernel's ARP table limits (net.ipv4.neigh.default.gc_thresh2/3, shared by all
+# namespaces) to fit N hosts that all talk to each other; they are never lowered.
+#
 # Only 198.18.0.0/24 is used, only on links created here; a blackhole route for 198.18.0.0/15
 # keeps any other test-net address from leaving the machine.
 #
@@ -165,10 +168,25 @@ update_names() {  # n: known_hosts, hosts file and /etc/hosts for hosts 1..n
   rm -f "$tmp"
 }
 
+# The kernel's ARP table is one table for every namespace, with its limits (gc_thresh2/3)
+# counted over all of them: N hosts whose ranks all talk to each other need about N*(N+1)
+# entries (each host's peers and the bridge), and past gc_thresh3 (1024 by default, so about
+# 31 hosts) connects fail with "No route to host" ("neighbor table overflow" in dmesg). Raised
+# for N hosts, never lowered (room for the other clusters beside this one).
+ensure_neigh_table() {  # N
+  local need=$((2 * ($1 + 1) * ($1 + 1) + 1024)) key cur
+  for key in gc_thresh2 gc_thresh3; do
+    cur=$(sysctl -n "net.ipv4.neigh.default.$key")
+    ((cur >= need)) || sysctl -q -w "net.ipv4.neigh.default.$key=$need"
+    need=$((need * 2))
+  done
+}
+
 cmd_up() {
   local n=${1:-}
   [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_HOSTS)) || die "usage: up N (1..$MAX_HOSTS)"
   ensure_base
+  ensure_neigh_table "$n"
   local i
   for i in $(existing_hosts); do ((i > n)) && remove_host "$i"; done
   for i in $(seq "$n"); do

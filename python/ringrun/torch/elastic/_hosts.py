@@ -8,7 +8,5 @@ import ringrun
 
 
 def membership_epoch():
-    """ringrun.membership_epoch(), or 0 where the runtime does not provide it: then no host
-    change is ever seen, and only failures re-form the job."""
-    read = getattr(ringrun, "membership_epoch", None)
-    return 0 if read is None else int(read())
+    """ringrun.membership_epoch(): the epoch received with this rank's last join."""
+    return int(ringrun.membership_epoch())

@@ -88,6 +88,49 @@ TEST_CASE("engine at 64 ranks: random submission orders agree over O(log n) conn
   }
 }
 
+TEST_CASE("engine at 64 ranks: a round that one rank starts wakes every sleeping rank",
+          "[engine][scale]") {
+  // Rank 63 submits alone; the others sleep in WaitForInput. Each is woken by its partner's
+  // first step, which that partner sends once woken itself: every rank must run the round.
+  const int np = 64, starter = 63;
+  std::vector<std::unique_ptr<Runtime>> rts;
+  REQUIRE(MakeThreadJob(ScaleOpts(np, false), &rts).empty());
+  auto rounds = [&](int r) { return rts[r]->engine().negotiation_counters().rounds; };
+  auto all_past = [&](const std::vector<uint64_t>& base) {
+    for (int r = 0; r < np; ++r) {
+      if (rounds(r) <= base[r]) return false;
+    }
+    return true;
+  };
+  const auto until = [](int ms) {
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  };
+  std::vector<uint64_t> none(np, 0), before(np);
+  for (auto t = until(20000); !all_past(none) && std::chrono::steady_clock::now() < t;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(all_past(none));  // every hello done
+  for (int r = 0; r < np; ++r) before[r] = rounds(r);
+  std::vector<float> x(np, 1.0f);
+  std::vector<std::shared_ptr<HandleState>> hs(np);
+  hs[starter] = Submit(*rts[starter], FloatAllreduce("x", &x[starter], 1));
+  for (auto t = until(10000); !all_past(before) && std::chrono::steady_clock::now() < t;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < np; ++r) {
+    INFO("rank " << r);
+    CHECK(rounds(r) > before[r]);
+  }
+  for (int r = 0; r < np; ++r) {
+    if (r != starter) hs[r] = Submit(*rts[r], FloatAllreduce("x", &x[r], 1));
+  }
+  for (int r = 0; r < np; ++r) {
+    INFO("rank " << r);
+    CHECK(WaitOk(*hs[r]).empty());
+    CHECK(x[r] == np);
+  }
+}
+
 TEST_CASE("engine at 16 ranks: a negotiation round is log2(n) head messages per rank",
           "[engine][scale]") {
   // Barriers are negotiation only: every rank's frame is the same full request, so every step

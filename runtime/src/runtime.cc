@@ -332,7 +332,10 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
   // A process set's engine runs with the settings given, untuned: its rank 0 would otherwise
   // tune it too and write a second log into the same HOROVOD_AUTOTUNE_LOG file.
   set_options_.autotune = engine::AutotuneOptions{};
-  engine_ = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
+  // The engine thread may fail (and call AbortAll) before this constructor has stored engine_.
+  auto engine = std::make_unique<engine::Engine>(std::move(transport), std::move(o));
+  MutexLock lock(&sets_mu_);
+  engine_ = std::move(engine);
 }
 
 Runtime::~Runtime() { Shutdown(); }
@@ -358,8 +361,9 @@ void Runtime::SetFailed(int id, const Status& st) {
 }
 
 void Runtime::AbortAll(const Status& st) {
-  engine_->Abort(st);
   MutexLock lock(&sets_mu_);
+  // Null only while the constructor has not stored it: then its own failure is all there is.
+  if (engine_) engine_->Abort(st);
   for (auto& e : set_engines_) e->Abort(st);  // never calls back here (see Engine::Abort)
 }
 

@@ -1,6 +1,7 @@
 // Helpers the engine tests share (host and device): submit one entry, wait for a handle.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +53,25 @@ inline Submitted SubmitGroup(Runtime& rt, std::vector<engine::Entry> entries) {
   if (h) out.handle = engine::ShareHandle(h);
   return out;
 }
+
+// What the engines log (the stall inspector's warnings), from any rank's thread.
+class Logs {
+ public:
+  std::function<void(const std::string&)> Sink() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.push_back(m);
+    };
+  }
+  std::vector<std::string> Lines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
 
 // Waits (20 s at most) and returns "" or the handle's failure. The message is written before
 // the handle is done, and read only then.

@@ -809,25 +809,6 @@ TEST_CASE("engine: join with uneven steps", "[engine][join]") {
   }
 }
 
-// What the engines log (the stall inspector's warnings), from any rank's thread.
-class Logs {
- public:
-  std::function<void(const std::string&)> Sink() {
-    return [this](const std::string& m) {
-      std::lock_guard<std::mutex> lock(mu_);
-      lines_.push_back(m);
-    };
-  }
-  std::vector<std::string> Lines() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return lines_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
-
 TEST_CASE("engine: a blocking join outlasts the collective timeout and the stall times",
           "[engine][join][stall]") {
   // Rank 0 runs out of data at once; rank 1 trains for 1.2 s more, past the collective timeout

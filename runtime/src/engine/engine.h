@@ -15,11 +15,11 @@
 // engine sleeps) and on every peer: no timer, no polling, no traffic. It wakes early only for
 // the stall inspector, and only while some tensor is pending.
 //
-// Rounds. A round starts when this rank has new submissions or a peer has started one: every
-// rank sends every other its frame (the requests it announces; see controller.h) and receives
-// theirs, so every rank learns the same facts and computes the same responses. Work submitted
-// while a round or its collectives run waits for the next round: the batch grows with the load
-// and never waits for a timer.
+// Rounds. A round starts when this rank has new submissions or a peer has started one: an
+// allgather of every rank's frame (the requests it announces; see controller.h) in
+// ceil(log2 n) steps (Exchange), so every rank learns the same facts and computes the same
+// responses. Work submitted while a round or its collectives run waits for the next round: the
+// batch grows with the load and never waits for a timer.
 #pragma once
 
 #include <atomic>
@@ -115,8 +115,9 @@ const std::string* InternName(std::string_view name);
 
 class Engine {
  public:
-  // transport may be null (a job of one). Starts the engine thread, which first meets every
-  // peer once (connecting all pairs and checking that their settings agree).
+  // transport may be null (a job of one). Starts the engine thread, which first exchanges
+  // frames once (connecting the pairs that negotiation uses and checking that every rank's
+  // settings agree).
   Engine(std::unique_ptr<transport::Transport> transport, EngineOptions options);
   ~Engine();  // Shutdown()
   Engine(const Engine&) = delete;
@@ -158,6 +159,21 @@ class Engine {
   // does nothing and succeeds, as Horovod's.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   Status StopTimeline();
+  // This rank's transport counters (transport::Counters; zeros without a transport). From any
+  // thread, until Shutdown (which drops the transport).
+  transport::Counters transport_counters() const {
+    return transport_ ? transport_->counters() : transport::Counters{};
+  }
+  // What negotiation alone did on this rank: exchanges of frames (the hello and every round),
+  // and the messages and bytes it sent (heads and tails). From any thread.
+  struct NegotiationCounters {
+    uint64_t rounds = 0, messages_sent = 0, bytes_sent = 0;
+  };
+  NegotiationCounters negotiation_counters() const {
+    return {neg_rounds_.load(std::memory_order_relaxed),
+            neg_messages_.load(std::memory_order_relaxed),
+            neg_bytes_.load(std::memory_order_relaxed)};
+  }
   // OK until the engine fails for good (a broken transport, a stall shutdown, no doorbell at
   // construction); then what every later submission is refused with.
   Status failure();
@@ -230,6 +246,10 @@ class Engine {
   Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
   // Round, with an exception turned into the status that breaks the engine.
   Status GuardedRound(std::vector<Slot*> fresh);
+  // Every rank's frame (by rank), `mine` among them: Bruck's allgather, ceil(log2 n) steps, each
+  // one message to rank - 2^k and one from rank + 2^k (a head, and a tail when longer; one
+  // exchange with the peer at n = 2). A rank asleep is woken by the first step that reaches
+  // it, so a round started by any rank reaches every rank.
   Result<std::vector<std::string>> Exchange(const std::string& mine);
   // A fusion plan: batches[0, planned) made of the responses [of, of + n).
   struct Plan {
@@ -377,6 +397,8 @@ class Engine {
   Plan uniform_plan_, general_plan_;      // Execute's, for uniform rounds and for the others
   std::vector<size_t> open_;
   std::vector<int64_t> announce_ids_;
+  // negotiation_counters(): written by the thread that holds round_mu_, read by any.
+  std::atomic<uint64_t> neg_rounds_{0}, neg_messages_{0}, neg_bytes_{0};
 
   std::thread thread_;
 };

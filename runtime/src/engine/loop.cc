@@ -231,8 +231,8 @@ void Engine::RunHere(HandleState* h) {
 
 Status Engine::Hello() {
   if (!transport_) return Status::Ok();
-  // Meets every peer once: connects all pairs (WaitForInput needs them) and checks that the
-  // settings every rank must share agree.
+  // The first exchange: connects the pairs that negotiation uses (WaitForInput watches them)
+  // and checks that the settings every rank must share agree.
   std::string mine;
   Put<uint32_t>(&mine, kHelloMagic);
   Put<uint64_t>(&mine, options_.fusion_threshold);
@@ -259,41 +259,91 @@ CollectiveContext Engine::Context() {
 }
 
 Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
+  // An allgather of frames by Bruck's algorithm: at step k this rank sends the frames it holds
+  // (its own and those of the next 2^k - 1 ranks) to rank - 2^k and receives as many from
+  // rank + 2^k, so after ceil(log2 n) steps it holds all n, for any n. A message carries its
+  // frames as runs of equal frames (repeat, frame): where every rank announces the same (the
+  // steady state), each message is one frame long whatever n is.
   const int n = options_.size, me = options_.rank;
   std::vector<std::string> all(n);
   all[me] = mine;
   if (n == 1) return all;
-  std::string head(kFrameHeadBytes, '\0');
-  const uint32_t len = static_cast<uint32_t>(mine.size());
-  std::memcpy(head.data(), &len, 4);
-  std::memcpy(head.data() + 4, mine.data(), std::min(mine.size(), kFrameHeadBytes - 4));
-  std::vector<std::string> heads(n, std::string(kFrameHeadBytes, '\0'));
-  std::vector<transport::Op> ops;
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    ops.push_back(transport::Op::Send(p, head.data(), kFrameHeadBytes));
-    ops.push_back(transport::Op::Recv(p, heads[p].data(), kFrameHeadBytes));
-  }
-  RINGRUN_RETURN_IF_ERROR(
-      transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
-  ops.clear();
-  const size_t inline_bytes = kFrameHeadBytes - 4;
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    uint32_t plen;
-    std::memcpy(&plen, heads[p].data(), 4);
-    all[p].assign(heads[p].data() + 4, std::min<size_t>(plen, inline_bytes));
-    if (plen > inline_bytes) {
-      all[p].resize(plen);
-      ops.push_back(transport::Op::Recv(p, all[p].data() + inline_bytes, plen - inline_bytes));
+  const Deadline deadline = DeadlineAfter(options_.timeout_ms);
+  auto bump = [](std::atomic<uint64_t>& c, uint64_t by) {  // one writer: no locked add
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  };
+  bump(neg_rounds_, 1);
+  struct Run {
+    int first;  // the rank of its first frame (its frame is all[first])
+    int repeat;
+  };
+  // The frames held: this rank's and the next ones', as many as dist at the start of a step.
+  std::vector<Run> runs{{me, 1}};
+  std::string out, in;
+  for (int dist = 1; dist < n; dist *= 2) {
+    const int count = std::min(dist, n - dist);  // frames sent, and received
+    const int to = (me - dist % n + n) % n, from = (me + dist) % n;
+    // The first `count` frames held: [u32 length of what follows][runs: u32 repeat, frame].
+    out.assign(4, '\0');
+    for (int left = count, i = 0; left > 0; ++i) {
+      const int take = std::min(left, runs[i].repeat);
+      Put<uint32_t>(&out, static_cast<uint32_t>(take));
+      PutString(&out, all[runs[i].first]);
+      left -= take;
     }
-    if (mine.size() > inline_bytes) {
-      ops.push_back(transport::Op::Send(p, mine.data() + inline_bytes, mine.size() - inline_bytes));
+    const uint32_t len = static_cast<uint32_t>(out.size() - 4);
+    std::memcpy(out.data(), &len, 4);
+    // A fixed-size head, and the rest in a second exchange when either side has more.
+    const size_t sent_head = std::min(out.size(), kFrameHeadBytes);
+    out.resize(std::max(out.size(), kFrameHeadBytes), '\0');
+    in.assign(kFrameHeadBytes, '\0');
+    std::vector<transport::Op> ops{transport::Op::Send(to, out.data(), kFrameHeadBytes),
+                                   transport::Op::Recv(from, in.data(), kFrameHeadBytes)};
+    bump(neg_messages_, 1);
+    bump(neg_bytes_, kFrameHeadBytes);
+    RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, kNegotiationSpinUs));
+    uint32_t in_len;
+    std::memcpy(&in_len, in.data(), 4);
+    ops.clear();
+    if (sent_head < 4 + size_t{len}) {
+      bump(neg_messages_, 1);
+      bump(neg_bytes_, 4 + size_t{len} - kFrameHeadBytes);
+      ops.push_back(
+          transport::Op::Send(to, out.data() + kFrameHeadBytes, 4 + size_t{len} - kFrameHeadBytes));
+    }
+    if (4 + size_t{in_len} > kFrameHeadBytes) {
+      in.resize(4 + size_t{in_len});
+      ops.push_back(transport::Op::Recv(from, in.data() + kFrameHeadBytes,
+                                        4 + size_t{in_len} - kFrameHeadBytes));
+    }
+    if (!ops.empty()) RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, kNegotiationSpinUs));
+    // The frames of ranks from, from + 1, ... (count of them), appended to those held.
+    in.resize(4 + size_t{in_len});
+    size_t pos = 4;
+    int got = 0;
+    while (got < count) {
+      uint32_t repeat;
+      std::string frame;
+      if (!Get(in, &pos, &repeat) || !GetString(in, &pos, &frame) || repeat == 0 ||
+          repeat > static_cast<uint32_t>(count - got)) {
+        return Internal("malformed negotiation message from " + transport_->peers().Describe(from));
+      }
+      const int first = (from + got) % n;
+      if (all[runs.back().first] == frame) {
+        runs.back().repeat += static_cast<int>(repeat);
+      } else {
+        all[first] = std::move(frame);
+        runs.push_back(Run{first, static_cast<int>(repeat)});
+      }
+      got += static_cast<int>(repeat);
+    }
+    if (pos != in.size()) {
+      return Internal("malformed negotiation message from " + transport_->peers().Describe(from));
     }
   }
-  if (!ops.empty()) {
-    RINGRUN_RETURN_IF_ERROR(
-        transport_->Run(ops, DeadlineAfter(options_.timeout_ms), kNegotiationSpinUs));
+  // Every rank's frame in its own slot.
+  for (const Run& r : runs) {
+    for (int i = 1; i < r.repeat; ++i) all[(r.first + i) % n] = all[r.first];
   }
   return all;
 }

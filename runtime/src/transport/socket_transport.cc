@@ -106,12 +106,21 @@ class SocketTransport final : public Transport {
     return input;
   }
   Status status() const override { return broken_; }
+  Counters counters() const override {
+    Counters c;
+    c.messages_sent = messages_sent_.load(std::memory_order_relaxed);
+    c.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+    c.connections = connections_.load(std::memory_order_relaxed);
+    c.connections_made = connections_made_.load(std::memory_order_relaxed);
+    return c;
+  }
   void Break(const Status& st) override {
     if (!broken_.ok()) return;
     // Close every connection, so that peers waiting on this rank fail at once too instead of
     // waiting for their timeout.
     broken_ = st;
     pairs_.clear();
+    connections_.store(0, std::memory_order_relaxed);
     acceptor_.Clear();
   }
 
@@ -141,6 +150,13 @@ class SocketTransport final : public Transport {
   Status Wait(std::vector<OpState>& states, Deadline deadline, bool* progressed);
   Result<bool> ProgressAll(std::vector<OpState>& states, size_t* remaining);
 
+  // pairs_[peer] = p, counted.
+  void Adopt(int peer, std::unique_ptr<Pair> p) {
+    pairs_[peer] = std::move(p);
+    connections_.fetch_add(1, std::memory_order_relaxed);
+    connections_made_.fetch_add(1, std::memory_order_relaxed);
+  }
+
   const int rank_;
   const PeerTable peers_;
   const Listener listener_;
@@ -149,6 +165,9 @@ class SocketTransport final : public Transport {
   Acceptor acceptor_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // by peer rank; made on first use
   Status broken_;
+  // counters(): written by the thread that Runs, read by any.
+  std::atomic<uint64_t> messages_sent_{0}, bytes_sent_{0};
+  std::atomic<int> connections_{0}, connections_made_{0};
 };
 
 Status SocketTransport::ServeListeners() {
@@ -157,12 +176,12 @@ Status SocketTransport::ServeListeners() {
   if (!admitted.ok()) return admitted.status();
   for (AdmittedPeer& a : *admitted) {
     if (!a.local) {
-      pairs_[a.rank] = std::make_unique<TcpPair>(std::move(a.fd));
+      Adopt(a.rank, std::make_unique<TcpPair>(std::move(a.fd)));
       continue;
     }
     Result<std::unique_ptr<ShmSegment>> seg = MapShm(a.segment.get(), a.ring_bytes, false);
     if (!seg.ok()) return PeerError(a.rank, seg.status());
-    pairs_[a.rank] = std::make_unique<ShmPair>(std::move(a.fd), std::move(seg.value()), 1);
+    Adopt(a.rank, std::make_unique<ShmPair>(std::move(a.fd), std::move(seg.value()), 1));
   }
   return Status::Ok();
 }
@@ -257,7 +276,7 @@ Result<bool> SocketTransport::ConnectLocal(int peer, Deadline deadline, bool* re
     *retry = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
     return st.Annotate("handshake on its local socket");
   }
-  pairs_[peer] = std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 0);
+  Adopt(peer, std::make_unique<ShmPair>(std::move(fd), std::move(seg.value()), 0));
   return true;
 }
 
@@ -302,7 +321,7 @@ Status SocketTransport::ConnectOnce(int peer, Deadline deadline, bool* retry) {
     *retry = st.code() == Code::kUnavailable || st.code() == Code::kTimeout;
     return st.Annotate("handshake");
   }
-  pairs_[peer] = std::make_unique<TcpPair>(std::move(fd.value()));
+  Adopt(peer, std::make_unique<TcpPair>(std::move(fd.value())));
   return Status::Ok();
 }
 
@@ -534,6 +553,14 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
 }
 
 Status SocketTransport::RunOps(std::vector<Op>& ops, Deadline deadline) {
+  uint64_t sends = 0, sent = 0;
+  for (const Op& op : ops) {
+    if (op.kind == Op::kSend) ++sends, sent += op.bytes;
+  }
+  // One writer: a plain store, not a locked read-modify-write, on every Run.
+  messages_sent_.store(messages_sent_.load(std::memory_order_relaxed) + sends,
+                       std::memory_order_relaxed);
+  bytes_sent_.store(bytes_sent_.load(std::memory_order_relaxed) + sent, std::memory_order_relaxed);
   RINGRUN_RETURN_IF_ERROR(EnsureConnected(ops, deadline));
   std::vector<OpState> states;
   states.reserve(ops.size());

@@ -91,7 +91,17 @@ struct PeerTable {
   std::string Describe(int rank) const;
 };
 
-// Connects this rank to its peers and moves bytes. Not thread-safe: one Run at a time.
+// What a rank's transport has done since it was made: cheap counters (relaxed atomics, bumped
+// once per Run and per connection) that the scale tests and benchmarks/scale_harness read.
+struct Counters {
+  uint64_t messages_sent = 0;  // Send ops issued by Run
+  uint64_t bytes_sent = 0;     // their bytes
+  int connections = 0;         // pairs connected now (zero once broken)
+  int connections_made = 0;    // pairs ever connected, by either side
+};
+
+// Connects this rank to its peers and moves bytes. Not thread-safe: one Run at a time (but
+// counters(), from any thread).
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -112,8 +122,10 @@ class Transport {
   // Sleeps until a peer has sent this rank something it has not received yet (or closed its
   // connection), `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes
   // (Deadline::max(): no deadline). Returns at once when such input is there already; never
-  // reads it. *peer_input says whether a peer has input. Every pair must be connected already
-  // (a Run with each peer happened). Costs nothing while it sleeps: no timer, no polling.
+  // reads it. *peer_input says whether a peer has input. Only connected pairs (and the
+  // listeners, where a peer connects) are watched: a peer that may start something with this
+  // rank while it sleeps must be connected already (a Run with it happened). Costs nothing
+  // while it sleeps: no timer, no polling.
   // `asleep`, when given, is a mutex the caller holds: it is unlocked while this sleeps and
   // locked again before the transport is touched (as a condition variable's wait does), so that
   // another thread that takes it meanwhile may Run this transport. That thread calls
@@ -130,6 +142,8 @@ class Transport {
 
   // OK while the transport works; after a failure, that failure.
   virtual Status status() const = 0;
+  // Safe from any thread, while another Runs. A transport that does not count returns zeros.
+  virtual Counters counters() const { return {}; }
   // Breaks the transport with `st` as a failed Run does (unless it is broken already): for a
   // failure outside it that leaves peers mid-collective with this rank (out of memory).
   virtual void Break(const Status& st) = 0;

@@ -3,6 +3,9 @@ leave or join, from the last commit.
 
     ringrun -np 2 /usr/bin/python3 examples/elastic/pytorch_synthetic_elastic.py
     /usr/bin/python3 examples/elastic/pytorch_synthetic_elastic.py --reference
+    # 4 ranks on two "hosts"; worker 3 dies at step 23, the job goes on with 2 ranks:
+    ringrun -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
+        /usr/bin/python3 examples/elastic/pytorch_synthetic_elastic.py --kill-worker 3
 
 A least-squares model in float64 on a synthetic data set made from a fixed seed. Each step
 takes one global batch of --global-batch samples, split evenly over the ranks by an
@@ -18,7 +21,9 @@ batches and at the end of each epoch. A failed rank sends the others back to the
 a host change takes effect at the next commit. A reset callback prints the new size.
 """
 import argparse
+import os
 import random
+import signal
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +42,11 @@ def parse_args():
     p.add_argument("--batches-per-commit", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--kill-worker", type=int, default=-1,
+                   help="this worker (RINGRUN_WORKER_ID, its rank at the start) kills itself "
+                   "with SIGKILL at --kill-at, to show a reset")
+    p.add_argument("--kill-at", type=int, default=23,
+                   help="the step (batches since the start, all epochs) of --kill-worker's death")
     p.add_argument("--reference", action="store_true",
                    help="train in this process alone, without ringrun, on the same batches")
     return p.parse_args()
@@ -91,6 +101,12 @@ def main():
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=args.seed)
 
+    worker = int(os.environ.get("RINGRUN_WORKER_ID", hvd.rank()))
+    batches_per_epoch = args.samples // args.global_batch
+
+    def step(state):
+        return state.epoch * batches_per_epoch + state.batch
+
     def log(msg):
         if hvd.rank() == 0:
             print(msg, flush=True)
@@ -110,6 +126,8 @@ def main():
                 state.optimizer.step()
                 state.sampler.record_batch(state.batch, per_rank)
                 state.batch += 1
+                if worker == args.kill_worker and step(state) == args.kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if state.batch % args.batches_per_commit == 0:
                     state.commit()
             state.epoch += 1

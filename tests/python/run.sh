@@ -28,6 +28,10 @@
 #   elastic_example  examples/elastic/pytorch_synthetic_elastic.py at np=2 (no failure): its
 #                    final parameters equal those of --reference (one process, plain torch)
 #                    within 1e-12, and the run never reset
+#   elastic_example_kill  the example under ringrun -np 4 --min-np 2 on two "hosts", worker 3
+#                    killed at step 23: one reset to 2 ranks, the survivors in their own
+#                    processes finish the 5 epochs from the last commit, and the final
+#                    parameters equal --reference's within 1e-12
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:?BIN=build/bin}" "${PYDIR:?PYDIR=build/python}"
@@ -257,13 +261,26 @@ print("size", ringrun.size())' 2>&1)
   try "mpirun" "started by mpirun (Open MPI) (OMPI_COMM_WORLD_SIZE=4" OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1
   out=$(env -u RINGRUN_RANK -u RINGRUN_SIZE WORLD_SIZE=1 RANK=0 $PY -c 'import ringrun; ringrun.init(); print("size", ringrun.size())') || fail "single: $out"
   [[ $out == "size 1" ]] || fail "a single process: $out" ;;
-elastic_example)
+elastic_example | elastic_example_kill)
   ex=$here/../../examples/elastic/pytorch_synthetic_elastic.py
-  timeout 120 "$BIN/ringrun" -np 2 $PY "$ex" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "np=2"; }
+  if [[ $1 == elastic_example ]]; then
+    timeout 120 "$BIN/ringrun" -np 2 $PY "$ex" >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "np=2"; }
+  else
+    timeout 120 "$BIN/ringrun" -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 $PY "$ex" \
+      --kill-worker 3 --kill-at 23 >"$WORK/out" 2>&1 || { cat "$WORK/out"; fail "np=4, worker 3 killed"; }
+  fi
   timeout 120 $PY "$ex" --reference >"$WORK/ref" 2>&1 || { cat "$WORK/ref"; fail "--reference"; }
   cat "$WORK/out" "$WORK/ref"
-  grep -q 'epoch 5 done on 2 ranks' "$WORK/out" || fail "the job did not train 5 epochs on 2 ranks"
-  ! grep -q 'reset:' "$WORK/out" || fail "the job reset without a failure"
+  if [[ $1 == elastic_example ]]; then
+    grep -q 'epoch 5 done on 2 ranks' "$WORK/out" || fail "the job did not train 5 epochs on 2 ranks"
+    ! grep -q 'reset:' "$WORK/out" || fail "the job reset without a failure"
+  else
+    grep -q 'epoch 1 done on 4 ranks' "$WORK/out" || fail "the first epoch did not run on 4 ranks"
+    grep -q 'generation 2: 2 ranks (was 4), reset 1' "$WORK/out" || fail "no reset line from ringrun"
+    [[ $(grep -c 'reset: 2 ranks' "$WORK/out") == 1 ]] || fail "not one reset to 2 ranks"
+    grep -q 'epoch 5 done on 2 ranks' "$WORK/out" || fail "the job did not finish on 2 ranks"
+    ! grep -q '^\[[23]\]<stdout>:' "$WORK/out" || fail "workers 2 and 3 printed (only rank 0 logs)"
+  fi
   [[ $(grep -c 'final loss=' "$WORK/out") == 1 ]] || fail "not one final line (rank 0's)"
   $PY - "$WORK/out" "$WORK/ref" <<'PY' || fail "np=2 and --reference differ"
 import re, sys
@@ -273,7 +290,7 @@ def final(path):
 got, want = final(sys.argv[1]), final(sys.argv[2])
 diff = max(abs(a - b) for a, b in zip(got, want))
 assert len(got) == len(want) == 10 and diff < 1e-12, (diff, got, want)
-print(f"np=2 against --reference: max abs difference {diff:.3g}")
+print(f"the job against --reference: max abs difference {diff:.3g}")
 PY
   ;;
 *)

@@ -110,6 +110,7 @@ void Controller::MoveToTable(uint32_t id, std::vector<std::string>* touched) {
 }
 
 bool Controller::Ready(const Slot& s) const {
+  if (joined_count_ == 0) return s.count == size_;  // O(1): Apply asks once per announcement
   for (int r = 0; r < size_; ++r) {
     if (!s.by_rank[r] && !joined_[r]) return false;
   }

@@ -11,8 +11,12 @@ example; each step's global batch (the epoch's order shuffled with seed + epoch)
 over the ranks, whose gradients are summed with all_reduce and divided by the size, so the
 parameters follow the example's --reference up to float64 rounding. A commit (every
 --batches-per-commit batches and at the end of each epoch) is rank 0 writing model, optimizer,
-epoch and batch to --checkpoint (atomically, by rename) and a barrier; every start (the first,
-and each restart of torchrun's workers) resumes from that file when it exists.
+epoch, batch and generation to --checkpoint (atomically, by rename) and a barrier; every start
+(the first, and each restart of torchrun's workers) resumes from that file when it exists.
+
+The generation (0 at the first start, the checkpoint's + 1 at a restart) is the same on every
+rank. TORCHELASTIC_RESTART_COUNT is not: an agent whose worker failed counts a restart, an agent
+that restarts its healthy worker because another node re-joined the rendezvous does not.
 """
 import argparse
 import datetime
@@ -38,10 +42,10 @@ def parse_args():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint", required=True, help="the commit file (rank 0 writes it)")
     p.add_argument("--kill-worker", type=int, default=-1,
-                   help="this rank kills itself with SIGKILL at --kill-at, in the first start only")
+                   help="this rank kills itself with SIGKILL at --kill-at, in generation 0 only")
     p.add_argument("--kill-at", type=int, default=23)
     p.add_argument("--log-steps", action="store_true",
-                   help="rank 0 prints 'step N size=S restart=R t=T' after each step")
+                   help="rank 0 prints 'step N size=S gen=G t=T' after each step")
     return p.parse_args()
 
 
@@ -65,17 +69,16 @@ def main():
     args = parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, size = dist.get_rank(), dist.get_world_size()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.global_batch % size:
         raise SystemExit(f"--global-batch {args.global_batch} is not a multiple of {size}")
     x_all, y_all = make_dataset(args)
     model, optimizer = make_model(args)
-    epoch = batch = 0
+    epoch = batch = gen = 0
     if os.path.exists(args.checkpoint):
         saved = torch.load(args.checkpoint)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        epoch, batch = saved["epoch"], saved["batch"]
+        epoch, batch, gen = saved["epoch"], saved["batch"], saved["gen"] + 1
     per_rank = args.global_batch // size
     batches_per_epoch = args.samples // args.global_batch
 
@@ -83,7 +86,7 @@ def main():
         if rank == 0:
             tmp = args.checkpoint + ".tmp"
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch, "batch": batch}, tmp)
+                        "epoch": epoch, "batch": batch, "gen": gen}, tmp)
             os.replace(tmp, args.checkpoint)
         dist.barrier()
 
@@ -102,8 +105,8 @@ def main():
             batch += 1
             step = epoch * batches_per_epoch + batch
             if args.log_steps and rank == 0:
-                print(f"step {step} size={size} restart={restart} t={time.time():.6f}", flush=True)
-            if rank == args.kill_worker and restart == 0 and step == args.kill_at:
+                print(f"step {step} size={size} gen={gen} t={time.time():.6f}", flush=True)
+            if rank == args.kill_worker and gen == 0 and step == args.kill_at:
                 print(f"kill step {step} t={time.time():.6f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if batch % args.batches_per_commit == 0 and batch < batches_per_epoch:

@@ -24,6 +24,7 @@ import argparse
 import os
 import random
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,9 @@ def parse_args():
                    "with SIGKILL at --kill-at, to show a reset")
     p.add_argument("--kill-at", type=int, default=23,
                    help="the step (batches since the start, all epochs) of --kill-worker's death")
+    p.add_argument("--log-steps", action="store_true",
+                   help="rank 0 prints 'step N size=S t=T' after each step (T: time.time()), "
+                   "and --kill-worker prints 'kill step N t=T' just before its death")
     p.add_argument("--reference", action="store_true",
                    help="train in this process alone, without ringrun, on the same batches")
     return p.parse_args()
@@ -126,7 +130,11 @@ def main():
                 state.optimizer.step()
                 state.sampler.record_batch(state.batch, per_rank)
                 state.batch += 1
+                if args.log_steps:
+                    log(f"step {step(state)} size={hvd.size()} t={time.time():.6f}")
                 if worker == args.kill_worker and step(state) == args.kill_at:
+                    if args.log_steps:
+                        print(f"kill step {step(state)} t={time.time():.6f}", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
                 if state.batch % args.batches_per_commit == 0:
                     state.commit()

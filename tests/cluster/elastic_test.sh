@@ -1,0 +1,76 @@
+#!/bin/bash
+# Elastic jobs over SSH on the 4-host test cluster, one rank a host, running
+# examples/elastic/pytorch_synthetic_elastic.py: elastic_test.sh CASE, one CTest test per case.
+#   kill   -np 4 --min-np 2, worker 2 (on host 3) killed with SIGKILL at step 23: one reset line
+#          naming it, the survivors go on from the last commit and finish on 3 ranks with the
+#          final parameters of --reference to 1e-12; nothing left on any host
+#   minnp  the same kill with --min-np 4: the job ends at once with 137 (the killed rank's
+#          128+9), naming --min-np, no reset; nothing left on any host
+# Job processes are found by a unique tag in their environment (-x RR_TEST_TAG=...).
+source "$(dirname "$0")/lib.sh"
+CASE=${1:?usage: elastic_test.sh CASE}
+PY=/usr/bin/python3
+$PY -c 'import torch' 2>/dev/null || { echo "SKIP: needs Debian's python3-torch"; exit 77; }
+PYDIR=$(cd "$BIN_DIR/../python" && pwd)
+EX=$SRC_DIR/examples/elastic/pytorch_synthetic_elastic.py
+TAG="rr-cluster-elastic-$CASE-$$-$RANDOM"
+HP=$RR_HOST_PREFIX  # rr-h, or rr<K>-h for RINGRUN_CLUSTER_ID=K
+H4="${HP}1:1,${HP}2:1,${HP}3:1,${HP}4:1"
+
+tagged() { pids_with_env "RR_TEST_TAG=$TAG"; }
+agents() {  # ringrun-agent processes inside the cluster's namespaces
+  local i p
+  for i in 1 2 3 4; do
+    for p in $(ip netns pids "${HP}$i" 2>/dev/null); do
+      tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q "ringrun-agent" && echo "$p"
+    done
+  done
+}
+job_left() { tagged; agents; }
+# Whatever a failed check leaves is killed at exit, so that the next test starts clean.
+cleanup_hooks+=('for p in $(job_left); do kill -9 "$p" 2>/dev/null; done')
+
+# run_job MIN_NP: the example with worker 2 killed at step 23; sets OUT, RC and SECS.
+run_job() {
+  local start=$SECONDS
+  OUT=$(timeout -k 5 90 "$BIN_DIR/ringrun" -np 4 --min-np "$1" -H "$H4" -i "$RR_KEY" \
+    --ssh-known-hosts "$RR_KNOWN_HOSTS" -x "PYTHONPATH=$PYDIR" -x OMP_NUM_THREADS=1 \
+    -x "RR_TEST_TAG=$TAG" $PY "$EX" --kill-worker 2 --kill-at 23 --global-batch 12 2>&1)
+  RC=$?
+  SECS=$((SECONDS - start))
+}
+killed_line="ringrun: rank 2 (worker 2) on host ${HP}3 was killed by SIGKILL (signal 9); host ${HP}3 is blacklisted"
+
+case $CASE in
+kill)
+  run_job 2
+  ((RC == 0)) && pass "the job exits 0 ($SECS s)" || { fail "rc=$RC after $SECS s:"; echo "$OUT"; }
+  expect_in "$OUT" "$killed_line" "the reset line names worker 2, its host and the signal"
+  expect_in "$OUT" "generation 2: 3 ranks (was 4), reset 1" "generation 2 has the 3 survivors"
+  n=$(grep -c 'generation [0-9]*: ' <<<"$OUT")
+  ((n == 1)) && pass "one reset line" || fail "$n generation lines"
+  n=$(grep -c 'reset: 3 ranks' <<<"$OUT")
+  ((n == 1)) && pass "one reset callback, on 3 ranks" || fail "$n 'reset: 3 ranks' lines"
+  expect_in "$OUT" "epoch 1 done on 4 ranks" "the first epoch ran on 4 ranks"
+  expect_in "$OUT" "epoch 5 done on 3 ranks" "the survivors finished on 3 ranks"
+  n=$(grep -c 'final loss=' <<<"$OUT")
+  ((n == 1)) && pass "one final line (rank 0's)" || fail "$n final lines"
+  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
+  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
+    pass "final parameters equal --reference's (max abs difference $d)"
+  else fail "final parameters differ from --reference: $d"; echo "$OUT" | tail -5; echo "$ref"; fi
+  ;;
+minnp)
+  run_job 4
+  ((RC == 137)) && pass "the job ends with the killed rank's 137 ($SECS s)" ||
+    { fail "rc=$RC after $SECS s:"; echo "$OUT"; }
+  ((SECS <= 30)) && pass "within 30 s" || fail "took $SECS s"
+  expect_in "$OUT" "$killed_line" "the line names worker 2, its host and the signal"
+  expect_in "$OUT" "3 ranks remain, fewer than --min-np 4: ending the job" "the line names --min-np"
+  expect_not_in "$OUT" "generation 2" "no new generation"
+  expect_not_in "$OUT" "final loss=" "no rank finished"
+  ;;
+*) echo "unknown case $CASE"; exit 2 ;;
+esac
+wait_gone 15 job_left && pass "nothing left on any host" || fail "left: $(job_left)"
+finish

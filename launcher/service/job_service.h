@@ -1,7 +1,7 @@
 // The job service: the gRPC face of a running job. Every call is checked against the job's
-// secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register and Join are
-// raw methods that parse their request only once the caller is known, and Session reads none
-// before the check. Every method is a callback method, so that a job of 1,000 hosts and 10,000
+// secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register, Join and Watch
+// are raw methods that parse their request only once the caller is known, and Session reads
+// none before the check. Every method is a callback method, so that a job of 1,000 hosts and 10,000
 // ranks holds no thread per agent or rank: a Session is a reactor that reads events as they
 // come and writes commands one at a time, and one timer thread of the service pings every
 // Session and ends those whose agent fell silent. A Watch (an elastic rank's notices) is a

@@ -762,6 +762,10 @@ bool Job::ElasticHostLost(int host, const std::string& why) {
   if (ranks.empty()) return true;
   const std::string what = "lost the agent on host " + options_.hosts[host].name + ": " + why +
                            " (workers " + list + " were running)";
+  // The lost ranks may be alive but unreachable (the link cut, the host frozen): nothing closes
+  // their connections, so the survivors are told through their Watch instead of waiting for
+  // the collective timeout.
+  service_->BreakGeneration(generation_, what);
   if (pending_after_failure_) {
     for (int r : ranks) (void)policy_->OnRankGone(r, true);
     Reform(what + " while generation " + std::to_string(generation_) +

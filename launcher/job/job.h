@@ -76,7 +76,9 @@ using StartersForAttempt = std::function<Starters(int restart_count)>;
 // when a survivor asks to join it, so that ranks that finish one after another form none. One
 // line on stderr per new generation. Failures of ranks while a generation formed after a failure is
 // still gathering its members are taken as consequences of that failure: their hosts are not
-// blacklisted.
+// blacklisted. A lost agent (heartbeat, session, exit) also breaks the generation through the
+// job service's Watch (JobService::BreakGeneration), so that survivors stuck on a host that
+// closed nothing fail at once instead of at the collective timeout.
 //
 // Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
 int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,

@@ -80,6 +80,100 @@ class JobService::SessionReactor final
   std::string why_ GUARDED_BY(service_.mu_);
 };
 
+// One rank's Watch. Its notices wait in `queue` and are written one at a time. Everything the
+// service's other threads touch is guarded by the service's mu_. It is finished exactly once
+// (TakeFinish), by whoever stops it while no write is in flight or by the write that completes
+// last, and deleted in OnDone, which first takes it out of the service's list: so every pointer
+// the service holds under mu_ is to a live reactor, and a write that Post started (writing set
+// under mu_) is never overtaken by Finish.
+class JobService::WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  WatchReactor(JobService* service, uint32_t gen) : generation(gen), service_(*service) {
+    RINGRUN_HAPPENS_BEFORE(this);
+  }
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // Starts the write that Post prepared (outside mu_).
+  void Write() {
+    RINGRUN_HAPPENS_BEFORE(this);
+    StartWrite(&out);
+  }
+  // Stops the Watch with `status`: nothing more is written. Returns whether the caller must now
+  // call Finish(finish_status) outside mu_.
+  bool Stop(grpc::Status status) REQUIRES(service_.mu_) {
+    if (!finishing) finishing = true, finish_status = std::move(status);
+    return TakeFinish();
+  }
+  bool TakeFinish() REQUIRES(service_.mu_) {
+    if (!finishing || writing || finished) return false;
+    finished = true;
+    return true;
+  }
+  void Conclude() {
+    grpc::Status st;
+    {
+      MutexLock lock(&service_.mu_);
+      st = finish_status;
+    }
+    RINGRUN_HAPPENS_BEFORE(this);
+    Finish(st);
+  }
+
+  const uint32_t generation;  // the generation the rank joined
+  std::deque<grpc::ByteBuffer> queue GUARDED_BY(service_.mu_);
+  grpc::ByteBuffer out GUARDED_BY(service_.mu_);  // the write in flight
+  bool writing GUARDED_BY(service_.mu_) = false;
+  bool finishing GUARDED_BY(service_.mu_) = false;
+  bool finished GUARDED_BY(service_.mu_) = false;
+  grpc::Status finish_status GUARDED_BY(service_.mu_);
+
+ private:
+  JobService& service_;
+};
+
+void JobService::WatchReactor::OnWriteDone(bool ok) {
+  RINGRUN_HAPPENS_AFTER(this);
+  bool next = false, finish = false;
+  {
+    MutexLock lock(&service_.mu_);
+    writing = false;
+    if (!ok && !finishing) {
+      finishing = true, finish_status = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
+    }
+    if (!finishing && !queue.empty()) {
+      out = std::move(queue.front());
+      queue.pop_front();
+      writing = next = true;
+    }
+    finish = TakeFinish();
+  }
+  if (next) Write();
+  if (finish) Conclude();
+}
+
+void JobService::WatchReactor::OnCancel() {
+  RINGRUN_HAPPENS_AFTER(this);
+  bool finish;
+  {
+    MutexLock lock(&service_.mu_);
+    finish = Stop(grpc::Status::CANCELLED);
+  }
+  if (finish) Conclude();
+}
+
+void JobService::WatchReactor::OnDone() {
+  RINGRUN_HAPPENS_AFTER(this);
+  {
+    MutexLock lock(&service_.mu_);
+    auto& w = service_.watches_;
+    w.erase(std::remove(w.begin(), w.end(), this), w.end());
+  }
+  delete this;
+}
+
 namespace {
 
 int64_t NowMs() {
@@ -99,6 +193,36 @@ class RefusedSession final : public grpc::ServerBidiReactor<v1::AgentEvent, v1::
     delete this;
   }
 };
+
+// A Watch refused before it began (no secret, a bad request, the job over): finished at once.
+class RefusedWatch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedWatch(grpc::Status status) {
+    RINGRUN_HAPPENS_BEFORE(this);
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    RINGRUN_HAPPENS_AFTER(this);
+    delete this;
+  }
+};
+
+// The bytes of a raw request (empty when they cannot be read: then no request parses).
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (buffer.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
+
+grpc::ByteBuffer Serialize(const google::protobuf::Message& m) {
+  std::string bytes = m.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 }  // namespace
 
@@ -271,13 +395,7 @@ grpc::ServerUnaryReactor* JobService::Register(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   v1::RegisterRequest request;
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (req->Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices)
-      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  if (!request.ParseFromString(bytes)) {
+  if (!request.ParseFromString(Bytes(*req))) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not a RegisterRequest"));
     return reactor;
   }
@@ -382,6 +500,91 @@ grpc::ServerUnaryReactor* JobService::Join(grpc::CallbackServerContext* ctx,
   return rendezvous_->Join(ctx, req, reply);
 }
 
+grpc::ServerWriteReactor<grpc::ByteBuffer>* JobService::Watch(grpc::CallbackServerContext* ctx,
+                                                              const grpc::ByteBuffer* req) {
+  grpc::Status auth = CheckSecret(*ctx, secret_);
+  if (!auth.ok()) return new RefusedWatch(auth);
+  v1::WatchRequest request;
+  if (!request.ParseFromString(Bytes(*req)) || request.worker_id() < 0 ||
+      request.generation() == 0) {
+    return new RefusedWatch(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "a Watch names a worker and the generation it joined"));
+  }
+  WatchReactor* watch = nullptr;
+  WatchReactor* start = nullptr;
+  {
+    MutexLock lock(&mu_);
+    if (!closed_) {
+      watch = new WatchReactor(this, request.generation());
+      watches_.push_back(watch);
+      // What the rank missed between its Join and this Watch.
+      v1::MembershipNotice first;
+      if (membership_epoch_ > request.membership_epoch()) {
+        first.set_membership_epoch(membership_epoch_);
+      }
+      if (broken_generation_ >= request.generation()) {
+        first.set_broken_generation(broken_generation_);
+        first.set_reason(broken_reason_);
+      }
+      if (first.ByteSizeLong() > 0) start = Post(watch, first);
+    }
+  }
+  if (watch == nullptr) {
+    return new RefusedWatch(grpc::Status(grpc::StatusCode::ABORTED, "the job is over"));
+  }
+  if (start != nullptr) start->Write();
+  return watch;
+}
+
+JobService::WatchReactor* JobService::Post(WatchReactor* watch,
+                                           const v1::MembershipNotice& notice) {
+  if (watch->finishing) return nullptr;
+  watch->queue.push_back(Serialize(notice));
+  if (watch->writing) return nullptr;
+  watch->out = std::move(watch->queue.front());
+  watch->queue.pop_front();
+  watch->writing = true;
+  return watch;
+}
+
+void JobService::BreakGeneration(uint32_t generation, const std::string& reason) {
+  std::vector<WatchReactor*> starts;
+  {
+    MutexLock lock(&mu_);
+    if (closed_ || generation <= broken_generation_) return;
+    broken_generation_ = generation;
+    broken_reason_ = reason;
+    v1::MembershipNotice notice;
+    notice.set_broken_generation(generation);
+    notice.set_reason(reason);
+    for (WatchReactor* w : watches_) {
+      if (w->generation > generation) continue;
+      if (WatchReactor* s = Post(w, notice)) starts.push_back(s);
+    }
+  }
+  for (WatchReactor* w : starts) w->Write();
+}
+
+void JobService::RaiseMembershipEpoch(uint64_t epoch) {
+  std::vector<WatchReactor*> starts;
+  {
+    MutexLock lock(&mu_);
+    if (closed_ || epoch <= membership_epoch_) return;
+    membership_epoch_ = epoch;
+    v1::MembershipNotice notice;
+    notice.set_membership_epoch(epoch);
+    for (WatchReactor* w : watches_) {
+      if (WatchReactor* s = Post(w, notice)) starts.push_back(s);
+    }
+  }
+  for (WatchReactor* w : starts) w->Write();
+}
+
+int JobService::open_watches() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(watches_.size());
+}
+
 void JobService::Send(int host_index, const v1::AgentCommand& command) {
   SessionReactor* session = nullptr;
   const v1::AgentCommand* next = nullptr;
@@ -399,10 +602,14 @@ void JobService::Send(int host_index, const v1::AgentCommand& command) {
 
 void JobService::Close() {
   std::vector<SessionReactor*> finishes;
+  std::vector<WatchReactor*> watches;
   {
     MutexLock lock(&mu_);
     closed_ = true;
     cv_.SignalAll();
+    for (WatchReactor* w : watches_) {
+      if (w->Stop(grpc::Status::OK)) watches.push_back(w);
+    }
     for (auto it = outboxes_.begin(); it != outboxes_.end();) {
       SessionReactor* session = it->second.session;
       ++it;
@@ -410,6 +617,7 @@ void JobService::Close() {
     }
   }
   for (SessionReactor* session : finishes) session->Conclude();
+  for (WatchReactor* w : watches) w->Conclude();
 }
 
 int JobService::open_sessions() const {

@@ -1,10 +1,11 @@
 // The job service: the gRPC face of a running job. Every call is checked against the job's
-// secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register and Join are
-// raw methods that parse their request only once the caller is known, and Session reads none
-// before the check. Every method is a callback method, so that a job of 1,000 hosts and 10,000
+// secret first (UNAUTHENTICATED otherwise), before its body is parsed: Register, Join and Watch
+// are raw methods that parse their request only once the caller is known, and Session reads
+// none before the check. Every method is a callback method, so that a job of 1,000 hosts and 10,000
 // ranks holds no thread per agent or rank: a Session is a reactor that reads events as they
 // come and writes commands one at a time, and one timer thread of the service pings every
-// Session and ends those whose agent fell silent. Register answers through
+// Session and ends those whose agent fell silent. A Watch (an elastic rank's notices) is a
+// reactor that writes one notice at a time from a queue of its own. Register answers through
 // JobEvents::OnRegisterAsync when the job provides it (Job does); otherwise it runs the
 // blocking OnRegister on a thread of its own, one per registering agent.
 #pragma once
@@ -57,10 +58,11 @@ class JobEvents {
 };
 
 // Join is a raw callback method: the Rendezvous hands every rank the same serialized reply.
+// Watch is raw so that its request is parsed only once the caller is known.
 class JobService final
-    : public v1::JobService::WithRawCallbackMethod_Join<
-          v1::JobService::WithRawCallbackMethod_Register<
-              v1::JobService::WithCallbackMethod_Session<v1::JobService::Service>>> {
+    : public v1::JobService::WithRawCallbackMethod_Watch<
+          v1::JobService::WithRawCallbackMethod_Join<v1::JobService::WithRawCallbackMethod_Register<
+              v1::JobService::WithCallbackMethod_Session<v1::JobService::Service>>>> {
  public:
   // `events` may be null for a service that only serves Join (tests, benchmarks): Register
   // and Session then fail with UNIMPLEMENTED.
@@ -74,6 +76,18 @@ class JobService final
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* reply) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* req) override;
+
+  // Elastic jobs: every generation up to `generation` is broken, for `reason` (job.proto,
+  // MembershipNotice). Tells every open Watch of such a generation now, and every later Watch
+  // that asks for one at once. A call with an older generation than an earlier call's changes
+  // nothing. Thread-safe; dropped once the service is closed.
+  void BreakGeneration(uint32_t generation, const std::string& reason);
+  // Elastic jobs: the membership epoch is now `epoch` (ignored unless larger than the last):
+  // tells every open Watch now, and every later Watch that asks with a lower one at once.
+  // Thread-safe; dropped once the service is closed.
+  void RaiseMembershipEpoch(uint64_t epoch);
 
   // Queues a command for one host's Session. Commands wait for the Session to read them, so a
   // host whose Session has not opened yet gets them when it opens (an agent can be told to end
@@ -87,9 +101,12 @@ class JobService final
 
   // How many Sessions are open now (tests, benchmarks). Thread-safe.
   int open_sessions() const;
+  // How many Watches are open now (tests). Thread-safe.
+  int open_watches() const;
 
  private:
   class SessionReactor;
+  class WatchReactor;
   struct Outbox {
     std::deque<v1::AgentCommand> queue;
     SessionReactor* session = nullptr;  // the open Session that serves it
@@ -100,6 +117,9 @@ class JobService final
   // Starts the next write of `session` if it has none in flight and something to send; returns
   // the message to pass to StartWrite outside mu_, or null.
   const v1::AgentCommand* NextWrite(SessionReactor* session) REQUIRES(mu_);
+  // Queues `notice` on `watch`; returns the watch when the caller must now start its write
+  // (WatchReactor::Write, outside mu_), or null.
+  WatchReactor* Post(WatchReactor* watch, const v1::MembershipNotice& notice) REQUIRES(mu_);
 
   // Constant after construction.
   const std::string secret_;
@@ -113,6 +133,12 @@ class JobService final
   std::map<int, Outbox> outboxes_ GUARDED_BY(mu_);  // by host, while it may be read
   bool closed_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> registers_ GUARDED_BY(mu_);  // blocking OnRegister calls
+  // Elastic jobs: the open Watches (each removes itself when gRPC is done with it), the newest
+  // broken generation (0: none) and why, and the membership epoch.
+  std::vector<WatchReactor*> watches_ GUARDED_BY(mu_);
+  uint32_t broken_generation_ GUARDED_BY(mu_) = 0;
+  std::string broken_reason_ GUARDED_BY(mu_);
+  uint64_t membership_epoch_ GUARDED_BY(mu_) = 0;
   std::thread ticker_;  // runs Tick(); only when `events` is set; joined at destruction
 };
 

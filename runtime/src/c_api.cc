@@ -1,6 +1,7 @@
 // The C API: a thin shell over one Runtime. The only process-wide state is the pointer to that
 // runtime (what ringrun_init builds and ringrun_shutdown withdraws; see Process), and each
 // thread's last error.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -78,7 +79,8 @@ struct Process {
   std::vector<std::unique_ptr<Runtime>> runtimes GUARDED_BY(init_mu);  // every one initialized
   uint32_t joins GUARDED_BY(init_mu) = 0;  // rendezvous rounds joined so far
   // Elastic jobs: the last generation joined (the next init asks for the one after it), and
-  // the membership epoch of the last join (ringrun_membership_epoch; read without the lock).
+  // the membership epoch of the last runtime, as it was at its shutdown (with the current
+  // runtime's, ringrun_membership_epoch; read without the lock).
   uint32_t elastic_generation GUARDED_BY(init_mu) = 0;
   std::atomic<uint64_t> membership_epoch{0};
   // Under a PMIx launcher: the process's PMIx client, connected at the first ringrun_init and
@@ -441,7 +443,11 @@ ringrun_status ringrun_membership_epoch(uint64_t* epoch) {
   if (epoch == nullptr) {
     return Fail(RINGRUN_ERR_INVALID_ARGUMENT, "ringrun_membership_epoch: epoch is NULL");
   }
-  *epoch = TheProcess().membership_epoch.load(std::memory_order_relaxed);
+  // The current runtime's, raised by the job service's notices since its join; between a
+  // shutdown and the next init, the last one's.
+  Runtime* rt = Current();
+  *epoch = std::max(TheProcess().membership_epoch.load(std::memory_order_relaxed),
+                    rt ? rt->membership_epoch() : 0);
   return RINGRUN_OK;
 }
 
@@ -452,6 +458,9 @@ void ringrun_shutdown(void) {
   // Stops the engine now (pending handles fail) and releases what it holds, even while another
   // thread is still in a call on it (that call fails).
   if (rt) rt->Shutdown();
+  if (rt && rt->membership_epoch() > p.membership_epoch.load(std::memory_order_relaxed)) {
+    p.membership_epoch.store(rt->membership_epoch(), std::memory_order_relaxed);
+  }
 }
 
 int ringrun_rank(void) {

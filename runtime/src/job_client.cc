@@ -1,5 +1,7 @@
 #include "runtime/src/job_client.h"
 
+#include <spdlog/spdlog.h>
+
 #include "ringrun/common/auth.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/peer_table.h"
@@ -30,12 +32,69 @@ Status FromGrpc(const grpc::Status& s, const std::string& target) {
   }
 }
 
+// The Watch stream, as a callback reactor: no thread of its own. Its stub (and channel) is
+// shared with the client that opened it, so it may outlive that client.
+class GrpcWatch final : public MembershipWatch,
+                        public grpc::ClientReadReactor<v1::MembershipNotice> {
+ public:
+  GrpcWatch(std::shared_ptr<v1::JobService::Stub> stub, const std::string& secret,
+            std::string target, const v1::WatchRequest& request, JobClient::OnNotice on_notice)
+      : stub_(std::move(stub)), target_(std::move(target)), on_notice_(std::move(on_notice)) {
+    AttachSecret(&ctx_, secret);
+    stub_->async()->Watch(&ctx_, &request, this);
+    StartRead(&notice_);
+    StartCall();
+  }
+  ~GrpcWatch() override {
+    ctx_.TryCancel();
+    MutexLock lock(&mu_);
+    while (!done_) cv_.Wait(&mu_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    MembershipNotice n;
+    n.membership_epoch = notice_.membership_epoch();
+    n.broken_generation = notice_.broken_generation();
+    n.reason = notice_.reason();
+    on_notice_(n);
+    StartRead(&notice_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
+      spdlog::debug("ringrun: job service {}: Watch ended: {}", target_, s.error_message());
+    }
+    MutexLock lock(&mu_);
+    done_ = true;
+    cv_.SignalAll();
+  }
+
+ private:
+  const std::shared_ptr<v1::JobService::Stub> stub_;
+  const std::string target_;
+  const JobClient::OnNotice on_notice_;
+  grpc::ClientContext ctx_;
+  v1::MembershipNotice notice_;  // the read in flight; read callbacks only
+  Mutex mu_;
+  CondVar cv_;  // done_ was set
+  bool done_ GUARDED_BY(mu_) = false;
+};
+
 class GrpcJobClient final : public JobClient {
  public:
   GrpcJobClient(std::string target, std::string secret)
       : target_(std::move(target)),
         secret_(std::move(secret)),
         stub_(v1::JobService::NewStub(MakeChannel(target_, kKeepaliveMs, kKeepaliveTimeoutMs))) {}
+
+  std::unique_ptr<MembershipWatch> Watch(int worker_id, uint32_t generation, uint64_t epoch,
+                                         OnNotice on_notice) override {
+    v1::WatchRequest req;
+    req.set_worker_id(worker_id);
+    req.set_generation(generation);
+    req.set_membership_epoch(epoch);
+    return std::make_unique<GrpcWatch>(stub_, secret_, target_, req, std::move(on_notice));
+  }
 
   Result<transport::PeerTable> Join(const JoinInfo& info, int timeout_ms) override {
     grpc::ClientContext ctx;
@@ -52,7 +111,7 @@ class GrpcJobClient final : public JobClient {
  private:
   const std::string target_;
   const std::string secret_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
+  std::shared_ptr<v1::JobService::Stub> stub_;
 };
 
 }  // namespace

@@ -1,7 +1,10 @@
 // The runtime's view of the job service: one Join call that publishes this rank's data-plane
-// endpoint and returns the whole peer table. An interface, so that tests drive a fake.
+// endpoint and returns the whole peer table, and (elastic jobs) a Watch of the launcher's
+// notices to the running ranks. An interface, so that tests drive a fake.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,13 +27,39 @@ struct JoinInfo {
   int worker_id = -1;
 };
 
+// What the launcher tells a running elastic rank (job.proto, MembershipNotice).
+struct MembershipNotice {
+  uint64_t membership_epoch = 0;   // > 0: the membership epoch is now this
+  uint32_t broken_generation = 0;  // > 0: every generation up to this one is broken...
+  std::string reason;              // ...for this reason
+};
+
+// An open Watch. Destroying it cancels the stream and waits until its callback has returned
+// for the last time: after the destructor, the callback is never called again.
+class MembershipWatch {
+ public:
+  virtual ~MembershipWatch() = default;
+};
+
 class JobClient {
  public:
+  using OnNotice = std::function<void(const MembershipNotice&)>;
+
   virtual ~JobClient() = default;
   // Blocks until every rank has joined, or fails (kTimeout at timeout_ms, kPermissionDenied for
   // a wrong secret, kAborted when the job is torn down, kUnavailable when the service is gone).
   // The table's size equals info.size.
   virtual Result<transport::PeerTable> Join(const JoinInfo& info, int timeout_ms) = 0;
+  // Elastic jobs, after a successful Join: opens the job service's Watch for `worker_id` in
+  // `generation` (knowing `epoch`) and returns at once. `on_notice` is called for each notice,
+  // on a thread of the client's, one call at a time, until the watch is destroyed; it must not
+  // block. The watch may outlive this client. Null: this client has no notices (a store's).
+  // A stream that fails is logged (debug) and not opened again: the rank then learns of a lost
+  // peer from its connections, or at the collective timeout.
+  virtual std::unique_ptr<MembershipWatch> Watch(int /*worker_id*/, uint32_t /*generation*/,
+                                                 uint64_t /*epoch*/, OnNotice /*on_notice*/) {
+    return nullptr;
+  }
 };
 
 // The JoinRequest that carries `info`.

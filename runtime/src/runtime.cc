@@ -244,10 +244,13 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
       auto rt = std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env));
       rt->generation_ = peers->generation;
       rt->membership_epoch_ = peers->membership_epoch;
+      rt->StartWatch(client, env.worker_id);
       return Started(std::move(rt));
     }
   }
   transport::TransportOptions topts;
+  std::shared_ptr<transport::Interrupt> interrupt;
+  if (env.elastic) topts.interrupt = interrupt = std::make_shared<transport::Interrupt>();
   topts.use_shm = env.use_shm;
   topts.secret = secret;
   topts.allow_nat = env.allow_nat;
@@ -286,7 +289,31 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
       std::make_unique<Runtime>(std::move(t.value()), shape, env.timeout_ms, std::move(settings));
   rt->generation_ = generation;
   rt->membership_epoch_ = epoch;
+  if (env.elastic) {
+    rt->interrupt_ = std::move(interrupt);
+    rt->StartWatch(client, env.worker_id);
+  }
   return Started(std::move(rt));
+}
+
+void Runtime::StartWatch(JobClient* client, int worker_id) {
+  std::unique_ptr<MembershipWatch> watch =
+      client->Watch(worker_id, generation_, membership_epoch(),
+                    [this](const MembershipNotice& n) { OnNotice(n); });
+  MutexLock lock(&watch_mu_);
+  watch_ = std::move(watch);
+}
+
+void Runtime::OnNotice(const MembershipNotice& notice) {
+  uint64_t known = membership_epoch_.load(std::memory_order_relaxed);
+  while (notice.membership_epoch > known &&
+         !membership_epoch_.compare_exchange_weak(known, notice.membership_epoch)) {
+  }
+  if (notice.broken_generation == 0 || notice.broken_generation < generation_) return;
+  Status why = Unavailable("rank " + std::to_string(shape_.rank) + ": generation " +
+                           std::to_string(generation_) + " of the job is broken: " + notice.reason);
+  if (interrupt_) interrupt_->Raise(why);
+  AbortAll(why);
 }
 
 Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, int timeout_ms,
@@ -341,6 +368,12 @@ Runtime::Runtime(std::unique_ptr<transport::Transport> transport, Shape shape, i
 Runtime::~Runtime() { Shutdown(); }
 
 void Runtime::Shutdown() {
+  std::unique_ptr<MembershipWatch> watch;
+  {
+    MutexLock lock(&watch_mu_);
+    watch.swap(watch_);
+  }
+  watch.reset();  // cancels the stream; no notice is handled after this
   std::vector<engine::Engine*> sets;
   {
     MutexLock lock(&sets_mu_);

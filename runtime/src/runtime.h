@@ -8,6 +8,7 @@
 // failure breaks the runtime, and later collectives fail with the same error.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -134,10 +135,17 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   const Shape& shape() const { return shape_; }
-  // Elastic jobs: the generation this runtime joined and the membership epoch the job service
-  // gave then (0 otherwise). Set by Join.
+  // Elastic jobs: the generation this runtime joined (0 otherwise), set by Join; and the
+  // membership epoch: the one the job service gave at the join, raised by its later notices
+  // (0 otherwise). Thread-safe.
   uint32_t generation() const { return generation_; }
-  uint64_t membership_epoch() const { return membership_epoch_; }
+  uint64_t membership_epoch() const { return membership_epoch_.load(std::memory_order_relaxed); }
+  // A notice of the job service's Watch (job_client.h), which Join opens for an elastic rank;
+  // from the client's thread. A larger epoch is kept; a broken generation that is this
+  // runtime's (or a later one) fails its pending and later collectives with kUnavailable and
+  // the reason, a collective in progress included (transport::Interrupt), as a lost peer's
+  // closed connection would. Public for tests.
+  void OnNotice(const MembershipNotice& notice);
   engine::Engine& engine() { return *engine_; }
 
   // Submits one tensor under `name` ("": unnamed; engine::Engine::Submit) and waits; a request
@@ -193,7 +201,8 @@ class Runtime {
   // that is not registered.
   int SetRank(int id);
   int SetSize(int id);
-  // Stops every engine (ringrun_shutdown): pending handles fail with kAborted.
+  // Stops every engine (ringrun_shutdown): pending handles fail with kAborted. The Watch is
+  // cancelled first (no notice is handled after it returns).
   void Shutdown();
 
  private:
@@ -210,13 +219,21 @@ class Runtime {
   Status GatherRecords(const SetRecord& mine, std::vector<SetRecord>* all) REQUIRES(admin_mu_);
   // Every engine's Abort(st) (EngineOptions::on_failure).
   void AbortAll(const Status& st);
+  // Opens the job service's Watch through `client` (elastic jobs), for OnNotice.
+  void StartWatch(JobClient* client, int worker_id);
   // Set `id`'s engine failed for good: AbortAll, unless the set is being removed.
   void SetFailed(int id, const Status& st);
 
   const Shape shape_;
   const int timeout_ms_;
   uint32_t generation_ = 0;
-  uint64_t membership_epoch_ = 0;
+  std::atomic<uint64_t> membership_epoch_{0};
+  // Elastic jobs: what a broken generation raises (shared with every transport of this
+  // runtime; set by Join, then constant), and the Watch that delivers the notices (set by Join
+  // before the runtime is published, destroyed by Shutdown).
+  std::shared_ptr<transport::Interrupt> interrupt_;
+  Mutex watch_mu_;
+  std::unique_ptr<MembershipWatch> watch_ GUARDED_BY(watch_mu_);
   std::unique_ptr<engine::Engine> engine_;
   // Constant after construction: the job's peer table (empty without a transport), and what
   // a set's engine is built from: the global engine's options but its timeline.

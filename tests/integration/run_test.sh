@@ -827,6 +827,19 @@ ELASTIC_HOSTS=localhost:2,127.0.0.1:2
 # The pid of every "joined" line of worker W in $WORK/out, one per line.
 elastic_pids() { grep -F "[$1]<stdout>:joined " "$WORK/out" | sed 's/.* pid=//' | sort -u; }
 
+# The pid of this test's agent of host index H; status 1 when there is none.
+agent_of_host() {
+  local p
+  for p in $(tagged_pids); do
+    if [[ $(cat /proc/$p/comm 2>/dev/null) == ringrun-agent ]] &&
+       tr '\0' ' ' </proc/$p/cmdline | grep -q -- "--host-index $1 "; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
 t_elastic_kill() {
   # Rank 2 of 4 (on 127.0.0.1) is killed -9 mid-run: its host is blacklisted and its other rank
   # (3) ended; ranks 0 and 1 (on localhost) go on as generation 2 of size 2, in the same
@@ -856,17 +869,11 @@ t_elastic_kill() {
 t_elastic_agent_lost() {
   # The agent of 127.0.0.1 is killed -9 mid-run (its ranks die with it, unreported): the host is
   # lost and blacklisted, and localhost's ranks go on as generation 2 of size 2.
-  local worker="$BIN/ringrun-test-elastic-worker" rc w pid agent=""
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid agent
   "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 2000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
   wait_for_lines "$WORK/out" "joined rank=" 4 30
-  for p in $(tagged_pids); do
-    if [[ $(cat /proc/$p/comm 2>/dev/null) == ringrun-agent ]] &&
-       tr '\0' ' ' </proc/$p/cmdline | grep -q -- "--host-index 1 "; then
-      agent=$p
-    fi
-  done
-  [[ -n $agent ]] || fail "no agent for host index 1"
+  agent=$(agent_of_host 1) || fail "no agent for host index 1"
   kill -9 "$agent"
   wait $pid; rc=$?
   expect_rc 0 $rc "an elastic job that lost an agent: $(tail -5 "$WORK/err")"
@@ -877,6 +884,51 @@ t_elastic_agent_lost() {
     [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process"
   done
   expect_no_orphans
+}
+
+t_elastic_frozen_host() {
+  # The agent of 127.0.0.1 and its ranks are stopped (SIGSTOP): nothing closes, as when a link
+  # is cut or a host freezes. The launcher loses the agent (heartbeat or keepalive) and breaks
+  # generation 1 through the ranks' Watch: the survivors' allreduces fail within the heartbeat
+  # timeout + 2 s (not at the 60 s collective timeout), they re-form with 2 ranks and finish.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid agent stopped start ms
+  local bound_ms=12000  # kHeartbeatTimeoutMs + 2 s
+  "$RINGRUN" -np 4 --min-np 2 -H $ELASTIC_HOSTS "$worker" 3000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "joined rank=" 4 30
+  agent=$(agent_of_host 1) || fail "no agent for host index 1"
+  stopped="$agent $(elastic_pids 2) $(elastic_pids 3)"
+  [[ $(wc -w <<<"$stopped") == 3 ]] || fail "expected an agent and two ranks, got: $stopped"
+  start=$(date +%s%N)
+  kill -STOP $stopped
+  # Both survivors report their failed allreduce.
+  local end=$((SECONDS + 30))
+  until [[ $(grep -cE '^\[[01]\]<stdout>:error at step' "$WORK/out") -ge 2 ]]; do
+    (( SECONDS < end )) || { kill -CONT $stopped; fail "the survivors did not fail within 30 s: $(tail -5 "$WORK/err")"; }
+    sleep 0.05
+  done
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  echo "survivors failed $ms ms after SIGSTOP (bound $bound_ms ms)"
+  (( ms <= bound_ms )) || { kill -CONT $stopped; fail "the survivors failed $ms ms after SIGSTOP, more than $bound_ms"; }
+  # The stopped agent is lost by its missing heartbeats or by the gRPC keepalive of its
+  # connection (8 s), whichever comes first.
+  local lost="lost the agent on host 127.0.0.1: (no heartbeat from the agent for 10 s|the connection to the agent broke) \(workers 2,3 were running\)"
+  grep -qE "^\[[01]\]<stdout>:error at step [0-9]+ \(4\): rank [01]: generation 1 of the job is broken: $lost" "$WORK/out" ||
+    fail "no survivor named the broken generation: $(grep 'error at' "$WORK/out")"
+  wait_for_lines "$WORK/out" "joined rank=" 6 30
+  # The stopped ones go on: their agent finds its session gone and ends them, and they cannot
+  # join generation 2.
+  kill -CONT $stopped
+  wait $pid; rc=$?
+  expect_rc 0 $rc "an elastic job with a frozen host: $(tail -5 "$WORK/err")"
+  grep -qE "$lost; host 127.0.0.1 is blacklisted; generation 2: 2 ranks \(was 4\), reset 1" "$WORK/err" ||
+    fail "no reset line: $(cat "$WORK/err")"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=2 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=3000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process"
+  done
+  expect_no_orphans 10
 }
 
 t_elastic_leave() {

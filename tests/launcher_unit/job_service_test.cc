@@ -132,7 +132,8 @@ grpc::StatusCode JunkCall(Server& s, const std::string& method, size_t bytes, co
 TEST_CASE("job service: junk is refused before it is parsed, and by size", "[job_service]") {
   const std::string secret(64, 'a');
   Server s(secret);
-  for (const char* method : {"/ringrun.v1.JobService/Register", "/ringrun.v1.JobService/Join"}) {
+  for (const char* method : {"/ringrun.v1.JobService/Register", "/ringrun.v1.JobService/Join",
+                             "/ringrun.v1.JobService/Watch"}) {
     INFO(method);
     // Without the secret: refused at the door, never INTERNAL (a parse of attacker bytes).
     CHECK(JunkCall(s, method, 1 << 10, nullptr) == grpc::StatusCode::UNAUTHENTICATED);
@@ -143,7 +144,10 @@ TEST_CASE("job service: junk is refused before it is parsed, and by size", "[job
   // With the secret, junk that is not a request is an invalid argument.
   CHECK(JunkCall(s, "/ringrun.v1.JobService/Register", 1 << 10, secret.c_str()) ==
         grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(JunkCall(s, "/ringrun.v1.JobService/Watch", 1 << 10, secret.c_str()) ==
+        grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.events.registers == 0);
+  CHECK(s.service.open_watches() == 0);
 }
 
 TEST_CASE("job service: the secret admits Register, Session and Join", "[job_service]") {
@@ -280,6 +284,101 @@ TEST_CASE("job service: a command sent before the Session opens is delivered whe
   while (stream->Read(&cmd)) {
   }
   CHECK(stream->Finish().ok());
+}
+
+// A Watch of `worker` in `generation`, knowing `epoch`, with `secret` (none: null).
+std::unique_ptr<grpc::ClientReader<v1::MembershipNotice>> OpenWatch(Server& s, const char* secret,
+                                                                    int worker, uint32_t generation,
+                                                                    uint64_t epoch,
+                                                                    grpc::ClientContext* ctx) {
+  if (secret) AttachSecret(ctx, secret);
+  ctx->set_deadline(DeadlineAfterMs(10000));
+  v1::WatchRequest req;
+  req.set_worker_id(worker);
+  req.set_generation(generation);
+  req.set_membership_epoch(epoch);
+  return s.stub->Watch(ctx, req);
+}
+
+TEST_CASE("job service: a Watch without the job's secret is refused", "[job_service][elastic]") {
+  const std::string secret(64, 'w');
+  Server s(secret);
+  s.service.BreakGeneration(1, "lost the agent on host h2");  // what a caller must not learn
+  for (const char* wrong : {static_cast<const char*>(nullptr), "not-the-secret"}) {
+    grpc::ClientContext ctx;
+    auto reader = OpenWatch(s, wrong, 0, 1, 0, &ctx);
+    v1::MembershipNotice n;
+    CHECK_FALSE(reader->Read(&n));
+    CHECK(reader->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  CHECK(s.service.open_watches() == 0);
+  // A request that names no generation is refused too.
+  grpc::ClientContext ctx;
+  auto reader = OpenWatch(s, secret.c_str(), 0, 0, 0, &ctx);
+  v1::MembershipNotice n;
+  CHECK_FALSE(reader->Read(&n));
+  CHECK(reader->Finish().error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_CASE("job service: Watches get the epoch and the broken generations, late ones at once",
+          "[job_service][elastic]") {
+  const std::string secret(64, 'v');
+  Server s(secret);
+  grpc::ClientContext c1, c2;
+  auto w1 = OpenWatch(s, secret.c_str(), 0, 1, 0, &c1);  // worker 0, generation 1
+  auto w2 = OpenWatch(s, secret.c_str(), 1, 2, 0, &c2);  // worker 1, generation 2
+  // The first notice also proves that each Watch is open.
+  s.service.RaiseMembershipEpoch(3);
+  v1::MembershipNotice n;
+  for (auto* w : {w1.get(), w2.get()}) {
+    REQUIRE(w->Read(&n));
+    CHECK(n.membership_epoch() == 3);
+    CHECK(n.broken_generation() == 0);
+  }
+  CHECK(s.service.open_watches() == 2);
+  s.service.RaiseMembershipEpoch(2);  // lower: nothing
+  s.service.BreakGeneration(1, "lost the agent on host h2: no heartbeat from the agent for 10 s");
+  s.service.BreakGeneration(1, "again");  // the same generation: nothing
+  s.service.RaiseMembershipEpoch(4);
+  REQUIRE(w1->Read(&n));
+  CHECK(n.broken_generation() == 1);
+  CHECK(n.reason() == "lost the agent on host h2: no heartbeat from the agent for 10 s");
+  REQUIRE(w1->Read(&n));
+  CHECK(n.membership_epoch() == 4);
+  // Generation 2 is not broken: its Watch got only the epoch.
+  REQUIRE(w2->Read(&n));
+  CHECK(n.broken_generation() == 0);
+  CHECK(n.membership_epoch() == 4);
+
+  // A Watch opened after the fact hears at once what it missed.
+  grpc::ClientContext c3;
+  auto w3 = OpenWatch(s, secret.c_str(), 2, 1, 1, &c3);
+  REQUIRE(w3->Read(&n));
+  CHECK(n.membership_epoch() == 4);
+  CHECK(n.broken_generation() == 1);
+  CHECK(n.reason() == "lost the agent on host h2: no heartbeat from the agent for 10 s");
+
+  // A rank that cancels its Watch (ringrun_shutdown) is forgotten.
+  c3.TryCancel();
+  while (w3->Read(&n)) {
+  }
+  CHECK(w3->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (s.service.open_watches() != 2 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(s.service.open_watches() == 2);
+
+  // The job is over: the Watches end cleanly, and a new one is refused.
+  s.service.Close();
+  for (auto* w : {w1.get(), w2.get()}) {
+    CHECK_FALSE(w->Read(&n));
+    CHECK(w->Finish().ok());
+  }
+  grpc::ClientContext c4;
+  auto w4 = OpenWatch(s, secret.c_str(), 3, 1, 0, &c4);
+  CHECK_FALSE(w4->Read(&n));
+  CHECK(w4->Finish().error_code() == grpc::StatusCode::ABORTED);
 }
 
 TEST_CASE("PeerAddress strips the transport and port", "[job_service]") {

@@ -1,4 +1,5 @@
-// The runtime's joining logic against a fake job service client, and the environment contract.
+// The runtime's joining logic against a fake job service client (its notices to elastic ranks
+// included), and the environment contract.
 #include "runtime/src/runtime.h"
 
 #include <catch2/catch.hpp>
@@ -6,6 +7,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "ringrun/common/env_contract.h"
@@ -302,6 +304,166 @@ TEST_CASE("a failed join is an error naming the rank", "[runtime]") {
   REQUIRE_FALSE(rt.ok());
   CHECK(rt.status().code() == Code::kPermissionDenied);
   CHECK(rt.status().message().find("rank 1") != std::string::npos);
+}
+
+// An elastic job's service for the ranks that join it through ElasticClient: generation 1 of
+// `size` workers, each on the host of its address; and the Watches they open, by worker.
+class FakeElasticService {
+ public:
+  explicit FakeElasticService(int size) : size_(size) {}
+  // Publishes a rank that never speaks (a frozen process): its listener is bound, never served.
+  void AddFrozen(int worker, const std::string& address, uint16_t port) {
+    JoinInfo info;
+    info.worker_id = worker, info.address = address, info.port = port;
+    (void)Join(info, /*wait=*/false);
+  }
+  Result<PeerTable> Join(const JoinInfo& info, bool wait = true) {
+    std::unique_lock<std::mutex> lock(mu_);
+    infos_[info.worker_id] = info;
+    cv_.notify_all();
+    if (!wait) return PeerTable{};
+    if (!cv_.wait_for(lock, std::chrono::seconds(30),
+                      [&] { return static_cast<int>(infos_.size()) == size_; })) {
+      return Timeout("fake elastic service: the others did not join within 30 s");
+    }
+    PeerTable t;
+    t.job_id = "fake-elastic-job";
+    t.generation = 1;
+    t.data_secret = std::string(64, 'd');
+    t.membership_epoch = 1;
+    for (auto& [worker, i] : infos_) {
+      t.addresses.push_back(i.address);
+      t.address_of_rank.push_back(static_cast<uint32_t>(t.addresses.size() - 1));
+      t.port_of_rank.push_back(i.port);
+      t.worker_of_rank.push_back(worker);
+      t.host_of_rank.push_back("h" + std::to_string(worker));
+    }
+    return t;
+  }
+  // One Watch of `worker`; withdrawn when the watch is destroyed.
+  class Watch final : public MembershipWatch {
+   public:
+    Watch(FakeElasticService* s, int worker) : s_(s), worker_(worker) {}
+    ~Watch() override {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      s_->watches_.erase(worker_);
+    }
+
+   private:
+    FakeElasticService* s_;
+    int worker_;
+  };
+  std::unique_ptr<MembershipWatch> OpenWatch(int worker, uint32_t generation,
+                                             JobClient::OnNotice on_notice) {
+    std::lock_guard<std::mutex> lock(mu_);
+    watches_[worker] = std::move(on_notice);
+    generations_[worker] = generation;
+    cv_.notify_all();
+    return std::make_unique<Watch>(this, worker);
+  }
+  // Waits until `workers` have their Watch open (30 s at most).
+  bool WaitForWatches(const std::set<int>& workers) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] {
+      for (int w : workers) {
+        if (!watches_.count(w)) return false;
+      }
+      return true;
+    });
+  }
+  // Sends `n` to every open Watch (as the service's thread would, one call at a time).
+  void Notify(const MembershipNotice& n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [worker, f] : watches_) f(n);
+  }
+  size_t open_watches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return watches_.size();
+  }
+  uint32_t generation_of(int worker) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return generations_[worker];
+  }
+
+ private:
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, JoinInfo> infos_;
+  std::map<int, JobClient::OnNotice> watches_;
+  std::map<int, uint32_t> generations_;
+};
+
+class ElasticClient final : public JobClient {
+ public:
+  explicit ElasticClient(FakeElasticService* s) : s_(s) {}
+  Result<PeerTable> Join(const JoinInfo& info, int) override { return s_->Join(info); }
+  std::unique_ptr<MembershipWatch> Watch(int worker, uint32_t generation, uint64_t,
+                                         OnNotice on_notice) override {
+    return s_->OpenWatch(worker, generation, std::move(on_notice));
+  }
+
+ private:
+  FakeElasticService* s_;
+};
+
+TEST_CASE("a broken generation fails a collective stuck on a frozen peer, not at the timeout",
+          "[runtime][elastic]") {
+  // Workers 0 and 1 are runtimes; worker 2 joined and froze: its listener accepts connections
+  // and never answers, as a stopped process's does. The survivors' allreduce is stuck on it
+  // until the job service says that generation 1 is broken.
+  constexpr int kSize = 3;
+  FakeElasticService service(kSize);
+  Result<Listener> frozen = Listen("127.0.0.3");
+  REQUIRE(frozen.ok());
+  service.AddFrozen(2, "127.0.0.3", frozen->port);
+  std::vector<std::unique_ptr<Runtime>> rts(2);
+  std::vector<Status> errors(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      JobEnv env;
+      env.in_job = true, env.rank = w, env.size = kSize, env.job_service = "fake";
+      env.secret = "fake-job-secret";
+      env.elastic = true, env.worker_id = w, env.generation = 1;
+      env.host_addr = w == 0 ? "127.0.0.1" : "127.0.0.2";
+      env.timeout_ms = 30000;  // the failure to fix would take this long
+      ElasticClient client(&service);
+      Result<std::unique_ptr<Runtime>> rt = Runtime::Join(env, &client);
+      if (!rt.ok()) {
+        errors[w] = rt.status();
+        return;
+      }
+      rts[w] = std::move(rt.value());
+      double v = 1;
+      errors[w] = rts[w]->Allreduce(&v, &v, 1, RINGRUN_FLOAT64, RINGRUN_SUM);
+    });
+  }
+  REQUIRE(service.WaitForWatches({0, 1}));
+  CHECK(service.generation_of(0) == 1);
+  MembershipNotice epoch;
+  epoch.membership_epoch = 7;
+  service.Notify(epoch);
+  MembershipNotice broken;
+  broken.broken_generation = 1;
+  broken.reason = "lost the agent on host h2: no heartbeat from the agent for 10 s";
+  service.Notify(broken);
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w << ": " << errors[w].ToString());
+    REQUIRE(rts[w]);
+    CHECK(errors[w].code() == Code::kUnavailable);
+    CHECK_THAT(errors[w].message(),
+               Catch::Contains("generation 1 of the job is broken: lost the agent on host h2: no "
+                               "heartbeat from the agent for 10 s"));
+    CHECK(rts[w]->membership_epoch() == 7);
+    // Later collectives of the generation fail the same way.
+    double v = 1;
+    CHECK(rts[w]->Allreduce(&v, &v, 1, RINGRUN_FLOAT64, RINGRUN_SUM).code() == Code::kUnavailable);
+  }
+  // Shutdown withdraws the Watch: no notice reaches a runtime that is shut down.
+  for (auto& rt : rts) rt->Shutdown();
+  CHECK(service.open_watches() == 0);
 }
 
 }  // namespace ringrun::runtime

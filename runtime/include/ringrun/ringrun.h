@@ -249,10 +249,17 @@ RINGRUN_API void ringrun_shutdown(void);
  * without it) fails with RINGRUN_ERR_INVALID_ARGUMENT naming the generation; a job being torn
  * down fails it with RINGRUN_ERR_ABORTED.
  *
- * ringrun_membership_epoch sets *epoch to the membership epoch given with the last join: a
- * counter the launcher raises when the job's host set changed and a new generation is pending
- * (0 when it never did, and in jobs that are not elastic). Safe to call at any time, even
- * before ringrun_init(). RINGRUN_ERR_INVALID_ARGUMENT for a NULL epoch. */
+ * While an elastic rank is initialized, the launcher can tell it things through the job
+ * service (the rank listens from its init to its shutdown, on a thread of the library's): a
+ * new membership epoch (below), or that its generation is broken (a host was lost without its
+ * connections closing): then its pending and later collectives fail with
+ * RINGRUN_ERR_UNAVAILABLE and the launcher's reason, and it shuts down and inits as above.
+ *
+ * ringrun_membership_epoch sets *epoch to the membership epoch: a counter the launcher raises
+ * when the job's host set changed and a new generation is pending, given with the join and
+ * raised by the launcher's notices while the rank runs (0 when it never did, and in jobs that
+ * are not elastic). Safe to call at any time, even before ringrun_init().
+ * RINGRUN_ERR_INVALID_ARGUMENT for a NULL epoch. */
 RINGRUN_API ringrun_status ringrun_membership_epoch(uint64_t* epoch);
 
 /* The job's shape; -1 before ringrun_init(). local_* count the ranks on this host, cross_*

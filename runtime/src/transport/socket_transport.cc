@@ -143,6 +143,11 @@ class SocketTransport final : public Transport {
   int spin_us_ = 0;  // the current Run's busy-wait on a shared-memory pair
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
   Status ServeListeners();
+  // The status raised on options_.interrupt, or OK.
+  Status Interrupted() const {
+    return options_.interrupt && options_.interrupt->raised() ? options_.interrupt->why()
+                                                              : Status::Ok();
+  }
   Status PeerError(int peer, const Status& st) const {
     return Status(st.code(), "rank " + std::to_string(peers_.JobRank(rank_)) + ": peer " +
                                  peers_.Describe(peer) + ": " + st.message());
@@ -187,6 +192,7 @@ Status SocketTransport::ServeListeners() {
 }
 
 Status SocketTransport::WaitAndServe(int fd, short events, Deadline deadline) {
+  RINGRUN_RETURN_IF_ERROR(Interrupted());  // a connection to a frozen peer never completes
   std::vector<pollfd> fds;
   if (fd >= 0) fds.push_back(pollfd{fd, events, 0});
   acceptor_.AddPollFds(&fds);
@@ -332,6 +338,7 @@ Status SocketTransport::Connect(int peer, Deadline deadline) {
     Status st = ConnectOnce(peer, deadline, &retry);
     ++tries;
     if (st.ok()) return st;
+    RINGRUN_RETURN_IF_ERROR(Interrupted());  // said as raised, not as a peer's failure
     if (!retry || MsUntil(deadline) == 0) {
       if (tries > 1) {
         st = Status(st.code(), st.message() + " (after " + std::to_string(tries) +
@@ -359,6 +366,7 @@ Status SocketTransport::EnsureConnected(const std::vector<Op>& ops, Deadline dea
   }
   for (const Op& op : ops) {
     while (!pairs_[op.peer]) {
+      RINGRUN_RETURN_IF_ERROR(Interrupted());
       Status st = WaitAndServe(-1, 0, deadline);
       if (st.code() == Code::kTimeout) {
         return PeerError(op.peer, Timeout("timed out waiting for it to connect"));
@@ -571,6 +579,8 @@ Status SocketTransport::RunOps(std::vector<Op>& ops, Deadline deadline) {
     if (!moved.ok()) return moved.status();
     if (remaining == 0) return Status::Ok();
     if (*moved) continue;
+    // Checked only when nothing moved: a Run that progresses is never the one that hangs.
+    if (Status st = Interrupted(); !st.ok()) return st;
     bool progressed;
     RINGRUN_RETURN_IF_ERROR(Wait(states, deadline, &progressed));
   }

@@ -7,6 +7,7 @@
 // order both sides issue them. There are no tags and no headers on the wire.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -149,6 +150,33 @@ class Transport {
   virtual void Break(const Status& st) = 0;
 };
 
+// A way to stop a transport's Runs from another thread: an elastic rank told by the job service
+// that its generation is broken (a peer was lost without closing its connections) raises it, and
+// a Run in progress fails with the status raised, within a second, instead of waiting for its
+// deadline on a peer that will never answer; so does every later Run. The transport is then
+// broken as by any failure (its connections close). Raise and raised() are thread-safe; the
+// first Raise wins.
+class Interrupt {
+ public:
+  void Raise(const Status& why) {
+    MutexLock lock(&mu_);
+    if (raised_.load(std::memory_order_relaxed)) return;
+    why_ = why;
+    raised_.store(true, std::memory_order_release);
+  }
+  // One atomic load: cheap enough for every step of a Run.
+  bool raised() const { return raised_.load(std::memory_order_acquire); }
+  Status why() const {
+    MutexLock lock(&mu_);
+    return why_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::atomic<bool> raised_{false};
+  Status why_ GUARDED_BY(mu_);
+};
+
 struct TransportOptions {
   bool use_shm = true;  // shared memory for same-host peers
   // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
@@ -161,6 +189,9 @@ struct TransportOptions {
   // Admit a TCP peer whose source address is not its host's in the peer table (NAT between
   // hosts); RINGRUN_ALLOW_NAT=1. The proof of the secret is still required.
   bool allow_nat = false;
+  // When set, raising it fails this transport's Runs (Interrupt). Shared by every transport of
+  // a runtime (its process sets' too).
+  std::shared_ptr<Interrupt> interrupt;
 };
 
 // A bound, listening TCP socket (port 0 picks one), and this rank's local listener for

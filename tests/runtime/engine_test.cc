@@ -31,6 +31,7 @@
 #include "runtime/src/engine/timeline.h"
 #include "runtime/src/gpu/device_backend.h"
 #include "tests/runtime/engine_helpers.h"
+#include "tests/runtime/values.h"
 #include "thread_job.h"
 
 namespace ringrun::runtime::testing {
@@ -944,6 +945,100 @@ TEST_CASE("engine: after blocking calls run on the calling thread, the engine an
     INFO(lines[0]);
     CHECK(lines[0].find("rank 0 has not submitted 1 tensor: late") != std::string::npos);
   }
+}
+
+// A blocking call as Runtime::SubmitAndWait makes it (Submit's run_here), with t's arguments.
+Status Blocking(Runtime& rt, const engine::TensorArgs& t) {
+  HandleState* h = nullptr;
+  Status st = rt.engine().Submit({}, &t, 1, /*group=*/false, &h, /*run_here=*/true);
+  if (!st.ok()) return st;
+  std::shared_ptr<HandleState> owned = engine::ShareHandle(h);
+  auto [code, msg] = WaitStatus(*h);
+  return code == Code::kOk ? Status::Ok() : Status(code, msg);
+}
+
+TEST_CASE("engine: a small blocking allreduce travels in its frame, every dtype and op",
+          "[engine]") {
+  // Blocking calls of every dtype and op, of 4 KiB and less, at 2 and 3 ranks: those whose
+  // lone frames agree are done in one exchange (Engine::SubmitLone), the others in the general
+  // round (a peer's engine thread answered); either way the result is exact, and with scale
+  // factors it is the general path's (a named submission's) bit for bit.
+  for (int np : {2, 3}) {
+    for (bool shm : {true, false}) {
+      std::atomic<uint64_t> lone{0}, calls{0};
+      std::string failures = RunThreadJob(Opts(np, shm), [&](int rank, Runtime& rt, Failures& f) {
+        for (ringrun_dtype d : AllDtypes()) {
+          for (ringrun_op op : OpsFor(d)) {
+            for (size_t count :
+                 {size_t{0}, size_t{1}, size_t{7}, engine::kLoneBytes / DtypeSize(d)}) {
+              const std::string what = std::string(NameOfDtype(d)) + " " + NameOfOp(op) + " " +
+                                       std::to_string(count) + ": ";
+              std::vector<char> in = Inputs(op, d, rank, count), out(in.size() + 8);
+              engine::TensorArgs t;
+              t.dtype = d, t.op = op, t.count = count, t.send = in.data(), t.recv = out.data();
+              if (count == 7) t.send = t.recv = std::memcpy(out.data(), in.data(), in.size());
+              Status st = Blocking(rt, t);
+              if (rank == 0) ++calls;
+              if (!st.ok()) {
+                f.Add(rank, what + st.ToString());
+                continue;
+              }
+              std::string bad = CheckReduced(op, d, np, out.data(), count);
+              if (!bad.empty()) f.Add(rank, what + bad);
+              if (!IsFloating(d) || count == 0) continue;
+              t.send = in.data(), t.prescale = 0.5, t.postscale = 4;
+              st = Blocking(rt, t);
+              if (rank == 0) ++calls;
+              std::vector<char> general(out.size());
+              Entry e;
+              e.req.name = "scaled", e.req.dtype = d, e.req.op = op, e.req.count = count;
+              e.req.prescale = 0.5, e.req.postscale = 4;
+              e.send = in.data(), e.recv = general.data();
+              auto h = Submit(rt, e);
+              std::string err = h ? WaitOk(*h) : "refused";
+              if (!st.ok() || !err.empty()) {
+                f.Add(rank, what + "scaled: " + st.ToString() + " " + err);
+              } else if (std::memcmp(out.data(), general.data(), in.size()) != 0) {
+                f.Add(rank,
+                      what + "scaled: the lone frame's result differs from the general path's");
+              }
+            }
+          }
+        }
+        if (rank == 0) lone += rt.engine().negotiation_counters().lone_rounds;
+      });
+      INFO("np " << np << (shm ? " shm: " : " tcp: ") << failures << lone << " of " << calls
+                 << " calls done in one exchange");
+      CHECK(failures.empty());
+      CHECK(lone > 0);
+    }
+  }
+}
+
+TEST_CASE("engine: blocking calls whose lone frames differ fail as a mismatch, naming the ranks",
+          "[engine]") {
+  // Rank 1's third blocking allreduce has another count: every rank's call fails naming it,
+  // the field and the ranks, as in the general round, and the next blocking call works.
+  const int np = 3;
+  std::string failures = RunThreadJob(Opts(np), [&](int rank, Runtime& rt, Failures& f) {
+    for (int i = 0; i < 5; ++i) {
+      std::vector<float> x(8, 1.0f);
+      const size_t count = i == 2 && rank == 1 ? 4 : 8;
+      Status st = rt.Allreduce(x.data(), x.data(), count, RINGRUN_FLOAT32, RINGRUN_SUM);
+      if (i != 2) {
+        if (!st.ok() || x[0] != np) f.Add(rank, "call " + std::to_string(i) + ": " + st.ToString());
+        continue;
+      }
+      const std::string msg = st.message();
+      if (st.code() != Code::kMismatch) f.Add(rank, "call 2: " + st.ToString());
+      for (const std::string part : {"tensor 'allreduce.noname.2'", "disagree on the count",
+                                     "ranks 0, 2 sent 8", "rank 1 sent 4"}) {
+        if (msg.find(part) == std::string::npos) f.Add(rank, "'" + msg + "' lacks '" + part + "'");
+      }
+    }
+  });
+  INFO(failures);
+  CHECK(failures.empty());
 }
 
 TEST_CASE("engine: stall inspector with an injected clock", "[engine][stall]") {

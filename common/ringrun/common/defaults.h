@@ -41,6 +41,12 @@ inline constexpr int kShmSpinUs = 1000;
 // application submits, and a spinning engine takes the core that application needs (measured:
 // benchmarks/README.md, "Engine choices").
 inline constexpr int kNegotiationSpinUs = 20;
+// How long a Run waits on a same-host peer whose engine sleeps with its wake-ups quiet (a
+// blocking call ran the last round in its stead, Transport::LeaveIdleWakeQuiet) before waking
+// it. Longer than the data plane's spin, so that the peer of a loop of blocking calls that is
+// descheduled for a moment is not woken (its program calls again and runs the round); short
+// against any timeout.
+inline constexpr int kQuietKickUs = 2000;
 
 // Elastic jobs (launcher/elastic/).
 inline constexpr int kDiscoveryTimeoutMs = 10000;  // a host discovery script's run, then SIGKILL

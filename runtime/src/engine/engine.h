@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "ringrun/common/clock.h"
+#include "ringrun/common/defaults.h"
 #include "ringrun/common/thread_annotations.h"
 #include "runtime/src/collectives.h"
 #include "runtime/src/engine/controller.h"
@@ -60,6 +61,10 @@ inline constexpr std::string_view kJoinName = "join";
 // the fusion buffer: copying a tensor in and out costs more than the per-collective latency
 // that fusing it saves (measured: the copies were a quarter of a ResNet-50 step's time).
 inline constexpr size_t kDirectAllreduceBytes = 256 << 10;
+// A blocking call's allreduce of at most this many bytes, whose frames over all ranks come to
+// at most kLoneFramesBytes, may travel in its round's frame (Engine::SubmitLone).
+inline constexpr size_t kLoneBytes = 4 << 10;
+inline constexpr size_t kLoneFramesBytes = 16 << 10;
 
 struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0;
@@ -165,14 +170,15 @@ class Engine {
     return transport_ ? transport_->counters() : transport::Counters{};
   }
   // What negotiation alone did on this rank: exchanges of frames (the hello and every round),
-  // and the messages and bytes it sent (heads and tails). From any thread.
+  // and the messages and bytes it sent (heads and tails); and the rounds of blocking calls
+  // that their lone frames completed (SubmitLone). From any thread.
   struct NegotiationCounters {
-    uint64_t rounds = 0, messages_sent = 0, bytes_sent = 0;
+    uint64_t rounds = 0, messages_sent = 0, bytes_sent = 0, lone_rounds = 0;
   };
   NegotiationCounters negotiation_counters() const {
     return {neg_rounds_.load(std::memory_order_relaxed),
             neg_messages_.load(std::memory_order_relaxed),
-            neg_bytes_.load(std::memory_order_relaxed)};
+            neg_bytes_.load(std::memory_order_relaxed), neg_lone_.load(std::memory_order_relaxed)};
   }
   // OK until the engine fails for good (a broken transport, a stall shutdown, no doorbell at
   // construction); then what every later submission is refused with.
@@ -216,6 +222,31 @@ class Engine {
   // Whether Validate would accept these arguments for an allreduce of host memory.
   bool ValidHostAllreduce(const void* send, void* recv, size_t count, ringrun_dtype dtype,
                           ringrun_op op, double prescale, double postscale, uint32_t flags) const;
+  // Submit's way for a blocking call's (run_here) unnamed allreduce of at most kLoneBytes of
+  // host memory, when RunHere would run its round here (the engine thread sleeps, nothing else
+  // is queued or pending, no timeline or autotune) and no rank has joined (lone.cc). Its
+  // round's frame is a *lone frame*: the request's arguments and its data. When every rank's
+  // frame is a lone frame of the same call, every rank reduces the data of all, in rank order,
+  // and the call is done after one exchange, without the controller, the name tables or a
+  // slot. Any other round (a peer's engine thread answered, a peer is in another call, the
+  // arguments differ) is the general one: every rank reads each lone frame as the frame that
+  // announces its request in full (LoneAsGeneral), and it goes on as RunHere's round. Returns
+  // false when this way does not apply, having done nothing; true with *handle the caller's
+  // (done, unless the general round left it pending).
+  bool SubmitLone(const TensorArgs& t, HandleState** handle);
+  // Its round once the frames are in: the reduction when every frame agrees (true), or false.
+  bool ReduceLone(const std::vector<std::string>& frames, void* recv);
+  // The slot of SubmitLone's tensor for the general round, as SubmitGeneral makes it, under
+  // the k-th unnamed allreduce's name; *handle the caller's.
+  Slot* LoneSlot(const TensorArgs& t, uint64_t k, HandleState** handle);
+  static bool IsLoneFrame(const std::string& frame);
+  // Rewrites a lone frame as the general frame that announces its request in full (kInternal
+  // when malformed).
+  Status LoneAsGeneral(std::string* frame) const;
+  // RunHere's end, holding round_mu_ after a round that ran here for h: breaks on a failure,
+  // leaves the peers' wake-ups quiet when h is done and nothing is pending (the next call runs
+  // the next round) or wakes the engine thread to take over, and lets go of round_mu_.
+  void EndHere(HandleState* h, const Status& st) RELEASE(round_mu_);
   // Submit's path for everything else, which says what is wrong with a refused submission.
   Status SubmitGeneral(std::string_view name, const TensorArgs* tensors, size_t n, bool group,
                        HandleState** handle, bool run_here);
@@ -244,13 +275,20 @@ class Engine {
   // One negotiation round announcing `fresh`. A non-empty `abort` tells every rank to fail
   // with it (the stall shutdown); a peer's abort comes back as kAborted with its text.
   Status Round(std::vector<Slot*> fresh, const std::string& abort = "");
+  // Round's parts: the bookkeeping of the requests announced (announce_, announce_ids_, the
+  // slots by cache id or name), and everything after the exchange of frames (`start`: when
+  // the round started).
+  void Announce(const std::vector<Slot*>& fresh);
+  Status Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start);
   // Round, with an exception turned into the status that breaks the engine.
   Status GuardedRound(std::vector<Slot*> fresh);
   // Every rank's frame (by rank), `mine` among them: Bruck's allgather, ceil(log2 n) steps, each
   // one message to rank - 2^k and one from rank + 2^k (a head, and a tail when longer; one
   // exchange with the peer at n = 2). A rank asleep is woken by the first step that reaches
   // it, so a round started by any rank reaches every rank.
-  Result<std::vector<std::string>> Exchange(const std::string& mine);
+  // spin_us: how long to busy-wait for a partner's message (the transport's Run).
+  Result<std::vector<std::string>> Exchange(const std::string& mine,
+                                            int spin_us = kNegotiationSpinUs);
   // A fusion plan: batches[0, planned) made of the responses [of, of + n).
   struct Plan {
     std::vector<Batch> batches;  // kept with their vectors' capacity
@@ -397,8 +435,10 @@ class Engine {
   Plan uniform_plan_, general_plan_;      // Execute's, for uniform rounds and for the others
   std::vector<size_t> open_;
   std::vector<int64_t> announce_ids_;
+  std::string lone_frame_;          // SubmitLone's frame, kept for its capacity
+  std::vector<char> lone_scratch_;  // ReduceLone's scaled copy of a rank's data
   // negotiation_counters(): written by the thread that holds round_mu_, read by any.
-  std::atomic<uint64_t> neg_rounds_{0}, neg_messages_{0}, neg_bytes_{0};
+  std::atomic<uint64_t> neg_rounds_{0}, neg_messages_{0}, neg_bytes_{0}, neg_lone_{0};
 
   std::thread thread_;
 };

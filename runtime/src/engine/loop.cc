@@ -18,6 +18,9 @@ namespace {
 // A frame travels as a fixed-size head (its length and first bytes) and, when longer, a tail:
 // steady-state frames fit the head, so a round is one exchange.
 constexpr size_t kFrameHeadBytes = 1024;
+// A tail at most this long is sent with its head: it fits the small ring of a shared-memory pair
+// (kSmallMessageBytes) and a socket's buffer, whatever the partner is doing.
+constexpr size_t kEagerTailBytes = 8 << 10;
 constexpr uint32_t kHelloMagic = 0x72726531;  // "rre1"
 
 }  // namespace
@@ -210,23 +213,32 @@ void Engine::RunHere(HandleState* h) {
     if (!fresh.empty()) {
       // The peers' frames arrive for this thread now: they need not wake the engine thread.
       transport_->QuietIdleWake();
-      Status st = GuardedRound(std::move(fresh));
-      if (!st.ok()) {
-        transport_->Break(st);
-        FailAll(st);
-      }
-      // The engine thread takes over what is left: the tensor when the peers have not
-      // submitted it yet (the stall inspector's deadline is the engine thread's), and a
-      // peer's next round.
-      const bool rest = !h->done() || controller_.OldestPendingUs() >= 0;
-      const bool input = st.ok() && transport_->RearmIdleWake();
-      round_mu_.Unlock();
-      if (rest || input || !st.ok()) RingDoorbell(doorbell());
+      EndHere(h, GuardedRound(std::move(fresh)));
       return;
     }
     round_mu_.Unlock();
   }
   if (sleeping_.load() && sleeping_.exchange(false)) RingDoorbell(doorbell());
+}
+
+void Engine::EndHere(HandleState* h, const Status& st) {
+  if (!st.ok()) {
+    transport_->Break(st);
+    FailAll(st);
+  }
+  // The engine thread takes over what is left: the tensor when the peers have not submitted it
+  // yet (the stall inspector's deadline is the engine thread's), or the failure.
+  bool wake = !st.ok() || !h->done() || controller_.OldestPendingUs() >= 0;
+  if (wake) {
+    if (st.ok()) transport_->RearmIdleWake();
+  } else {
+    // Done: this program's next call, which usually follows at once, runs the peers' next
+    // round too, so their messages do not wake the engine thread (which would take that round
+    // and hand its result back through a futex) unless they wait long for this rank.
+    wake = transport_->LeaveIdleWakeQuiet();
+  }
+  round_mu_.Unlock();
+  if (wake) RingDoorbell(doorbell());
 }
 
 Status Engine::Hello() {
@@ -258,7 +270,7 @@ CollectiveContext Engine::Context() {
                            hierarchical_};
 }
 
-Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
+Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int spin_us) {
   // An allgather of frames by Bruck's algorithm: at step k this rank sends the frames it holds
   // (its own and those of the next 2^k - 1 ranks) to rank - 2^k and receives as many from
   // rank + 2^k, so after ceil(log2 n) steps it holds all n, for any n. A message carries its
@@ -293,30 +305,32 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
     }
     const uint32_t len = static_cast<uint32_t>(out.size() - 4);
     std::memcpy(out.data(), &len, 4);
-    // A fixed-size head, and the rest in a second exchange when either side has more.
-    const size_t sent_head = std::min(out.size(), kFrameHeadBytes);
+    // A fixed-size head, and the rest (the tail) when longer. A short tail goes with the head,
+    // so that the exchange costs one wait for the partner's head; a longer one after it (both
+    // sides sending long tails before reading either could fill the pair both ways). The
+    // receiver learns the tail's length from the head.
+    const size_t tail = 4 + size_t{len} > kFrameHeadBytes ? 4 + size_t{len} - kFrameHeadBytes : 0;
     out.resize(std::max(out.size(), kFrameHeadBytes), '\0');
     in.assign(kFrameHeadBytes, '\0');
-    std::vector<transport::Op> ops{transport::Op::Send(to, out.data(), kFrameHeadBytes),
-                                   transport::Op::Recv(from, in.data(), kFrameHeadBytes)};
-    bump(neg_messages_, 1);
-    bump(neg_bytes_, kFrameHeadBytes);
-    RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, kNegotiationSpinUs));
+    std::vector<transport::Op> ops{transport::Op::Send(to, out.data(), kFrameHeadBytes)};
+    bump(neg_messages_, tail > 0 ? 2 : 1);
+    bump(neg_bytes_, kFrameHeadBytes + tail);
+    const bool eager = tail > 0 && tail <= kEagerTailBytes;
+    if (eager) ops.push_back(transport::Op::Send(to, out.data() + kFrameHeadBytes, tail));
+    ops.push_back(transport::Op::Recv(from, in.data(), kFrameHeadBytes));
+    RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
     uint32_t in_len;
     std::memcpy(&in_len, in.data(), 4);
     ops.clear();
-    if (sent_head < 4 + size_t{len}) {
-      bump(neg_messages_, 1);
-      bump(neg_bytes_, 4 + size_t{len} - kFrameHeadBytes);
-      ops.push_back(
-          transport::Op::Send(to, out.data() + kFrameHeadBytes, 4 + size_t{len} - kFrameHeadBytes));
+    if (tail > 0 && !eager) {
+      ops.push_back(transport::Op::Send(to, out.data() + kFrameHeadBytes, tail));
     }
     if (4 + size_t{in_len} > kFrameHeadBytes) {
       in.resize(4 + size_t{in_len});
       ops.push_back(transport::Op::Recv(from, in.data() + kFrameHeadBytes,
                                         4 + size_t{in_len} - kFrameHeadBytes));
     }
-    if (!ops.empty()) RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, kNegotiationSpinUs));
+    if (!ops.empty()) RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
     // The frames of ranks from, from + 1, ... (count of them), appended to those held.
     in.resize(4 + size_t{in_len});
     size_t pos = 4;
@@ -350,6 +364,19 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine) {
 
 Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   const int64_t start = Now();
+  Announce(fresh);
+  // A frame: rank 0's autotune block (while tuning), the abort report (usually empty), then
+  // the controller's part.
+  std::string frame;
+  if (tuning_) PutTuned(&frame);
+  PutString(&frame, abort);
+  frame += controller_.EncodeFrame(announce_, &announce_ids_);
+  Result<std::vector<std::string>> frames = Exchange(frame);
+  if (!frames.ok()) return frames.status();
+  return Settle(std::move(fresh), &*frames, start);
+}
+
+void Engine::Announce(const std::vector<Slot*>& fresh) {
   announce_.clear();
   announce_ids_.clear();
   for (Slot* s : fresh) {
@@ -374,14 +401,13 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
     announce_.push_back(&s->req);
     announce_ids_.push_back(s->cache_id);
   }
-  // A frame: rank 0's autotune block (while tuning), the abort report (usually empty), then
-  // the controller's part.
-  std::string frame;
-  if (tuning_) PutTuned(&frame);
-  PutString(&frame, abort);
-  frame += controller_.EncodeFrame(announce_, &announce_ids_);
-  Result<std::vector<std::string>> frames = Exchange(frame);
-  if (!frames.ok()) return frames.status();
+}
+
+Status Engine::Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start) {
+  // A lone frame (a peer's blocking call, lone.cc) stands for its request in full.
+  for (std::string& f : *frames) {
+    if (IsLoneFrame(f)) RINGRUN_RETURN_IF_ERROR(LoneAsGeneral(&f));
+  }
   if (tuning_) RINGRUN_RETURN_IF_ERROR(TakeTuned(&(*frames)[0]));
   for (std::string& f : *frames) {
     size_t pos = 0;

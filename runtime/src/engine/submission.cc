@@ -409,6 +409,10 @@ Status Engine::Submit(std::string_view name, const TensorArgs* tensors, size_t n
       QueueKept(name, tensors[0], handle)) {
     return Status::Ok();
   }
+  if (run_here && n == 1 && !group && name.empty() && tensors[0].kind == Kind::kAllreduce &&
+      SubmitLone(tensors[0], handle)) {
+    return Status::Ok();
+  }
   return SubmitGeneral(name, tensors, n, group, handle, run_here);
 }
 

@@ -91,9 +91,13 @@ void ShmPair::Notify(int other) {
   if (w == 1) {
     Futex(&h->bell[other].v, FUTEX_WAKE, 1, nullptr);
   } else if (w == kIdleWaiting && h->waiting[other].v.compare_exchange_strong(w, 0)) {
-    const char c = 0;  // the peer sleeps in poll() on the lifeline: wake it (once)
-    (void)!::send(fd(), &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    SendWakeByte();  // the peer sleeps in poll() on the lifeline: wake it (once)
   }
+}
+
+void ShmPair::SendWakeByte() {
+  const char c = 0;
+  (void)!::send(fd(), &c, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void DrainWakeBytes(int fd) {

@@ -53,6 +53,10 @@ constexpr uint64_t kShmMagic = 0x72696e6772756e31ull;
 
 // waiting[s] while side s sleeps in Transport::WaitForInput (1: asleep on its bell).
 constexpr uint32_t kIdleWaiting = 2;
+// waiting[s] while side s sleeps there but another thread of side s ran a round in its stead
+// and left its wake-ups quiet (Transport::LeaveIdleWakeQuiet): a change wakes nobody, and the
+// peer wakes it only once it has waited for it kQuietKickUs (defaults.h; KickIfQuiet).
+constexpr uint32_t kQuietWaiting = 3;
 
 // Reads and drops the wake-up bytes on a shared-memory pair's lifeline socket (never its EOF).
 void DrainWakeBytes(int fd);
@@ -105,10 +109,29 @@ class ShmPair final : public Pair {
     seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
     DrainWakeBytes(fd());
   }
-  // Takes back an armed idle wake-up (another thread of this side runs the pair now).
+  // Takes back an armed or quiet idle wake-up (another thread of this side runs the pair now).
   void QuietIdleWake() {
-    uint32_t w = kIdleWaiting;
-    seg_->header()->waiting[side_].v.compare_exchange_strong(w, 0, std::memory_order_seq_cst);
+    std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
+    uint32_t w = waiting.load(std::memory_order_seq_cst);
+    if (w == kIdleWaiting || w == kQuietWaiting) {
+      waiting.compare_exchange_strong(w, 0, std::memory_order_seq_cst);
+    }
+  }
+  // After such a round, while this side's engine thread still sleeps: the peer's changes wake
+  // nobody (see kQuietWaiting).
+  void LeaveIdleWakeQuiet() {
+    seg_->header()->waiting[side_].v.store(kQuietWaiting, std::memory_order_seq_cst);
+  }
+  // The peer's side of it: wakes this pair's other side if its wake-ups are quiet (one byte on
+  // the lifeline, as Notify sends to an armed side). Whether it did.
+  bool KickIfQuiet() {
+    uint32_t w = kQuietWaiting;
+    if (!seg_->header()->waiting[1 - side_].v.compare_exchange_strong(w, 0,
+                                                                      std::memory_order_seq_cst)) {
+      return false;
+    }
+    SendWakeByte();
+    return true;
   }
   bool HasInput() const {
     ShmHeader* h = seg_->header();
@@ -126,6 +149,7 @@ class ShmPair final : public Pair {
 
  private:
   void Notify(int other);
+  void SendWakeByte();
   struct Lane {
     int index;     // into head/tail
     char* ring;    // its bytes

@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "ringrun/common/defaults.h"
 #include "runtime/src/transport/acceptor.h"
@@ -105,6 +107,12 @@ class SocketTransport final : public Transport {
     }
     return input;
   }
+  bool LeaveIdleWakeQuiet() override {
+    for (const std::unique_ptr<Pair>& p : pairs_) {
+      if (p && p->is_shm()) static_cast<ShmPair*>(p.get())->LeaveIdleWakeQuiet();
+    }
+    return false;  // a TCP peer's input wakes the sleeper's poll() by itself
+  }
   Status status() const override { return broken_; }
   Counters counters() const override {
     Counters c;
@@ -141,6 +149,18 @@ class SocketTransport final : public Transport {
   // Waits up to the deadline for `fd` (when >= 0) or a listener; serves the listeners.
   Status WaitAndServe(int fd, short events, Deadline deadline);
   int spin_us_ = 0;  // the current Run's busy-wait on a shared-memory pair
+  // The current Run's first wait on a shared-memory pair (unset: none yet), and whether it has
+  // woken the peers whose wake-ups are quiet (KickQuietPeers).
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;
+  bool kicked_ = false;
+  // Wakes every same-host peer whose engine sleeps with its wake-ups quiet (kQuietWaiting): all
+  // of them, not only this Run's, so that a round that reaches a rank through another peer
+  // wakes it at once from then on.
+  void KickQuietPeers() {
+    for (const std::unique_ptr<Pair>& p : pairs_) {
+      if (p && p->is_shm()) static_cast<ShmPair*>(p.get())->KickIfQuiet();
+    }
+  }
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
   Status ServeListeners();
   // The status raised on options_.interrupt, or OK.
@@ -423,9 +443,10 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     }
   }
   if (!shm_waits.empty()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!waiting_since_) waiting_since_ = now;
     if (spin_us_ > 0) {
-      const Deadline spin_until =
-          std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      const Deadline spin_until = now + std::chrono::microseconds(spin_us_);
       size_t remaining;
       for (unsigned i = 1;; ++i) {
         // No PAUSE here: under KVM, pause loops trigger PAUSE-loop exits that deschedule
@@ -437,12 +458,26 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
           break;  // the clock costs more than a poll
       }
     }
+    // A peer whose wake-ups are quiet is woken once this Run has waited kQuietKickUs; until
+    // then the sleep below ends in time for it.
+    int sleep_us = tcp_pending ? 1000 : std::min(ms, 20) * 1000;
+    if (!kicked_) {
+      const int64_t waited = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - *waiting_since_)
+                                 .count();
+      if (waited >= kQuietKickUs) {
+        KickQuietPeers();
+        kicked_ = true;
+      } else {
+        sleep_us = std::min<int>(sleep_us, static_cast<int>(kQuietKickUs - waited));
+      }
+    }
     std::vector<std::atomic<uint32_t>*> bells;
     std::vector<uint32_t> seen;
     for (ShmPair* p : shm_waits) seen.push_back(p->PrepareWait()), bells.push_back(p->bell());
     size_t remaining;
     Result<bool> r = ProgressAll(states, &remaining);
-    if (r.ok() && !*r) WaitForBells(bells, seen, tcp_pending ? 1000 : std::min(ms, 20) * 1000);
+    if (r.ok() && !*r) WaitForBells(bells, seen, sleep_us);
     for (ShmPair* p : shm_waits) p->CancelWait();
     if (!r.ok()) return r.status();
     if (*r) return *progressed = true, Status::Ok();
@@ -570,6 +605,8 @@ Status SocketTransport::RunOps(std::vector<Op>& ops, Deadline deadline) {
                        std::memory_order_relaxed);
   bytes_sent_.store(bytes_sent_.load(std::memory_order_relaxed) + sent, std::memory_order_relaxed);
   RINGRUN_RETURN_IF_ERROR(EnsureConnected(ops, deadline));
+  waiting_since_.reset();
+  kicked_ = false;
   std::vector<OpState> states;
   states.reserve(ops.size());
   for (Op& op : ops) states.push_back(OpState{&op});

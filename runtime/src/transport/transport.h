@@ -140,6 +140,15 @@ class Transport {
   // peer has input already (which then wakes nobody: ring the sleeper's doorbell).
   virtual void QuietIdleWake() {}
   virtual bool RearmIdleWake() { return false; }
+  // Instead of RearmIdleWake, for such a thread that expects to run the sleeper's next round as
+  // well (a blocking call that completed: its program calls again, usually at once): leaves the
+  // wake-ups quiet, so that a peer that starts the next round (its own next call) does not wake
+  // the sleeper for a round that this thread will run. A peer whose Run has waited on this rank
+  // for kQuietKickUs wakes the sleeper then, so a round that a peer starts is still answered
+  // while this rank's program does not call. Returns whether the sleeper must be woken now (a
+  // transport without that state rearms, and says whether a peer has input). TCP peers wake
+  // the sleeper as always.
+  virtual bool LeaveIdleWakeQuiet() { return RearmIdleWake(); }
 
   // OK while the transport works; after a failure, that failure.
   virtual Status status() const = 0;

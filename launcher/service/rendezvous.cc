@@ -391,6 +391,14 @@ void Rendezvous::SetOnJoinWaiting(std::function<void(uint32_t)> f) {
   state_->on_join_waiting = std::move(f);
 }
 
+bool Rendezvous::Holds(const std::vector<int>& workers) const {
+  MutexLock lock(&state_->mu);
+  for (int w : workers) {
+    if (state_->elastic_joins.count(w) == 0) return false;
+  }
+  return true;
+}
+
 int Rendezvous::joined() const {
   MutexLock lock(&state_->mu);
   return state_->joined;

@@ -1,4 +1,5 @@
 // ringrun: starts a data-parallel job on one or many hosts. See README.md.
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -6,6 +7,7 @@
 
 #include "launcher/check_build.h"
 #include "launcher/check_gpu.h"
+#include "launcher/elastic/discovery.h"
 #include "launcher/hosts/placement.h"
 #include "launcher/job/job.h"
 #include "launcher/options.h"
@@ -65,6 +67,38 @@ int PrintPlacement(const Options& options, const std::vector<hosts::RankPlacemen
   return 0;
 }
 
+// --host-discovery-script: its first run gives the job's hosts. A failure ends the job before
+// anything starts: exit 2 for output that breaks the contract (a bad line), else 1. The job
+// starts with every slot listed, up to --max-np; fewer than -np slots is an error.
+int DiscoverFirstHosts(Options* options) {
+  elastic::DiscoveryOptions d;
+  d.script = options->elastic.discovery_script;
+  d.default_slots = options->elastic.slots_per_host;
+  d.timeout_ms = options->elastic.discovery_timeout_s * 1000;
+  Result<elastic::HostSet> found = elastic::RunDiscoveryScript(d);
+  if (!found.ok()) {
+    std::fprintf(stderr, "ringrun: host discovery: %s\n", found.status().message().c_str());
+    return found.status().code() == Code::kInvalidArgument ? 2 : 1;
+  }
+  options->hosts.clear();
+  for (const elastic::Host& h : *found) {
+    hosts::HostSpec spec;
+    spec.name = h.name;
+    spec.slots = h.slots;
+    options->hosts.push_back(spec);
+  }
+  const int slots = hosts::TotalSlots(options->hosts);
+  if (slots < options->np) {
+    std::fprintf(stderr,
+                 "ringrun: host discovery: %s lists %d slots, fewer than -np %d: the job cannot "
+                 "start\n",
+                 d.script.c_str(), slots, options->np);
+    return 1;
+  }
+  options->np = std::min(slots, options->elastic.max_np);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -75,10 +109,13 @@ int Main(int argc, char** argv) {
                  !parsed.message.empty() && parsed.message.back() != '\n' ? "\n" : "");
     return parsed.exit_code;
   }
-  const Options& options = parsed.options;
+  Options& options = parsed.options;
   InitLogging("ringrun", options.log_level, options.log_timestamps);
   for (const std::string& note : options.notes) std::fprintf(stderr, "ringrun: %s\n", note.c_str());
   if (options.check_build) return RunCheckBuild();
+  if (!options.elastic.discovery_script.empty()) {
+    if (int rc = DiscoverFirstHosts(&options); rc != 0) return rc;
+  }
   // The one placement of the job: the dry run prints it, the srun step's nodes come from it, and
   // the job runs it. (--check-gpu places its own jobs, one rank per host or per GPU.)
   Result<std::vector<hosts::RankPlacement>> placed =

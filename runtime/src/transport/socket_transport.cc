@@ -386,8 +386,7 @@ Status SocketTransport::EnsureConnected(const std::vector<Op>& ops, Deadline dea
   }
   for (const Op& op : ops) {
     while (!pairs_[op.peer]) {
-      RINGRUN_RETURN_IF_ERROR(Interrupted());
-      Status st = WaitAndServe(-1, 0, deadline);
+      Status st = WaitAndServe(-1, 0, deadline);  // returns a raised interrupt first
       if (st.code() == Code::kTimeout) {
         return PeerError(op.peer, Timeout("timed out waiting for it to connect"));
       }

@@ -863,13 +863,28 @@ void Job::FormGeneration(const elastic::Generation& g, const std::string& cause,
     StartAgents(agents);
   }
   if (!hosts_changed) return;
-  growth_ = Growth{epoch_planned_, std::move(newcomers)};
+  growth_ = Growth{epoch_planned_, std::move(newcomers),
+                   clock_.Now() + std::chrono::seconds(options_.start_timeout_s)};
   MaybeRaiseEpoch();
 }
 
 void Job::MaybeRaiseEpoch() {
   if (!growth_ || state_->stopping()) return;
-  if (!growth_->newcomers.empty() && !rendezvous_->Holds(growth_->newcomers)) return;
+  if (!growth_->newcomers.empty()) {
+    std::vector<int> late = rendezvous_->NotHeld(growth_->newcomers);
+    if (!late.empty()) {
+      if (clock_.Now() < growth_->deadline) return;
+      // Failed like a rank that exits: its host is blacklisted and its ranks are ended, and the
+      // next generation (formed without it) raises the epoch for the running ranks.
+      const int w = late.front();
+      const int agent = workers_[static_cast<size_t>(w)].host;
+      TerminateAgent(agent, "its worker " + std::to_string(w) + " did not join in time");
+      ElasticRankExited(w, 1, 0,
+                        "did not join within " + std::to_string(options_.start_timeout_s) +
+                            " s of its start (--start-timeout)");
+      return;
+    }
+  }
   const Growth g = *growth_;
   growth_.reset();
   if (!g.newcomers.empty()) {
@@ -1045,7 +1060,7 @@ void Job::Reform(const std::string& failure, bool failed, int exit_code) {
   }
 }
 
-void Job::ElasticRankExited(int worker, int exit_code, int signo) {
+void Job::ElasticRankExited(int worker, int exit_code, int signo, const std::string& failure) {
   Worker& wk = workers_[static_cast<size_t>(worker)];
   state_->RankGone(worker);
   if (!wk.alive) return;  // ended with its blacklisted host: expected
@@ -1067,8 +1082,10 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo) {
     if (JoinBlockedByLeaves()) Reform("", false, 1);
     return;
   }
-  const std::string what = who + (signo ? " was killed by " + SignalText(signo)
-                                        : " exited with code " + std::to_string(exit_code));
+  const std::string what =
+      who + (!failure.empty() ? " " + failure
+             : signo          ? " was killed by " + SignalText(signo)
+                              : " exited with code " + std::to_string(exit_code));
   const int code = signo ? 128 + signo : exit_code;
   if (pending_after_failure_) {
     (void)policy_->OnRankGone(rank, true);

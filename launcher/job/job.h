@@ -187,7 +187,8 @@ class Job final : public service::JobEvents {
 
   // Elastic jobs (main thread).
   int PrepareElastic();
-  void ElasticRankExited(int worker, int exit_code, int signo);
+  // `failure`, when given, says what happened in place of "exited with code N".
+  void ElasticRankExited(int worker, int exit_code, int signo, const std::string& failure = "");
   // The host's ranks are gone with its agent (`why`); true when it had live ranks.
   bool ElasticHostLost(int host, const std::string& why);
   // Tells the agent of `host` to end its ranks (SIGTERM, SIGKILL after the grace period).
@@ -288,6 +289,10 @@ class Job final : public service::JobEvents {
   struct Growth {
     uint64_t epoch = 0;
     std::vector<int> newcomers;  // worker ids
+    // When newcomers that have not reached their Join by then count as failed (--start-timeout):
+    // one that hangs in its imports would otherwise hold the growth, and the next generation
+    // that includes it, for ever.
+    Clock::TimePoint deadline;
   };
   std::optional<Growth> growth_;
   // A member of the generation that the ranks run in (the last one every member joined) is

@@ -392,11 +392,16 @@ void Rendezvous::SetOnJoinWaiting(std::function<void(uint32_t)> f) {
 }
 
 bool Rendezvous::Holds(const std::vector<int>& workers) const {
+  return NotHeld(workers).empty();
+}
+
+std::vector<int> Rendezvous::NotHeld(const std::vector<int>& workers) const {
   MutexLock lock(&state_->mu);
+  std::vector<int> out;
   for (int w : workers) {
-    if (state_->elastic_joins.count(w) == 0) return false;
+    if (state_->elastic_joins.count(w) == 0) out.push_back(w);
   }
-  return true;
+  return out;
 }
 
 int Rendezvous::joined() const {

@@ -61,6 +61,8 @@ class Rendezvous {
   // Whether each of `workers` has an elastic Join held now (waiting for its generation).
   // Thread-safe.
   bool Holds(const std::vector<int>& workers) const;
+  // Those of `workers` that have no elastic Join held now, in their order. Thread-safe.
+  std::vector<int> NotHeld(const std::vector<int>& workers) const;
 
   // How many ranks have joined so far.
   int joined() const;

@@ -78,6 +78,11 @@ int main(int argc, char** argv) {
   const char* how = argc == 5 ? argv[4] : "";
   const char* every_text = getenv("ELASTIC_CHECK_EVERY");
   const long check_every = every_text ? atol(every_text) : 0;
+  /* A worker that hangs before it joins, as one stuck in its imports would. */
+  const char* hang = getenv("ELASTIC_HANG_WORKER");
+  if (hang && atoi(hang) == me) {
+    for (;;) pause();
+  }
   int first_generation = 1, fresh = 0;
   if (!Join(&fresh)) return 1;
   long step = 0;

@@ -1008,7 +1008,7 @@ t_elastic_discovery_up() {
   local worker="$BIN/ringrun-test-elastic-worker" rc w pid
   write_hosts localhost:2
   "$RINGRUN" -np 2 --max-np 4 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
-    "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
+    --output-filename "$WORK/logs" "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
   wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
   write_hosts localhost:2 127.0.0.1:2
@@ -1030,7 +1030,35 @@ t_elastic_discovery_up() {
       fail "worker $w's first join is not that of a new process"
     expect_contains "$WORK/out" "[$w]<stdout>:done steps=4000 size=4"
   done
+  # --output-filename: a folder per worker, new workers' included.
+  for w in 0 1 2 3; do expect_contains "$WORK/logs/rank.$w/stdout" "done steps=4000 size=4"; done
   expect_not_contains "$WORK/out" "error"
+  expect_no_orphans
+}
+
+t_elastic_discovery_hang() {
+  # The script adds 127.0.0.1:2, where worker 3 hangs before its Join (as in its imports). After
+  # --start-timeout it counts as failed: its host is blacklisted, worker 2 is ended with it, and
+  # workers 0 and 1, which trained on, finish at size 2. Nothing is left.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid
+  write_hosts localhost:2
+  "$RINGRUN" -np 2 --max-np 4 --start-timeout 3 --host-discovery-script "cat $WORK/hosts" \
+    -x ELASTIC_CHECK_EVERY=50 -x ELASTIC_HANG_WORKER=3 \
+    "$worker" 6000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  write_hosts localhost:2 127.0.0.1:2
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a job whose newcomer hung: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "starting workers 2,3"
+  expect_contains "$WORK/err" "rank 3 (worker 3) on host 127.0.0.1 did not join within 3 s of its start (--start-timeout)"
+  expect_contains "$WORK/err" "host 127.0.0.1 is blacklisted"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=6000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+  done
+  expect_not_contains "$WORK/out" "[2]<stdout>:done"
+  expect_not_contains "$WORK/out" "[3]<stdout>:done"
   expect_no_orphans
 }
 
@@ -1073,10 +1101,28 @@ t_elastic_discovery_errors() {
   expect_rc 1 $rc "a failing script at the first run"
   expect_contains "$WORK/err" "exited with code 5; its stderr ends:"
   expect_contains "$WORK/err" "no inventory"
-  "$RINGRUN" -np 3 --host-discovery-script 'echo localhost:2' touch "$WORK/started" 2>"$WORK/err"; rc=$?
-  expect_rc 1 $rc "too few slots at the first run"
-  expect_contains "$WORK/err" "lists 2 slots, fewer than -np 3"
+  "$RINGRUN" -np 3 --start-timeout 2 --discovery-interval 1 --host-discovery-script 'echo localhost:2' \
+    touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 1 $rc "too few slots until the start timeout"
+  expect_contains "$WORK/err" "lists 2 slots, fewer than -np 3: waiting for more (at most 2 s, --start-timeout)"
+  expect_contains "$WORK/err" "lists 2 slots, fewer than -np 3 after --start-timeout 2 s: the job cannot start"
   [[ ! -e $WORK/started ]] || fail "a failed first discovery started the command"
+  # Slots that come while the job waits to start: -np of them start it.
+  printf '#!/bin/sh\nif [ -e %s ]; then echo localhost:2; else touch %s; echo localhost:1; fi\n' \
+    "$WORK/once" "$WORK/once" >"$WORK/grow.sh"
+  chmod +x "$WORK/grow.sh"
+  "$RINGRUN" -np 2 --discovery-interval 1 --host-discovery-script "$WORK/grow.sh" \
+    "$worker" 200 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "slots that came before the start: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "lists 1 slots, fewer than -np 2: waiting for more"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=2"; done
+  # At the start timeout, --min-np slots start the job.
+  "$RINGRUN" -np 3 --min-np 2 --start-timeout 2 --discovery-interval 1 \
+    --host-discovery-script 'echo localhost:2' "$worker" 200 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "--min-np slots at the start timeout: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "2 slots after --start-timeout 2 s: the job starts with them (--min-np 2)"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=2"; done
+  expect_no_orphans
   # Later runs that fail, or hang past --discovery-timeout: said once each, the job goes on.
   printf '#!/bin/sh\nif [ -e %s ]; then echo no inventory >&2; exit 3; fi\ntouch %s\necho localhost:2\n' \
     "$WORK/ran" "$WORK/ran" >"$WORK/flaky.sh"

@@ -1082,10 +1082,9 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo, const std::str
     if (JoinBlockedByLeaves()) Reform("", false, 1);
     return;
   }
-  const std::string what =
-      who + (!failure.empty() ? " " + failure
-             : signo          ? " was killed by " + SignalText(signo)
-                              : " exited with code " + std::to_string(exit_code));
+  const std::string what = who + (!failure.empty() ? " " + failure
+                                  : signo          ? " was killed by " + SignalText(signo)
+                                          : " exited with code " + std::to_string(exit_code));
   const int code = signo ? 128 + signo : exit_code;
   if (pending_after_failure_) {
     (void)policy_->OnRankGone(rank, true);

@@ -58,7 +58,7 @@ class OutputRouter {
     FILE* err = nullptr;
   };
   std::map<int, Files> files_;
-  int num_ranks_ = 0;        // Open's
+  int num_ranks_ = 0;       // Open's
   std::set<int> unopened_;  // ranks whose files could not be opened
 };
 

@@ -391,9 +391,7 @@ void Rendezvous::SetOnJoinWaiting(std::function<void(uint32_t)> f) {
   state_->on_join_waiting = std::move(f);
 }
 
-bool Rendezvous::Holds(const std::vector<int>& workers) const {
-  return NotHeld(workers).empty();
-}
+bool Rendezvous::Holds(const std::vector<int>& workers) const { return NotHeld(workers).empty(); }
 
 std::vector<int> Rendezvous::NotHeld(const std::vector<int>& workers) const {
   MutexLock lock(&state_->mu);

@@ -206,7 +206,7 @@ TEST_CASE("output: --output-filename writes DIR/rank.N/stdout and stderr, untagg
   router.Write(2, false, "out2 a\nout2 b\n");
   router.Write(2, false, "partial");
   router.Write(7, false, "a new worker\n");  // beyond Open's count: its files at its first line
-  router.Flush();  // the files are complete while the router lives
+  router.Flush();                            // the files are complete while the router lives
   CHECK(ReadFile(dir + "/rank.0/stdout") == "out0\n");
   CHECK(ReadFile(dir + "/rank.0/stderr") == "err0\n");
   CHECK(ReadFile(dir + "/rank.1/stdout").empty());

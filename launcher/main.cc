@@ -1,11 +1,15 @@
 // ringrun: starts a data-parallel job on one or many hosts. See README.md.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launcher/check_build.h"
 #include "launcher/check_gpu.h"
+#include "launcher/elastic/discovery.h"
 #include "launcher/hosts/placement.h"
 #include "launcher/job/job.h"
 #include "launcher/options.h"
@@ -65,6 +69,83 @@ int PrintPlacement(const Options& options, const std::vector<hosts::RankPlacemen
   return 0;
 }
 
+// --host-discovery-script: the job's first hosts. A failure of its first run ends the job before
+// anything starts: exit 2 for output that breaks the contract (a bad line), else 1. Until the
+// script lists -np slots it is run again every --discovery-interval (a failure then is said once
+// and retried), up to --start-timeout; then the job starts with --min-np slots or more, or ends
+// (exit 1). The job starts with every slot listed, up to --max-np.
+int DiscoverFirstHosts(Options* options) {
+  elastic::DiscoveryOptions d;
+  d.script = options->elastic.discovery_script;
+  d.default_slots = options->elastic.slots_per_host;
+  d.timeout_ms = options->elastic.discovery_timeout_s * 1000;
+  Result<elastic::HostSet> found = elastic::RunDiscoveryScript(d);
+  if (!found.ok()) {
+    std::fprintf(stderr, "ringrun: host discovery: %s\n", found.status().message().c_str());
+    return found.status().code() == Code::kInvalidArgument ? 2 : 1;
+  }
+  auto slots_of = [](const elastic::HostSet& set) {
+    int n = 0;
+    for (const elastic::Host& h : set) n += h.slots;
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::seconds(std::max(0, options->start_timeout_s));
+  elastic::HostSet hosts = *found;
+  bool said_waiting = false, said_failing = false;
+  while (slots_of(hosts) < options->np && std::chrono::steady_clock::now() < deadline) {
+    if (!said_waiting) {
+      std::fprintf(stderr,
+                   "ringrun: host discovery: %s lists %d slots, fewer than -np %d: waiting for "
+                   "more (at most %d s, --start-timeout)\n",
+                   d.script.c_str(), slots_of(hosts), options->np, options->start_timeout_s);
+      said_waiting = true;
+    }
+    std::this_thread::sleep_until(
+        std::min(deadline, std::chrono::steady_clock::now() +
+                               std::chrono::seconds(options->elastic.discovery_interval_s)));
+    Result<elastic::HostSet> again = elastic::RunDiscoveryScript(d);
+    if (!again.ok()) {
+      if (!said_failing) {
+        std::fprintf(stderr, "ringrun: host discovery failed (said once, retried): %s\n",
+                     again.status().message().c_str());
+      }
+      said_failing = true;
+      continue;
+    }
+    said_failing = false;
+    hosts = *again;
+  }
+  const int slots = slots_of(hosts);
+  if (slots < options->elastic.min_np) {
+    const bool elastic = options->elastic.min_np < options->np;
+    const std::string after =
+        said_waiting ? " after --start-timeout " + std::to_string(options->start_timeout_s) + " s"
+                     : "";
+    std::fprintf(stderr,
+                 "ringrun: host discovery: %s lists %d slots, fewer than %s %d%s: the job cannot "
+                 "start\n",
+                 d.script.c_str(), slots, elastic ? "--min-np" : "-np", options->elastic.min_np,
+                 after.c_str());
+    return 1;
+  }
+  if (slots < options->np) {
+    std::fprintf(stderr,
+                 "ringrun: host discovery: %d slots after --start-timeout %d s: the job starts "
+                 "with them (--min-np %d)\n",
+                 slots, options->start_timeout_s, options->elastic.min_np);
+  }
+  options->hosts.clear();
+  for (const elastic::Host& h : hosts) {
+    hosts::HostSpec spec;
+    spec.name = h.name;
+    spec.slots = h.slots;
+    options->hosts.push_back(spec);
+  }
+  options->np = std::min(slots, options->elastic.max_np);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -75,10 +156,13 @@ int Main(int argc, char** argv) {
                  !parsed.message.empty() && parsed.message.back() != '\n' ? "\n" : "");
     return parsed.exit_code;
   }
-  const Options& options = parsed.options;
+  Options& options = parsed.options;
   InitLogging("ringrun", options.log_level, options.log_timestamps);
   for (const std::string& note : options.notes) std::fprintf(stderr, "ringrun: %s\n", note.c_str());
   if (options.check_build) return RunCheckBuild();
+  if (!options.elastic.discovery_script.empty()) {
+    if (int rc = DiscoverFirstHosts(&options); rc != 0) return rc;
+  }
   // The one placement of the job: the dry run prints it, the srun step's nodes come from it, and
   // the job runs it. (--check-gpu places its own jobs, one rank per host or per GPU.)
   Result<std::vector<hosts::RankPlacement>> placed =

@@ -345,11 +345,6 @@ Kind Noted(Kind kind, const char* note) {
   return kind;
 }
 Kind Noted(int nargs, const char* note) { return Noted(Kind{nargs, nullptr}, note); }
-// A flag of horovodrun's that ringrun refuses: its values are not looked at.
-Kind Refused(int nargs, const char* why) {
-  return {nargs,
-          [why](const FlagUse& u, Given&) { return InvalidArgument(u.spelling + ": " + why); }};
-}
 Convert Decimal(double lo, double hi, const char* what) {
   return [=](const FlagUse& u) -> Result<std::string> {
     Result<double> v = ParseDecimalFlag(u, lo, hi, what);
@@ -416,10 +411,6 @@ Status ApplyStartTimeout(const FlagUse& u, Given& g) {
 }
 
 static_assert(job::kTimeoutExitCode == 124, "--help and the README say --timeout exits 124");
-
-constexpr char kDiscovery[] =
-    "host discovery is not supported yet; an elastic job (--min-np, --max-np) runs on a fixed "
-    "host set (-H, --hostfile)";
 
 // --elastic-timeout, or (`u.spelling` "HOROVOD_ELASTIC_TIMEOUT") horovodrun's variable for it.
 Status ApplyElasticTimeout(const FlagUse& u, Given& g) {
@@ -674,7 +665,7 @@ const std::vector<FlagGroup>& FlagGroups() {
             Noted(0, "ringrun keeps no cache of start-up checks; it checks every time"),
             "horovodrun's cache of SSH checks."},
        }},
-      {"Elastic (horovodrun's flags; a fixed host set: -H, --hostfile, or this machine)",
+      {"Elastic (horovodrun's flags; hosts from -H, --hostfile, this machine, or a discovery script)",
        {
            {"--min-np --min-num-proc", "N", Value([](const FlagUse& u, Given& g) {
               Result<int> v = ParseIntFlag(u, 1, kMaxNumProc);
@@ -695,8 +686,30 @@ const std::vector<FlagGroup>& FlagGroups() {
               return v.status();
             }),
             "Slots of a discovered host listed without ':N'.", "1"},
-           {"--host-discovery-script", "FILE", Refused(1, kDiscovery),
-            "Prints the hosts now available (not supported yet)."},
+           {"--host-discovery-script", "FILE", Value([](const FlagUse& u, Given& g) {
+              if (TrimBlanks(u.values[0]).empty()) {
+                return InvalidArgument(u.spelling + ": an empty command");
+              }
+              g.o.elastic.discovery_script = u.values[0];
+              g.o.elastic.enabled = true;
+              return Status();
+            }),
+            "Prints the hosts now available, 'host' or 'host:slots' a line (run by /bin/sh -c); "
+            "makes the job elastic, its hosts come and go."},
+           {"--discovery-interval", "SECONDS", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 1, 24 * 3600, " of seconds");
+              if (v.ok()) g.o.elastic.discovery_interval_s = *v;
+              return v.status();
+            }),
+            "Seconds between two runs of the discovery script.",
+            std::to_string(elastic::kDiscoveryIntervalS)},
+           {"--discovery-timeout", "SECONDS", Value([](const FlagUse& u, Given& g) {
+              Result<int> v = ParseIntFlag(u, 1, 24 * 3600, " of seconds");
+              if (v.ok()) g.o.elastic.discovery_timeout_s = *v;
+              return v.status();
+            }),
+            "A discovery script still running after this is killed (a failed run).",
+            std::to_string(kDiscoveryTimeoutMs / 1000)},
            {"--elastic-timeout", "SECONDS", Value([](const FlagUse& u, Given& g) {
               return ApplyElasticTimeout(u, g);
             }),
@@ -849,6 +862,7 @@ Status SettleElastic(Given& g) {
         "elastic jobs (--min-np, --max-np) under Slurm are not supported yet: an srun step "
         "ends with its first node; use --starter ssh");
   }
+  if (!e.discovery_script.empty()) return Status();
   if (o.hosts.size() == 1) {
     o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
                       ") ends at its first failure: the failed rank's host is left out");
@@ -894,6 +908,28 @@ Status Settle(Given& g) {
                            " (see ringrun --help)");
   }
 
+  if (!o.elastic.discovery_script.empty()) {
+    // The hosts come from the script, run before the placement (main.cc); ranks start over SSH
+    // or on this machine.
+    if (g.host_flag) {
+      return InvalidArgument("--host-discovery-script and " + g.host_flag->spelling +
+                             " cannot be used together: the script lists the hosts");
+    }
+    if (g.starter == "slurm") {
+      return InvalidArgument(
+          "--host-discovery-script runs its hosts' agents over SSH: not with "
+          "--starter slurm");
+    }
+    if (o.np == 0) o.np = o.elastic.min_np;
+    if (o.np == 0) {
+      return InvalidArgument(
+          "--host-discovery-script needs -np (or --min-np): the ranks to "
+          "start with");
+    }
+    o.starter = Options::Starter::kSsh;
+    o.host_source = "--host-discovery-script " + o.elastic.discovery_script;
+    return SettleElastic(g);
+  }
   if (o.hosts.empty()) {
     // Inside a scheduler's job, its allocation (scheduler_hosts.h).
     Result<std::optional<hosts::SchedulerHosts>> sched = hosts::HostsFromScheduler(g.environ_vars);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/elastic/discovery.h"
 #include "launcher/hosts/hostfile.h"
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/status.h"
@@ -54,6 +55,11 @@ struct Options {
     int elastic_timeout_s = kElasticTimeoutS;       // --elastic-timeout, HOROVOD_ELASTIC_TIMEOUT
     std::optional<int> reset_limit;                 // --reset-limit; none: unlimited
     std::optional<std::pair<int, int>> cooldown_s;  // --blacklist-cooldown-range MIN MAX
+    // --host-discovery-script: a shell command line; empty: the host set is fixed. Run once
+    // before the placement (its hosts are the job's) and then every discovery_interval_s.
+    std::string discovery_script;
+    int discovery_interval_s = elastic::kDiscoveryIntervalS;  // --discovery-interval
+    int discovery_timeout_s = kDiscoveryTimeoutMs / 1000;     // --discovery-timeout
   } elastic;
 
   // Remote hosts (SSH).

@@ -48,6 +48,9 @@ def parse_args():
                    "with SIGKILL at --kill-at, to show a reset")
     p.add_argument("--kill-at", type=int, default=23,
                    help="the step (batches since the start, all epochs) of --kill-worker's death")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="seconds each step sleeps after its update (to watch hosts come and go "
+                   "while it trains); the parameters do not depend on it")
     p.add_argument("--log-steps", action="store_true",
                    help="rank 0 prints 'step N size=S t=T' after each step (T: time.time()), "
                    "and --kill-worker prints 'kill step N t=T' just before its death")
@@ -130,6 +133,8 @@ def main():
                 state.optimizer.step()
                 state.sampler.record_batch(state.batch, per_rank)
                 state.batch += 1
+                if args.step_delay > 0:
+                    time.sleep(args.step_delay)
                 if args.log_steps:
                     log(f"step {step(state)} size={hvd.size()} t={time.time():.6f}")
                 if worker == args.kill_worker and step(state) == args.kill_at:

@@ -38,6 +38,9 @@ struct Host {
 // Hosts in the order the script listed them; names are unique.
 using HostSet = std::vector<Host>;
 
+// --discovery-interval's default: seconds between the end of one run and the start of the next.
+inline constexpr int kDiscoveryIntervalS = 1;
+
 struct DiscoveryOptions {
   std::string script;     // a shell command line
   int default_slots = 1;  // --slots-per-host: for lines without ":slots"

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "launcher/job/environment.h"
@@ -78,9 +79,19 @@ Job::Job(const Options& options, std::vector<hosts::RankPlacement> placement,
       starters_(starters),
       hooks_(hooks),
       attempt_(std::move(attempt)),
-      clock_(SteadyClock()) {}
+      clock_(SteadyClock()) {
+  MutexLock lock(&hosts_mu_);
+  hosts_ = options_.hosts;
+}
 
 Job::~Job() = default;
+
+hosts::HostSpec Job::HostAt(int h) const {
+  MutexLock lock(&hosts_mu_);
+  if (h < 0 || h >= static_cast<int>(hosts_.size()))
+    return hosts::HostSpec{"", "host " + std::to_string(h), 0};
+  return hosts_[static_cast<size_t>(h)];
+}
 
 void Job::Push(Event e) {
   MutexLock lock(&queue_mu_);
@@ -137,39 +148,60 @@ bool Job::OnRegisterAsync(const v1::RegisterRequest& req, const std::string& pee
     Result<std::string> a = FirstInterfaceAddress(nics, options_.network_interfaces);
     if (!a.ok()) {
       done(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "host " + options_.hosts[h].name + ": " + a.status().message()),
+                        "host " + HostAt(h).name + ": " + a.status().message()),
            {});
       return true;
     }
     reg.data_address = *a;
   }
+  service::Registration copy = reg;
   if (grpc::Status st = registry_->Add(h, std::move(reg)); !st.ok()) {
     done(st, {});
     return true;
   }
-  spdlog::debug("agent for host {} ({}) registered from {}", options_.hosts[h].name, req.hostname(),
+  spdlog::debug("agent for host {} ({}) registered from {}", HostAt(h).name, req.hostname(),
                 peer_address);
   Event e;
   e.kind = Event::kRegistered;
   e.host = h;
+  if (registry_->IsLate(h)) {  // its ranks were made while the job ran: the main thread's
+    e.registration = std::move(copy);
+    e.register_done = done;
+    Push(std::move(e));
+    return true;
+  }
   Push(std::move(e));
   // Answered once every host has registered: a callback, so that waiting agents hold no thread.
   registry_->WhenRanks(h, [this, done](grpc::Status st, std::vector<v1::RankSpec> ranks) {
     v1::RegisterReply reply;
     if (st.ok()) {
-      reply.set_job_id(job_id_);
+      reply = BaseReply();
       for (auto& spec : ranks) *reply.add_ranks() = std::move(spec);
-      reply.set_grace_ms(options_.grace_ms);
-      reply.set_heartbeat_interval_ms(kHeartbeatIntervalMs);
-      reply.set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
-      reply.set_timeline(timeline_ != nullptr);
-      reply.set_cpu_binding(options_.bind_to == Options::BindTo::kCore
-                                ? v1::RegisterReply::CPU_BINDING_CORE
-                                : v1::RegisterReply::CPU_BINDING_NONE);
     }
     done(st, std::move(reply));
   });
   return true;
+}
+
+v1::RegisterReply Job::BaseReply() const {
+  v1::RegisterReply reply;
+  reply.set_job_id(job_id_);
+  reply.set_grace_ms(options_.grace_ms);
+  reply.set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+  reply.set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+  reply.set_timeline(timeline_ != nullptr);
+  reply.set_cpu_binding(options_.bind_to == Options::BindTo::kCore
+                            ? v1::RegisterReply::CPU_BINDING_CORE
+                            : v1::RegisterReply::CPU_BINDING_NONE);
+  return reply;
+}
+
+void Job::Discard(Event& e) {
+  if (e.handle) e.handle->Kill();  // an agent whose Start() returned after the loop ended
+  if (e.register_done) {
+    e.register_done(grpc::Status(grpc::StatusCode::ABORTED, "the job is over"), {});
+    e.register_done = nullptr;
+  }
 }
 
 // The address peers should use for `host`: its --network-interfaces address; else what the
@@ -248,7 +280,7 @@ Job::Event Job::StartAgent(starters::AgentStarter* starter, int host,
   e.kind = Event::kStarted;
   e.host = host;
   launch.host_index = host;
-  auto r = starter->Start(options_.hosts[host], launch);
+  auto r = starter->Start(HostAt(host), launch);
   if (r.ok()) {
     e.handle = std::move(r.value());
   } else {
@@ -260,7 +292,7 @@ Job::Event Job::StartAgent(starters::AgentStarter* starter, int host,
 // Where a host's agent is started from: local hosts by starters_.local on this (the main)
 // thread, since PR_SET_PDEATHSIG follows the thread that forked and this one lives as long as
 // the job; remote hosts by starters_.remote, from a bounded pool of threads.
-void Job::StartAgents() {
+void Job::StartAgents(const std::vector<int>& hosts) {
   starters::AgentLaunch base;
   base.service_port = port_;
   base.service_address = options_.launcher_address;
@@ -268,8 +300,8 @@ void Job::StartAgents() {
   base.agent_path = agent_path_;
   base.log_level = options_.log_level;
   std::vector<int> remote;
-  for (int h : active_hosts_) {
-    if (!hosts::IsLocalHost(options_.hosts[h].name)) {
+  for (int h : hosts) {
+    if (!hosts::IsLocalHost(HostAt(h).name)) {
       remote.push_back(h);
       continue;
     }
@@ -296,7 +328,7 @@ void Job::StartAgents() {
           Event e;
           e.kind = Event::kStarted;
           e.host = h;
-          e.why = options_.hosts[h].name + ": remote hosts are not supported by this build";
+          e.why = HostAt(h).name + ": remote hosts are not supported by this build";
           Push(std::move(e));
         } else {
           Push(StartAgent(starters_.remote, h, base));
@@ -353,7 +385,7 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
       if (options_.report_bindings) {
         output_->Flush();
         std::fprintf(stderr, "ringrun: rank %d on %s (pid %d): %s\n", st.rank(),
-                     options_.hosts[host].name.c_str(), st.pid(),
+                     HostAt(host).name.c_str(), st.pid(),
                      st.cpus().empty() ? "not bound (--bind-to none)"
                                        : ("bound to CPUs " + st.cpus()).c_str());
       }
@@ -382,6 +414,15 @@ void Job::HandleAgentEvent(int host, const v1::AgentEvent& ev) {
       break;
     }
     case v1::AgentEvent::kSpawnFailed:
+      // A rank started in a running elastic job: a failure of that rank, not of the job.
+      if (policy_ && !state_->stopping() &&
+          ev.spawn_failed().rank() >= static_cast<int>(placement_.size()) &&
+          ev.spawn_failed().rank() < static_cast<int>(workers_.size())) {
+        output_->Write(ev.spawn_failed().rank(), true, ev.spawn_failed().message() + "\n");
+        ElasticRankExited(ev.spawn_failed().rank(),
+                          ev.spawn_failed().exit_code() ? ev.spawn_failed().exit_code() : 127, 0);
+        break;
+      }
       state_->RankSpawnFailed(ev.spawn_failed().rank(), ev.spawn_failed().exit_code(),
                               ev.spawn_failed().message());
       break;
@@ -399,11 +440,15 @@ void Job::Handle(Event& e) {
     case Event::kStarted: {
       const bool ok = e.handle != nullptr;
       if (ok) agents_[e.host] = std::move(e.handle);
+      if (!ok && policy_ && registry_->IsLate(e.host)) {
+        ElasticHostLost(e.host, "could not start the agent: " + e.why);
+      }
       state_->AgentStarted(e.host, ok, e.why);
       break;
     }
     case Event::kRegistered:
       state_->AgentRegistered(e.host);
+      if (e.register_done) AnswerLateRegistration(e);
       break;
     case Event::kSessionEnded:
       if (policy_) {
@@ -415,11 +460,27 @@ void Job::Handle(Event& e) {
       if (static_cast<uint32_t>(e.signo) == generation_) {
         pending_after_failure_ = false;
         generation_complete_ = true;
+        running_broken_ = false;
+        for (int w : generation_workers_) workers_[static_cast<size_t>(w)].joined = true;
+        // The agents of hosts that the script dropped: their ranks are out of the job now.
+        for (auto it = leaving_agents_.begin(); it != leaving_agents_.end();) {
+          if (it->first > generation_) {
+            ++it;
+            continue;
+          }
+          TerminateAgent(it->second,
+                         "host " + HostAt(it->second).name + " left the host discovery's list");
+          it = leaving_agents_.erase(it);
+        }
       }
       break;
     case Event::kJoinWaiting:
       join_waiting_ = std::max(join_waiting_, static_cast<uint32_t>(e.signo));
       if (policy_ && !state_->stopping() && JoinBlockedByLeaves()) Reform("", false, 1);
+      MaybeRaiseEpoch();
+      break;
+    case Event::kDiscovered:
+      if (e.discovered) OnDiscovered(*e.discovered);
       break;
     case Event::kSignal:
       state_->SignalReceived(e.signo);
@@ -558,22 +619,33 @@ int Job::PrepareElastic() {
   mo.start_timeout = std::chrono::seconds(options_.start_timeout_s);
   mo.elastic_timeout = std::chrono::seconds(e.elastic_timeout_s);
   mo.jitter_seed = std::hash<std::string>()(job_id_);
-  mo.refill = false;
+  // A fixed host set starts no process in a running job; hosts that come and go do.
+  mo.refill = !e.discovery_script.empty();
   Result<elastic::MembershipPolicy> policy = elastic::MembershipPolicy::Create(mo, clock_);
   if (!policy.ok()) {
     std::fprintf(stderr, "ringrun: %s\n", policy.status().message().c_str());
     return 1;
   }
   policy_ = std::make_unique<elastic::MembershipPolicy>(std::move(policy.value()));
-  // The fixed host set: each host with the ranks placed on it.
+  // The fixed host set: each host with the ranks placed on it. With a discovery script, what its
+  // first run listed (the placement took every slot up to --max-np, as the policy does).
   elastic::HostSet hosts;
-  for (int h : active_hosts_) {
-    int slots = 0;
-    for (const auto& p : placement_) slots += p.host_index == h;
-    hosts.push_back({options_.hosts[h].name, slots});
+  if (!e.discovery_script.empty()) {
+    for (const auto& h : options_.hosts) hosts.push_back({h.name, h.slots});
+  } else {
+    for (int h : active_hosts_) {
+      int slots = 0;
+      for (const auto& p : placement_) slots += p.host_index == h;
+      hosts.push_back({options_.hosts[h].name, slots});
+    }
   }
+  discovered_ = hosts;
   policy_->OnDiscovery(hosts);
-  for (const auto& p : placement_) workers_.push_back(Worker{p.host_index, true});
+  for (const auto& p : placement_) {
+    Worker w;
+    w.host = p.host_index;
+    workers_.push_back(w);
+  }
   elastic::Decision d = policy_->Decide();
   if (d.action != elastic::Decision::Action::kForm ||
       d.generation.ranks.size() != placement_.size()) {
@@ -609,7 +681,7 @@ int Job::PrepareElastic() {
     ev.signo = static_cast<int>(g);
     Push(std::move(ev));
   });
-  FormGeneration(d.generation, "");
+  FormGeneration(d.generation, "", false);
   return 0;
 }
 
@@ -625,31 +697,323 @@ int Job::RankOfWorker(int worker) const {
   return -1;
 }
 
-void Job::FormGeneration(const elastic::Generation& g, const std::string& cause) {
-  std::vector<int> workers;
-  service::Rendezvous::ElasticGeneration eg;
+namespace {
+
+// The place of rank `r` in generation `g`, as the runtime shapes a generation (its hosts in the
+// order of their first rank): what a rank started for `g` is told in its environment.
+hosts::RankPlacement PlacementIn(const elastic::Generation& g, int r) {
+  std::vector<std::string> order;  // hosts by their first rank
+  std::map<std::string, int> count;
   for (const auto& slot : g.ranks) {
-    const int w = g.number == 1 ? generation_workers_.at(workers.size())
-                                : generation_workers_.at(static_cast<size_t>(slot.previous_rank));
+    if (count[slot.host]++ == 0) order.push_back(slot.host);
+  }
+  const elastic::RankSlot& me = g.ranks.at(static_cast<size_t>(r));
+  hosts::RankPlacement p;
+  p.rank = r;
+  p.local_rank = me.local_rank;
+  p.local_size = count[me.host];
+  p.node_count = static_cast<int>(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] == me.host) p.node_rank = static_cast<int>(i);
+    if (count[order[i]] > me.local_rank) {
+      if (order[i] == me.host) p.cross_rank = p.cross_size;
+      ++p.cross_size;
+    }
+  }
+  return p;
+}
+
+std::string WorkerList(const std::vector<int>& workers) {
+  std::string out;
+  for (int w : workers) out += (out.empty() ? "" : ",") + std::to_string(w);
+  return out;
+}
+
+// What changed between two results of the discovery script, in words; empty: nothing.
+std::string DescribeChange(const elastic::HostSet& before, const elastic::HostSet& after) {
+  std::string out;
+  auto add = [&](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
+  auto find = [](const elastic::HostSet& set, const std::string& name) -> const elastic::Host* {
+    for (const auto& h : set) {
+      if (h.name == name) return &h;
+    }
+    return nullptr;
+  };
+  for (const auto& h : after) {
+    const elastic::Host* was = find(before, h.name);
+    if (was == nullptr) {
+      add("host " + h.name + " (" + std::to_string(h.slots) + " slots) added");
+    } else if (was->slots != h.slots) {
+      add("host " + h.name + " has " + std::to_string(h.slots) + " slots (was " +
+          std::to_string(was->slots) + ")");
+    }
+  }
+  for (const auto& h : before) {
+    if (find(after, h.name) == nullptr) add("host " + h.name + " removed");
+  }
+  return out;
+}
+
+}  // namespace
+
+int Job::AddHost(const std::string& name) {
+  hosts::HostSpec spec;
+  spec.name = name;
+  for (const auto& h : discovered_) {
+    if (h.name == name) spec.slots = h.slots;
+  }
+  const int h = state_->AddHost(spec);
+  {
+    MutexLock lock(&hosts_mu_);
+    hosts_.push_back(spec);
+  }
+  registry_->AddLateHost(h);
+  return h;
+}
+
+void Job::FormGeneration(const elastic::Generation& g, const std::string& cause, bool failure) {
+  std::vector<int> workers;
+  std::vector<int> started;              // new workers
+  std::map<std::string, int> new_agent;  // host name -> the host index of its new ranks' agent
+  service::Rendezvous::ElasticGeneration eg;
+  for (size_t r = 0; r < g.ranks.size(); ++r) {
+    const elastic::RankSlot& slot = g.ranks[r];
+    int w;
+    if (g.number == 1) {
+      w = generation_workers_.at(r);
+    } else if (slot.previous_rank >= 0) {
+      w = generation_workers_.at(static_cast<size_t>(slot.previous_rank));
+    } else {
+      auto [it, inserted] = new_agent.emplace(slot.host, -1);
+      if (inserted) it->second = AddHost(slot.host);
+      w = static_cast<int>(workers_.size());
+      Worker nw;
+      nw.host = it->second;
+      nw.placement = PlacementIn(g, static_cast<int>(r));
+      nw.placement.host_index = it->second;
+      nw.size = static_cast<int>(g.ranks.size());
+      workers_.push_back(nw);
+      state_->AddRank(w, it->second);
+      started.push_back(w);
+    }
     workers.push_back(w);
     eg.hosts.push_back(slot.host);
+  }
+  // Live members of the last generation that this one leaves out: the script dropped their host
+  // (or took slots from it). They leave; their exits are expected.
+  std::vector<int> dropped;
+  for (int w : generation_workers_) {
+    if (workers_[static_cast<size_t>(w)].alive &&
+        std::find(workers.begin(), workers.end(), w) == workers.end()) {
+      workers_[static_cast<size_t>(w)].alive = false;
+      dropped.push_back(w);
+    }
   }
   const size_t before = generation_workers_.size();
   generation_workers_ = workers;
   generation_ = static_cast<uint32_t>(g.number);
   generation_complete_ = false;
+  // Members started in the running job that never were in a formed generation: the raise of
+  // the epoch waits for them.
+  std::vector<int> newcomers;
+  for (int w : workers) {
+    const Worker& wk = workers_[static_cast<size_t>(w)];
+    if (wk.size > 0 && !wk.joined) newcomers.push_back(w);
+  }
+  // The running ranks are told (a new epoch) when the hosts changed, unless their generation is
+  // broken (a failure, a rank gone): they leave it and join the newest anyway.
+  const bool broken = failure || running_broken_;
+  const bool hosts_changed =
+      !broken && (!started.empty() || !dropped.empty() || growth_.has_value());
+  if (hosts_changed) ++epoch_planned_;
+  if (broken && growth_) {
+    growth_.reset();
+    RaiseEpoch(epoch_planned_);
+  }
   eg.number = generation_;
   eg.workers = std::move(workers);
+  eg.membership_epoch = epoch_planned_;
   Result<std::string> key = GenerateSecret();
   eg.data_secret = key.ok() ? key.value() : secret_;
   rendezvous_->SetGeneration(std::move(eg));
-  if (cause.empty()) return;
-  std::string limit = options_.elastic.reset_limit
-                          ? " of --reset-limit " + std::to_string(*options_.elastic.reset_limit)
-                          : "";
-  Report(cause + "; generation " + std::to_string(g.number) + ": " +
-         std::to_string(g.ranks.size()) + " ranks (was " + std::to_string(before) + "), reset " +
-         std::to_string(policy_->resets()) + limit);
+  for (int w : dropped) {
+    const int h = workers_[static_cast<size_t>(w)].host;
+    bool all_gone = true;
+    for (const Worker& o : workers_) all_gone = all_gone && (o.host != h || !o.alive);
+    const auto entry = std::make_pair(generation_, h);
+    if (all_gone &&
+        std::find(leaving_agents_.begin(), leaving_agents_.end(), entry) == leaving_agents_.end()) {
+      leaving_agents_.push_back(entry);
+    }
+  }
+  if (!cause.empty()) {
+    std::string limit = options_.elastic.reset_limit
+                            ? " of --reset-limit " + std::to_string(*options_.elastic.reset_limit)
+                            : "";
+    std::string extra;
+    if (!started.empty()) extra += "; starting workers " + WorkerList(started);
+    if (!dropped.empty()) extra += "; workers " + WorkerList(dropped) + " leave";
+    Report(cause + "; generation " + std::to_string(g.number) + ": " +
+           std::to_string(g.ranks.size()) + " ranks (was " + std::to_string(before) + "), reset " +
+           std::to_string(policy_->resets()) + limit + extra);
+  }
+  if (!new_agent.empty()) {
+    std::vector<int> agents;
+    for (const auto& [name, h] : new_agent) agents.push_back(h);
+    StartAgents(agents);
+  }
+  if (!hosts_changed) return;
+  growth_ = Growth{epoch_planned_, std::move(newcomers),
+                   clock_.Now() + std::chrono::seconds(options_.start_timeout_s)};
+  MaybeRaiseEpoch();
+}
+
+void Job::MaybeRaiseEpoch() {
+  if (!growth_ || state_->stopping()) return;
+  if (!growth_->newcomers.empty()) {
+    std::vector<int> late = rendezvous_->NotHeld(growth_->newcomers);
+    if (!late.empty()) {
+      if (clock_.Now() < growth_->deadline) return;
+      // Failed like a rank that exits: its host is blacklisted and its ranks are ended, and the
+      // next generation (formed without it) raises the epoch for the running ranks.
+      const int w = late.front();
+      const int agent = workers_[static_cast<size_t>(w)].host;
+      TerminateAgent(agent, "its worker " + std::to_string(w) + " did not join in time");
+      ElasticRankExited(w, 1, 0,
+                        "did not join within " + std::to_string(options_.start_timeout_s) +
+                            " s of its start (--start-timeout)");
+      return;
+    }
+  }
+  const Growth g = *growth_;
+  growth_.reset();
+  if (!g.newcomers.empty()) {
+    Report("generation " + std::to_string(generation_) + ": its new workers " +
+           WorkerList(g.newcomers) + " wait to join it; membership epoch " +
+           std::to_string(g.epoch) + ": the running ranks join it at their next commit");
+  }
+  RaiseEpoch(g.epoch);
+}
+
+void Job::RaiseEpoch(uint64_t epoch) {
+  epoch_raised_ = std::max(epoch_raised_, epoch);
+  service_->RaiseMembershipEpoch(epoch_raised_);
+}
+
+void Job::AnswerLateRegistration(Event& e) {
+  RegisterDone done = std::move(e.register_done);
+  e.register_done = nullptr;
+  if (state_->stopping()) {
+    done(grpc::Status(grpc::StatusCode::ABORTED, "the job is over"), {});
+    return;
+  }
+  std::map<int, service::Registration> registered = registry_->Registrations();
+  registered[e.host] = e.registration;
+  std::vector<std::string> launcher_env;
+  for (char** v = environ; *v; ++v) launcher_env.emplace_back(*v);
+  // MASTER_ADDR and MASTER_PORT: the host of the current rank 0, as far as known.
+  int host0 = e.host;
+  if (!generation_workers_.empty()) {
+    const int h = workers_[static_cast<size_t>(generation_workers_[0])].host;
+    if (registered.count(h)) host0 = h;
+  }
+  const int host_cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  v1::RegisterReply reply = BaseReply();
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    const Worker& wk = workers_[w];
+    if (wk.host != e.host || !wk.alive) continue;
+    JobContext ctx;
+    ctx.job_id = job_id_;
+    ctx.job_service = e.registration.service_target;
+    ctx.secret = secret_;
+    ctx.hostname = HostAt(e.host).name;
+    ctx.host_addr = AddressOf(e.host, registered);
+    ctx.master_addr = AddressOf(host0, registered);
+    ctx.master_port = registered.at(host0).free_port;
+    ctx.size = wk.size;
+    ctx.restart_count = attempt_.restart_count;
+    ctx.max_restarts = options_.max_restarts;
+    ctx.run_id = run_id_;
+    ctx.threads_per_rank =
+        DefaultThreadsPerRank(launcher_env, options_.exports, wk.placement.local_size, host_cores);
+    v1::RankSpec* spec = reply.add_ranks();
+    spec->set_rank(static_cast<int>(w));  // the agent's name for it: its worker id
+    spec->set_local_rank(wk.placement.local_rank);
+    for (const auto& a : options_.command) spec->add_argv(a);
+    for (auto& kv : BuildRankEnvironment(launcher_env, options_.exports, wk.placement, ctx)) {
+      spec->add_env(std::move(kv));
+    }
+    spec->add_env("RINGRUN_ELASTIC=1");
+    spec->add_env("HOROVOD_ELASTIC=1");
+    spec->add_env("RINGRUN_WORKER_ID=" + std::to_string(w));
+    spec->set_cwd(cwd_);
+  }
+  done(grpc::Status::OK, std::move(reply));
+}
+
+void Job::CheckWait() {
+  if (wait_until_ && clock_.Now() >= *wait_until_) {
+    wait_until_.reset();
+    Reform("", true, 1);
+  }
+}
+
+void Job::OnDiscovered(Result<elastic::HostSet>& found) {
+  if (!policy_ || state_->stopping()) return;
+  if (!found.ok()) {
+    if (!discovery_failing_) {
+      Report(
+          "host discovery failed, the job goes on with the hosts it has (said once until a "
+          "run succeeds): " +
+          found.status().message());
+    }
+    discovery_failing_ = true;
+    return;
+  }
+  if (discovery_failing_) Report("host discovery works again");
+  discovery_failing_ = false;
+  const std::string change = DescribeChange(discovered_, *found);
+  discovered_ = *found;
+  policy_->OnDiscovery(*found);
+  // Asked only on a change (or while the policy waits for slots), so that ranks that finish
+  // one after another still form no generation between two runs of the script.
+  if (!change.empty()) {
+    Reform("host discovery: " + change, false, 1);
+  } else if (wait_until_) {
+    Reform("", false, 1);
+  }
+}
+
+void Job::DiscoveryLoop() {
+  elastic::DiscoveryOptions d;
+  d.script = options_.elastic.discovery_script;
+  d.default_slots = options_.elastic.slots_per_host;
+  d.timeout_ms = options_.elastic.discovery_timeout_s * 1000;
+  for (;;) {
+    {
+      MutexLock lock(&discovery_mu_);
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::seconds(options_.elastic.discovery_interval_s);
+      while (!discovery_stop_ && discovery_cv_.WaitUntil(&discovery_mu_, until)) {
+      }
+      if (discovery_stop_) return;
+    }
+    Event e;
+    e.kind = Event::kDiscovered;
+    e.discovered = elastic::RunDiscoveryScript(d);
+    Push(std::move(e));
+  }
+}
+
+// Waits for a run of the script in progress (at most the discovery timeout).
+void Job::StopDiscovery() {
+  if (!discovery_thread_.joinable()) return;
+  {
+    MutexLock lock(&discovery_mu_);
+    discovery_stop_ = true;
+    discovery_cv_.SignalAll();
+  }
+  discovery_thread_.join();
 }
 
 void Job::Reform(const std::string& failure, bool failed, int exit_code) {
@@ -658,14 +1022,28 @@ void Job::Reform(const std::string& failure, bool failed, int exit_code) {
   if (!failure.empty()) cause += (cause.empty() ? "" : "; ") + failure;
   leaves_.clear();
   elastic::Decision d = policy_->Decide();
+  if (d.action != elastic::Decision::Action::kWait) wait_until_.reset();
   switch (d.action) {
     case elastic::Decision::Action::kKeep:
       break;
     case elastic::Decision::Action::kForm:
       pending_after_failure_ = failed || pending_after_failure_;
-      FormGeneration(d.generation, cause);
+      FormGeneration(d.generation, cause, failed);
       break;
     case elastic::Decision::Action::kWait: {
+      if (!options_.elastic.discovery_script.empty()) {
+        // Slots may come: the policy is asked again after each change the script lists, and
+        // at its deadline (CheckWait), when it ends the job unless they came.
+        if (!wait_until_) {
+          const auto secs =
+              std::chrono::duration_cast<std::chrono::seconds>(d.wait_until - clock_.Now());
+          Report((cause.empty() ? "" : cause + "; ") + "waiting for host discovery: " + d.missing +
+                 " (at most " + std::to_string(std::max<long>(0, secs.count())) +
+                 " s, --elastic-timeout)");
+        }
+        wait_until_ = d.wait_until;
+        break;
+      }
       // A fixed host set: no slot will come.
       int alive = 0;
       for (const Worker& w : workers_) alive += w.alive;
@@ -676,22 +1054,24 @@ void Job::Reform(const std::string& failure, bool failed, int exit_code) {
       break;
     }
     case elastic::Decision::Action::kEnd:
-      state_->EndJob(exit_code, cause + "; " + d.end.message());
+      state_->EndJob(exit_code, (cause.empty() ? "" : cause + "; ") + d.end.message());
       Execute();
       break;
   }
 }
 
-void Job::ElasticRankExited(int worker, int exit_code, int signo) {
+void Job::ElasticRankExited(int worker, int exit_code, int signo, const std::string& failure) {
   Worker& wk = workers_[static_cast<size_t>(worker)];
   state_->RankGone(worker);
   if (!wk.alive) return;  // ended with its blacklisted host: expected
   wk.alive = false;
-  const std::string& host = options_.hosts[wk.host].name;
+  const std::string host = HostAt(wk.host).name;
   const int rank = RankOfWorker(worker);
   const std::string who = "rank " + std::to_string(rank < 0 ? worker : rank) + " (worker " +
                           std::to_string(worker) + ") on host " + host;
   if (rank < 0) return;  // not in the current generation (cannot happen: members only live)
+  // A member of the generation that runs: its peers' collectives fail, they join the next.
+  if (wk.joined) running_broken_ = true;
   bool any_alive = false;
   for (const Worker& w : workers_) any_alive = any_alive || w.alive;
   if (exit_code == 0 && signo == 0) {
@@ -702,8 +1082,9 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo) {
     if (JoinBlockedByLeaves()) Reform("", false, 1);
     return;
   }
-  const std::string what = who + (signo ? " was killed by " + SignalText(signo)
-                                        : " exited with code " + std::to_string(exit_code));
+  const std::string what = who + (!failure.empty() ? " " + failure
+                                  : signo          ? " was killed by " + SignalText(signo)
+                                          : " exited with code " + std::to_string(exit_code));
   const int code = signo ? 128 + signo : exit_code;
   if (pending_after_failure_) {
     (void)policy_->OnRankGone(rank, true);
@@ -714,18 +1095,7 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo) {
   }
   (void)policy_->OnFailure(elastic::Failure{rank, {}});
   // The host is blacklisted: its other ranks are ended.
-  std::string others;
-  for (size_t w = 0; w < workers_.size(); ++w) {
-    if (workers_[w].host != wk.host || !workers_[w].alive) continue;
-    workers_[w].alive = false;
-    others += (others.empty() ? "" : ",") + std::to_string(w);
-  }
-  if (!others.empty()) {
-    v1::AgentCommand cmd;
-    cmd.mutable_terminate()->set_grace_ms(options_.grace_ms);
-    cmd.mutable_terminate()->set_reason("host " + host + " blacklisted");
-    service_->Send(wk.host, cmd);
-  }
+  const std::string others = EndHostRanks(host);
   const auto bl = policy_->Blacklist();
   auto it = bl.find(host);
   std::string how = "host " + host + " is blacklisted";
@@ -738,6 +1108,26 @@ void Job::ElasticRankExited(int worker, int exit_code, int signo) {
   }
   if (!others.empty()) how += ", its workers " + others + " are ended";
   Reform(what + "; " + how, true, code);
+}
+
+void Job::TerminateAgent(int host, const std::string& reason) {
+  v1::AgentCommand cmd;
+  cmd.mutable_terminate()->set_grace_ms(options_.grace_ms);
+  cmd.mutable_terminate()->set_reason(reason);
+  service_->Send(host, cmd);
+}
+
+std::string Job::EndHostRanks(const std::string& name) {
+  std::string ended;
+  std::set<int> agents;
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (!workers_[w].alive || HostAt(workers_[w].host).name != name) continue;
+    workers_[w].alive = false;
+    ended += (ended.empty() ? "" : ",") + std::to_string(w);
+    agents.insert(workers_[w].host);
+  }
+  for (int h : agents) TerminateAgent(h, "host " + name + " blacklisted");
+  return ended;
 }
 
 bool Job::ElasticHostLost(int host, const std::string& why) {
@@ -753,19 +1143,24 @@ bool Job::ElasticHostLost(int host, const std::string& why) {
   std::string list;
   int root = -1;
   std::vector<int> ranks;
+  bool any_joined = false;
   for (int w : lost) {
     workers_[static_cast<size_t>(w)].alive = false;
+    any_joined = any_joined || workers_[static_cast<size_t>(w)].joined;
     list += (list.empty() ? "" : ",") + std::to_string(w);
     const int r = RankOfWorker(w);
     if (r >= 0) ranks.push_back(r);
   }
   if (ranks.empty()) return true;
-  const std::string what = "lost the agent on host " + options_.hosts[host].name + ": " + why +
-                           " (workers " + list + " were running)";
+  if (any_joined) running_broken_ = true;
+  const std::string name = HostAt(host).name;
+  const std::string what =
+      "lost the agent on host " + name + ": " + why + " (workers " + list + " were running)";
   // The lost ranks may be alive but unreachable (the link cut, the host frozen): nothing closes
   // their connections, so the survivors are told through their Watch instead of waiting for
-  // the collective timeout.
-  service_->BreakGeneration(generation_, what);
+  // the collective timeout. Ranks that never joined (started for a pending generation) were
+  // nobody's peers yet.
+  if (any_joined) service_->BreakGeneration(generation_, what);
   if (pending_after_failure_) {
     for (int r : ranks) (void)policy_->OnRankGone(r, true);
     Reform(what + " while generation " + std::to_string(generation_) +
@@ -775,7 +1170,9 @@ bool Job::ElasticHostLost(int host, const std::string& why) {
   }
   root = ranks.front();
   (void)policy_->OnFailure(elastic::Failure{root, {}});
-  Reform(what + "; host " + options_.hosts[host].name + " is blacklisted", true, 1);
+  // The host is blacklisted: ranks under its other agents (started later) are ended too.
+  EndHostRanks(name);
+  Reform(what + "; host " + name + " is blacklisted", true, 1);
   return true;
 }
 
@@ -795,6 +1192,10 @@ int Job::Loop() {
       state_->Tick();
       Execute();
       PollAgents();
+      if (policy_ && !state_->stopping()) {
+        CheckWait();
+        MaybeRaiseEpoch();
+      }
       next_tick = clock_.Now() + milliseconds(kTickMs);
     }
   }
@@ -808,8 +1209,8 @@ int Job::Loop() {
     if (e.kind == Event::kAgent) {
       HandleAgentEvent(e.host, e.agent);
       Execute();
-    } else if (e.handle) {
-      e.handle->Kill();  // an agent whose Start() returned after the loop ended
+    } else {
+      Discard(e);
     }
   }
   output_->Flush();
@@ -835,9 +1236,7 @@ void Job::StopAgents() {
   {
     // Agents whose Start() returned after the loop ended.
     MutexLock lock(&queue_mu_);
-    for (auto& e : queue_) {
-      if (e.handle) e.handle->Kill();
-    }
+    for (auto& e : queue_) Discard(e);
     queue_.clear();
   }
   agents_.clear();
@@ -847,7 +1246,8 @@ int Job::Run() {
   spdlog::debug("job starting (restart count {})", attempt_.restart_count);
   if (int rc = Prepare(); rc != 0) return rc;
 
-  bool all_local = true;
+  // Hosts that a discovery script lists later may be other machines.
+  bool all_local = options_.elastic.discovery_script.empty();
   for (int h : active_hosts_) all_local = all_local && hosts::IsLocalHost(options_.hosts[h].name);
   Result<service::JobServer> server =
       service::StartJobServer(all_local ? "127.0.0.1:0" : "0.0.0.0:0", *service_);
@@ -859,9 +1259,13 @@ int Job::Run() {
     port_ = server->port;
     spdlog::debug("job {}: job service on port {}, {} ranks on {} hosts", job_id_, port_,
                   placement_.size(), active_hosts_.size());
-    StartAgents();
+    StartAgents(active_hosts_);
+    if (policy_ && !options_.elastic.discovery_script.empty()) {
+      discovery_thread_ = std::thread([this] { DiscoveryLoop(); });
+    }
     rc = Loop();
   }
+  StopDiscovery();
   CloseService();
   if (server.ok()) {
     server->server->Shutdown(std::chrono::system_clock::now() + milliseconds(kShutdownGraceMs));

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -80,6 +81,19 @@ using StartersForAttempt = std::function<Starters(int restart_count)>;
 // job service's Watch (JobService::BreakGeneration), so that survivors stuck on a host that
 // closed nothing fail at once instead of at the collective timeout.
 //
+// With a host discovery script (options.elastic.discovery_script; its first run, by the caller,
+// gave options.hosts), the host set changes while the job runs: a thread runs the script every
+// --discovery-interval (a failure or a hang is reported once and the job goes on with the last
+// hosts), and the policy runs with refill. A generation with new ranks starts them first, each
+// host's new ranks under an agent of their own started by the job's starters (a new host index,
+// also on a host that has an agent already), and raises the membership epoch
+// (JobService::RaiseMembershipEpoch) only once every new rank waits in the Join of that
+// generation: the running ranks then leave theirs at their next check of the epoch and join
+// it, and their pause is only the re-forming. Ranks of a host that the script dropped leave:
+// the generation is formed without them and the epoch raised at once; their agent is ended once
+// the new generation has formed. New ranks get new worker ids (RINGRUN_WORKER_ID), the next
+// after the highest so far.
+//
 // Installs handlers for SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP for its duration.
 int RunJob(const Options& options, std::vector<hosts::RankPlacement> placement,
            const StartersForAttempt& starters, const JobHooks& hooks = {});
@@ -131,6 +145,7 @@ class Job final : public service::JobEvents {
       kRegistered,
       kGenerationJoined,  // signo: the elastic generation whose members have all joined
       kJoinWaiting,       // signo: a rank asks to join an elastic generation not formed yet
+      kDiscovered,        // a run of the discovery script ended: `discovered`
     } kind = kAgent;
     int host = -1;
     v1::AgentEvent agent;
@@ -138,6 +153,11 @@ class Job final : public service::JobEvents {
     int signo = 0;
     std::unique_ptr<starters::AgentHandle>
         handle;  // kStarted: null when the start failed (see why)
+    // kRegistered of a host added while the job runs (AgentRegistry::IsLate): the main thread
+    // answers it with its ranks.
+    service::Registration registration;
+    RegisterDone register_done;
+    std::optional<Result<elastic::HostSet>> discovered;  // kDiscovered
   };
 
   void Push(Event e);
@@ -155,20 +175,48 @@ class Job final : public service::JobEvents {
   std::map<int, std::vector<v1::RankSpec>> BuildSpecs(
       const std::map<int, service::Registration>& registered) const;
   std::string AddressOf(int host, const std::map<int, service::Registration>& registered) const;
-  void StartAgents();
+  // Starts the agents of `hosts` (host indexes).
+  void StartAgents(const std::vector<int>& hosts);
   Event StartAgent(starters::AgentStarter* starter, int host, starters::AgentLaunch launch) const;
+  // What every agent's RegisterReply says but its ranks.
+  v1::RegisterReply BaseReply() const;
+  // An event that will not be handled: its agent is killed, its registration refused.
+  static void Discard(Event& e);
+  // The job's host `h` (a copy: the list grows). Thread-safe.
+  hosts::HostSpec HostAt(int h) const;
 
   // Elastic jobs (main thread).
   int PrepareElastic();
-  void ElasticRankExited(int worker, int exit_code, int signo);
+  // `failure`, when given, says what happened in place of "exited with code N".
+  void ElasticRankExited(int worker, int exit_code, int signo, const std::string& failure = "");
   // The host's ranks are gone with its agent (`why`); true when it had live ranks.
   bool ElasticHostLost(int host, const std::string& why);
+  // Tells the agent of `host` to end its ranks (SIGTERM, SIGKILL after the grace period).
+  void TerminateAgent(int host, const std::string& reason);
+  // The blacklisted host `name`'s live ranks, under each agent it has, are ended; returns their
+  // worker ids ("2,3").
+  std::string EndHostRanks(const std::string& name);
   // Asks the policy what now, after `cause` (a sentence); `failed`: a failure, not a leave.
   void Reform(const std::string& cause, bool failed, int exit_code);
-  // Makes `g` the current generation: the job service's rendezvous serves it from now on.
-  void FormGeneration(const elastic::Generation& g, const std::string& cause);
+  // Makes `g` the current generation: the job service's rendezvous serves it from now on. Starts
+  // its new ranks; after a change of hosts (not a `failure`), raises the membership epoch once
+  // they wait in their Join.
+  void FormGeneration(const elastic::Generation& g, const std::string& cause, bool failure);
   int RankOfWorker(int worker) const;
   void Report(const std::string& line);
+  // Hosts that come and go (a discovery script).
+  void DiscoveryLoop();
+  void StopDiscovery();
+  void OnDiscovered(Result<elastic::HostSet>& found);
+  // A new host index (and agent) for new ranks on the host named `name`.
+  int AddHost(const std::string& name);
+  // Answers the registration of a late host's agent with the ranks placed on it.
+  void AnswerLateRegistration(Event& e);
+  // Raises the membership epoch once the new ranks of growth_ wait in their Join.
+  void MaybeRaiseEpoch();
+  void RaiseEpoch(uint64_t epoch);
+  // The policy said wait (kWait) and its deadline passed: ask it again.
+  void CheckWait();
 
   // Constant after construction.
   const Options& options_;
@@ -177,6 +225,11 @@ class Job final : public service::JobEvents {
   const JobHooks hooks_;
   const JobAttempt attempt_;
   const Clock& clock_;
+
+  // The job's hosts by index: options_.hosts, then those added while the job runs (AddHost;
+  // main thread). Read by gRPC threads too (HostAt).
+  mutable Mutex hosts_mu_;
+  std::vector<hosts::HostSpec> hosts_ GUARDED_BY(hosts_mu_);
 
   // Set up in Run() before any other thread starts; then constant.
   std::vector<int> active_hosts_;
@@ -203,6 +256,12 @@ class Job final : public service::JobEvents {
   struct Worker {
     int host = -1;
     bool alive = true;
+    bool joined = false;  // a member of a generation that every member joined
+    // A worker started in a running job: its place in the generation it was started for (the
+    // RINGRUN_RANK... values it starts with; its Join reply has the current ones), and that
+    // generation's size. 0 for the workers of the first generation.
+    hosts::RankPlacement placement;
+    int size = 0;
   };
   std::vector<Worker> workers_;
   std::unique_ptr<elastic::MembershipPolicy> policy_;
@@ -217,6 +276,34 @@ class Job final : public service::JobEvents {
   bool generation_complete_ = false;  // every member of the current generation joined it
   // Whether a survivor waits for a generation that the ranks that left make impossible.
   bool JoinBlockedByLeaves() const;
+
+  // Hosts that come and go (a discovery script): the last hosts it listed, whether its last
+  // run failed (reported once until a run succeeds), the wait the policy asked for, the epoch
+  // raised so far and the last one planned, the new ranks a raise waits for, and the agents to
+  // end once a generation has formed (a host the script dropped).
+  elastic::HostSet discovered_;
+  bool discovery_failing_ = false;
+  std::optional<Clock::TimePoint> wait_until_;
+  uint64_t epoch_raised_ = 0;
+  uint64_t epoch_planned_ = 0;
+  struct Growth {
+    uint64_t epoch = 0;
+    std::vector<int> newcomers;  // worker ids
+    // When newcomers that have not reached their Join by then count as failed (--start-timeout):
+    // one that hangs in its imports would otherwise hold the growth, and the next generation
+    // that includes it, for ever.
+    Clock::TimePoint deadline;
+  };
+  std::optional<Growth> growth_;
+  // A member of the generation that the ranks run in (the last one every member joined) is
+  // gone: they leave it without being told.
+  bool running_broken_ = false;
+  std::vector<std::pair<uint32_t, int>> leaving_agents_;  // generation, host index
+  // The discovery thread (DiscoveryLoop): started by Run, stopped before the agents.
+  std::thread discovery_thread_;
+  Mutex discovery_mu_;
+  CondVar discovery_cv_;  // discovery_stop_ set
+  bool discovery_stop_ GUARDED_BY(discovery_mu_) = false;
 };
 
 }  // namespace ringrun::launcher::job

@@ -115,6 +115,7 @@ void JobStateMachine::AgentStarted(int host, bool ok, const std::string& why) {
   hs->start_done = true;
   if (!ok) {
     hs->finished = true;
+    if (plan_.elastic && hs->late) return;  // the job's policy deals with its ranks
     Fail(JobFailure::Cause::kAgentStart, 1,
          "could not start the agent on host " + plan_.hosts[host].Display() + ": " + why);
     return;
@@ -166,6 +167,25 @@ void JobStateMachine::RankGone(int rank) {
   ranks_[rank].started = true;
 }
 
+int JobStateMachine::AddHost(const hosts::HostSpec& host) {
+  plan_.hosts.push_back(host);
+  hosts_.emplace_back();
+  hosts_.back().late = true;
+  hosts_.back().finished = true;  // until it has a rank
+  if (registration_closing_) hosts_.back().start_done = true;
+  return static_cast<int>(hosts_.size()) - 1;
+}
+
+void JobStateMachine::AddRank(int rank, int host) {
+  if (host < 0 || host >= static_cast<int>(hosts_.size()) || rank < 0) return;
+  if (rank >= static_cast<int>(ranks_.size())) ranks_.resize(static_cast<size_t>(rank) + 1);
+  if (plan_.rank_hosts.size() < ranks_.size()) plan_.rank_hosts.resize(ranks_.size(), -1);
+  ranks_[rank].host = host;
+  plan_.rank_hosts[rank] = host;
+  hosts_[host].ranks.push_back(rank);
+  if (!registration_closing_) hosts_[host].finished = false;
+}
+
 void JobStateMachine::EndJob(int exit_code, std::string what) {
   Fail(JobFailure::Cause::kRank, exit_code, std::move(what));
 }
@@ -201,7 +221,7 @@ void JobStateMachine::AgentExited(int host, int exit_code, const std::string& st
   if (hs == nullptr || hs->finished) return;
   hs->finished = true;
   if (hs->session_ended || stopping()) return;
-  if (plan_.elastic && hs->registered) {
+  if (plan_.elastic && (hs->registered || hs->late)) {
     bool all_gone = true;
     for (int r : hs->ranks) all_gone = all_gone && ranks_[r].exited;
     if (all_gone) return;
@@ -247,7 +267,7 @@ void JobStateMachine::Tick() {
     std::string missing;
     for (size_t h = 0; h < hosts_.size() && !stopping(); ++h) {
       const Host& hs = hosts_[h];
-      if (hs.ranks.empty()) continue;
+      if (hs.ranks.empty() || hs.late) continue;  // late hosts: the job's policy decides
       if (!hs.registered) {
         AppendPart(&missing, "the agent on host " + plan_.hosts[h].Display() + " did not register");
         continue;

@@ -117,6 +117,12 @@ class JobStateMachine {
   // Elastic jobs: the rank's process is gone (its exit or its agent's loss was handled by the
   // job's membership policy); no failure, no report.
   void RankGone(int rank);
+  // Elastic jobs whose hosts grow (a discovery script): a host index and a rank (a worker id)
+  // added while the job runs, each the next index. A host added here is "late": an agent that
+  // could not start there, or ended before registering, is no failure of the job (the job's
+  // policy deals with its ranks). Rank ids follow the host they are added to.
+  int AddHost(const hosts::HostSpec& host);
+  void AddRank(int rank, int host);
   // Ends the job as its first failure: reports `what` and tears down, exit code `exit_code`.
   void EndJob(int exit_code, std::string what);
   // The teardown has begun (a failure, EndJob) or a signal interrupted the job.
@@ -146,6 +152,7 @@ class JobStateMachine {
     bool registered = false;
     bool session_ended = false;
     bool finished = false;
+    bool late = false;  // AddHost
   };
   struct Rank {
     int host = -1;
@@ -164,8 +171,8 @@ class JobStateMachine {
   void KillAgent(int host, std::string warning = "");
   std::vector<int> UnfinishedHosts() const;
 
-  // Constant after construction.
-  const JobPlan plan_;
+  // Constant after construction, but for the hosts and ranks that AddHost and AddRank append.
+  JobPlan plan_;
   const Clock& clock_;
   const Clock::TimePoint start_deadline_;
   const Clock::TimePoint job_deadline_;  // --timeout; meaningful when plan_.timeout_s > 0

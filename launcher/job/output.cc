@@ -40,21 +40,25 @@ OutputRouter::~OutputRouter() {
 }
 
 Status OutputRouter::Open(int num_ranks) {
+  num_ranks_ = num_ranks;
   if (config_.output_dir.empty()) return Status::Ok();
-  for (int r = 0; r < num_ranks; ++r) {
-    std::string dir = config_.output_dir + "/" + RankDirName(r, num_ranks);
-    RINGRUN_RETURN_IF_ERROR(MakeDirs(dir));
-    Files f;
-    const char* mode = config_.append ? "ae" : "we";
-    f.out = std::fopen((dir + "/stdout").c_str(), mode);
-    if (!f.out) return ErrnoStatus("--output-filename: open " + dir + "/stdout", errno);
-    f.err = std::fopen((dir + "/stderr").c_str(), mode);
-    if (!f.err) {
-      std::fclose(f.out);
-      return ErrnoStatus("--output-filename: open " + dir + "/stderr", errno);
-    }
-    files_[r] = f;
+  for (int r = 0; r < num_ranks; ++r) RINGRUN_RETURN_IF_ERROR(OpenFiles(r));
+  return Status::Ok();
+}
+
+Status OutputRouter::OpenFiles(int rank) {
+  std::string dir = config_.output_dir + "/" + RankDirName(rank, std::max(num_ranks_, rank + 1));
+  RINGRUN_RETURN_IF_ERROR(MakeDirs(dir));
+  Files f;
+  const char* mode = config_.append ? "ae" : "we";
+  f.out = std::fopen((dir + "/stdout").c_str(), mode);
+  if (!f.out) return ErrnoStatus("--output-filename: open " + dir + "/stdout", errno);
+  f.err = std::fopen((dir + "/stderr").c_str(), mode);
+  if (!f.err) {
+    std::fclose(f.out);
+    return ErrnoStatus("--output-filename: open " + dir + "/stderr", errno);
   }
+  files_[rank] = f;
   return Status::Ok();
 }
 
@@ -72,6 +76,14 @@ void OutputRouter::EmitLine(int rank, bool is_stderr, std::string_view line) {
   if (config_.on_line) config_.on_line(rank, is_stderr, line);
   if (is_stderr) tails_.try_emplace(rank, config_.tail_lines).first->second.Push(line);
   auto fit = files_.find(rank);
+  if (fit == files_.end() && !config_.output_dir.empty() && rank >= num_ranks_ &&
+      !unopened_.count(rank)) {
+    if (Status st = OpenFiles(rank); !st.ok()) {
+      unopened_.insert(rank);
+      std::fprintf(stderr, "ringrun: %s\n", st.message().c_str());
+    }
+    fit = files_.find(rank);
+  }
   if (fit != files_.end()) {
     FILE* f = is_stderr ? fit->second.err : fit->second.out;
     std::fwrite(line.data(), 1, line.size(), f);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -36,7 +37,9 @@ class OutputRouter {
   OutputRouter(const OutputRouter&) = delete;
   OutputRouter& operator=(const OutputRouter&) = delete;
 
-  // Creates DIR/RankDirName/ for every rank; errors name the path.
+  // Creates DIR/RankDirName/ for every rank; errors name the path. A rank past num_ranks (a new
+  // worker of an elastic job) gets its folder at its first line, named for its id; a failure
+  // there is said once on stderr and its lines go to the console only.
   Status Open(int num_ranks);
   // `data`: whole lines each ending in '\n', or (final) a partial last line without one.
   void Write(int rank, bool is_stderr, std::string_view data);
@@ -46,6 +49,7 @@ class OutputRouter {
 
  private:
   void EmitLine(int rank, bool is_stderr, std::string_view line);
+  Status OpenFiles(int rank);
 
   Config config_;
   std::map<int, LineTail> tails_;  // stderr, by rank
@@ -54,6 +58,8 @@ class OutputRouter {
     FILE* err = nullptr;
   };
   std::map<int, Files> files_;
+  int num_ranks_ = 0;       // Open's
+  std::set<int> unopened_;  // ranks whose files could not be opened
 };
 
 }  // namespace ringrun::launcher::job

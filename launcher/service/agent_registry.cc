@@ -80,7 +80,8 @@ grpc::Status AgentRegistry::Add(int host, Registration registration) {
   std::vector<std::function<void()>> calls;
   {
     MutexLock lock(&mu_);
-    if (std::find(hosts_.begin(), hosts_.end(), host) == hosts_.end()) {
+    const bool late = late_.count(host) > 0;
+    if (!late && std::find(hosts_.begin(), hosts_.end(), host) == hosts_.end()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "host index " + std::to_string(host) + " has no ranks in this job");
     }
@@ -89,7 +90,9 @@ grpc::Status AgentRegistry::Add(int host, Registration registration) {
     }
     if (closed_) return grpc::Status(grpc::StatusCode::ABORTED, "the job was aborted");
     registered_[host] = std::move(registration);
-    if (registered_.size() == hosts_.size()) {
+    const bool all =
+        std::all_of(hosts_.begin(), hosts_.end(), [&](int h) { return registered_.count(h) > 0; });
+    if (!late && all) {
       specs_ = build_(registered_);
       specs_ready_ = true;
       cv_.SignalAll();
@@ -127,6 +130,21 @@ std::vector<int> AgentRegistry::Close() {
   }
   for (auto& call : calls) call();
   return out;
+}
+
+void AgentRegistry::AddLateHost(int host) {
+  MutexLock lock(&mu_);
+  late_.insert(host);
+}
+
+bool AgentRegistry::IsLate(int host) const {
+  MutexLock lock(&mu_);
+  return late_.count(host) > 0;
+}
+
+std::map<int, Registration> AgentRegistry::Registrations() const {
+  MutexLock lock(&mu_);
+  return registered_;
 }
 
 }  // namespace ringrun::launcher::service

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,14 +59,23 @@ class AgentRegistry {
   // every host had registered). Returns the hosts that registered. Idempotent.
   std::vector<int> Close();
 
+  // Elastic jobs whose hosts grow: `host` (a new host index) may register from now on. A late
+  // host is not waited for, and gets no ranks from WhenRanks: the job answers its registration
+  // itself (IsLate), since its ranks are made while the job runs.
+  void AddLateHost(int host);
+  bool IsLate(int host) const;
+  // Every registration so far (the job builds a late host's ranks from them).
+  std::map<int, Registration> Registrations() const;
+
  private:
   // Constant after construction.
   const std::vector<int> hosts_;
   const Clock::TimePoint deadline_;
   const SpecBuilder build_;
 
-  Mutex mu_;
-  CondVar cv_;  // specs_ready_ or closed_ set
+  mutable Mutex mu_;
+  CondVar cv_;                          // specs_ready_ or closed_ set
+  std::set<int> late_ GUARDED_BY(mu_);  // AddLateHost
   std::map<int, Registration> registered_ GUARDED_BY(mu_);
   std::map<int, std::vector<v1::RankSpec>> specs_ GUARDED_BY(mu_);
   bool specs_ready_ GUARDED_BY(mu_) = false;

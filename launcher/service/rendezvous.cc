@@ -391,6 +391,17 @@ void Rendezvous::SetOnJoinWaiting(std::function<void(uint32_t)> f) {
   state_->on_join_waiting = std::move(f);
 }
 
+bool Rendezvous::Holds(const std::vector<int>& workers) const { return NotHeld(workers).empty(); }
+
+std::vector<int> Rendezvous::NotHeld(const std::vector<int>& workers) const {
+  MutexLock lock(&state_->mu);
+  std::vector<int> out;
+  for (int w : workers) {
+    if (state_->elastic_joins.count(w) == 0) out.push_back(w);
+  }
+  return out;
+}
+
 int Rendezvous::joined() const {
   MutexLock lock(&state_->mu);
   return state_->joined;

@@ -58,6 +58,12 @@ class Rendezvous {
   // newer one), on the thread of that Join, outside any lock. Set before the server starts.
   void SetOnJoinWaiting(std::function<void(uint32_t wanted)> f);
 
+  // Whether each of `workers` has an elastic Join held now (waiting for its generation).
+  // Thread-safe.
+  bool Holds(const std::vector<int>& workers) const;
+  // Those of `workers` that have no elastic Join held now, in their order. Thread-safe.
+  std::vector<int> NotHeld(const std::vector<int>& workers) const;
+
   // How many ranks have joined so far.
   int joined() const;
 

@@ -564,14 +564,14 @@ t_horovodrun_flags() {
     fail "--oversubscribe failed: $(cat "$WORK/err")"
   expect_contains "$WORK/out" "[2]<stdout>:RINGRUN_LOCAL_SIZE=3"
 
-  # Elastic usage errors and the flag not supported yet: exit 2, nothing started.
+  # Elastic usage errors: exit 2, nothing started.
   "$RINGRUN" -np 2 --min-np 3 touch "$WORK/started" 2>"$WORK/err"; rc=$?
   expect_rc 2 $rc "--min-np above -np"
   expect_contains "$WORK/err" "--min-np 3 is more than -np 2"
-  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script ./d.sh touch "$WORK/started" 2>"$WORK/err"
-  rc=$?
-  expect_rc 2 $rc "--host-discovery-script"
-  expect_contains "$WORK/err" "--host-discovery-script: host discovery is not supported yet"
+  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script ./d.sh -H localhost:2 touch "$WORK/started" \
+    2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "--host-discovery-script with -H"
+  expect_contains "$WORK/err" "--host-discovery-script and -H cannot be used together"
   [[ ! -e $WORK/started ]] || fail "an elastic usage error started the command"
   expect_no_orphans
 }
@@ -980,6 +980,170 @@ t_elastic_limits() {
     >"$WORK/out" 2>"$WORK/err"; rc=$?
   expect_rc 0 $rc "one reset within --reset-limit 1: $(tail -5 "$WORK/err")"
   expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1 of --reset-limit 1"
+  expect_no_orphans
+}
+
+# Writes the hosts file that the tests' discovery script cats, at once (a run never reads half
+# of it): one argument per line.
+write_hosts() {
+  printf '%s\n' "$@" >"$WORK/hosts.new"
+  mv "$WORK/hosts.new" "$WORK/hosts"
+}
+
+# Waits (at most 30 s) until FILE has N lines containing TEXT; status 1 if it never does.
+wait_for_lines() {  # FILE TEXT N
+  local end=$((SECONDS + 30))
+  while (( $(grep -cF -- "$2" "$1" 2>/dev/null) < $3 )); do
+    (( SECONDS >= end )) && return 1
+    sleep 0.1
+  done
+}
+
+t_elastic_discovery_up() {
+  # The discovery script (cat of a file) lists localhost:2; once ranks 0 and 1 run, the file
+  # gains 127.0.0.1:2. The launcher starts an agent there and workers 2 and 3, waits until they
+  # wait in generation 2's Join, then raises the membership epoch: workers 0 and 1 see it at
+  # their next check (every 50 steps), leave generation 1 and join 2 in their own processes,
+  # with no failed collective; the newcomers take their step; all four finish at size 4.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid
+  write_hosts localhost:2
+  "$RINGRUN" -np 2 --max-np 4 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
+    --output-filename "$WORK/logs" "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  write_hosts localhost:2 127.0.0.1:2
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a job that gained a host: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "host discovery: host 127.0.0.1 (2 slots) added; generation 2: 4 ranks (was 2), reset 1; starting workers 2,3"
+  expect_contains "$WORK/err" "generation 2: its new workers 2,3 wait to join it; membership epoch 1"
+  [[ $(grep -c "generation" "$WORK/err") == 2 ]] || fail "expected one change: $(cat "$WORK/err")"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=2 local=$w/2 cross=0/1 "
+    expect_contains "$WORK/out" "[$w]<stdout>:hosts updated at step "
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=4 local=$w/2 cross=0/2 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=4000 size=4"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+  done
+  for w in 2 3; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=4 local=$((w - 2))/2 cross=1/2 "
+    grep -F "[$w]<stdout>:joined " "$WORK/out" | head -1 | grep -q " new$" ||
+      fail "worker $w's first join is not that of a new process"
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=4000 size=4"
+  done
+  # --output-filename: a folder per worker, new workers' included.
+  for w in 0 1 2 3; do expect_contains "$WORK/logs/rank.$w/stdout" "done steps=4000 size=4"; done
+  expect_not_contains "$WORK/out" "error"
+  expect_no_orphans
+}
+
+t_elastic_discovery_hang() {
+  # The script adds 127.0.0.1:2, where worker 3 hangs before its Join (as in its imports). After
+  # --start-timeout it counts as failed: its host is blacklisted, worker 2 is ended with it, and
+  # workers 0 and 1, which trained on, finish at size 2. Nothing is left.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid
+  write_hosts localhost:2
+  "$RINGRUN" -np 2 --max-np 4 --start-timeout 3 --host-discovery-script "cat $WORK/hosts" \
+    -x ELASTIC_CHECK_EVERY=50 -x ELASTIC_HANG_WORKER=3 \
+    "$worker" 6000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  write_hosts localhost:2 127.0.0.1:2
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a job whose newcomer hung: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "starting workers 2,3"
+  expect_contains "$WORK/err" "rank 3 (worker 3) on host 127.0.0.1 did not join within 3 s of its start (--start-timeout)"
+  expect_contains "$WORK/err" "host 127.0.0.1 is blacklisted"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=6000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+  done
+  expect_not_contains "$WORK/out" "[2]<stdout>:done"
+  expect_not_contains "$WORK/out" "[3]<stdout>:done"
+  expect_no_orphans
+}
+
+t_elastic_discovery_down() {
+  # The script lists both hosts, then localhost:2 alone: workers 2 and 3 (on 127.0.0.1) leave,
+  # no host is blacklisted, and workers 0 and 1 finish as generation 2 of size 2.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w pid
+  write_hosts localhost:2 127.0.0.1:2
+  "$RINGRUN" -np 4 --min-np 2 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
+    "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 4 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  write_hosts localhost:2
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a job that lost a host to discovery: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "host discovery: host 127.0.0.1 removed; generation 2: 2 ranks (was 4), reset 1; workers 2,3 leave"
+  expect_not_contains "$WORK/err" "blacklisted"
+  expect_not_contains "$WORK/err" "exited with code"
+  for w in 0 1; do
+    expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$w size=2 local=$w/2 cross=0/1 "
+    expect_contains "$WORK/out" "[$w]<stdout>:done steps=4000 size=2"
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+  done
+  expect_not_contains "$WORK/out" "[2]<stdout>:done"
+  expect_not_contains "$WORK/out" "[3]<stdout>:done"
+  expect_no_orphans
+}
+
+t_elastic_discovery_errors() {
+  # The script's first run: a bad line ends the job before anything starts (exit 2), naming the
+  # line; a failing script, or too few slots for -np, exit 1.
+  local worker="$BIN/ringrun-test-elastic-worker" rc w
+  printf '#!/bin/sh\necho localhost:2\necho h2:x\n' >"$WORK/bad.sh"
+  chmod +x "$WORK/bad.sh"
+  "$RINGRUN" -np 2 --host-discovery-script "$WORK/bad.sh" touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 2 $rc "a bad line at the first run"
+  expect_contains "$WORK/err" "ringrun: host discovery: $WORK/bad.sh: line 2 'h2:x': "
+  "$RINGRUN" -np 2 --host-discovery-script 'echo no inventory >&2; exit 5' touch "$WORK/started" \
+    2>"$WORK/err"; rc=$?
+  expect_rc 1 $rc "a failing script at the first run"
+  expect_contains "$WORK/err" "exited with code 5; its stderr ends:"
+  expect_contains "$WORK/err" "no inventory"
+  "$RINGRUN" -np 3 --start-timeout 2 --discovery-interval 1 --host-discovery-script 'echo localhost:2' \
+    touch "$WORK/started" 2>"$WORK/err"; rc=$?
+  expect_rc 1 $rc "too few slots until the start timeout"
+  expect_contains "$WORK/err" "lists 2 slots, fewer than -np 3: waiting for more (at most 2 s, --start-timeout)"
+  expect_contains "$WORK/err" "lists 2 slots, fewer than -np 3 after --start-timeout 2 s: the job cannot start"
+  [[ ! -e $WORK/started ]] || fail "a failed first discovery started the command"
+  # Slots that come while the job waits to start: -np of them start it.
+  printf '#!/bin/sh\nif [ -e %s ]; then echo localhost:2; else touch %s; echo localhost:1; fi\n' \
+    "$WORK/once" "$WORK/once" >"$WORK/grow.sh"
+  chmod +x "$WORK/grow.sh"
+  "$RINGRUN" -np 2 --discovery-interval 1 --host-discovery-script "$WORK/grow.sh" \
+    "$worker" 200 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "slots that came before the start: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "lists 1 slots, fewer than -np 2: waiting for more"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=2"; done
+  # At the start timeout, --min-np slots start the job.
+  "$RINGRUN" -np 3 --min-np 2 --start-timeout 2 --discovery-interval 1 \
+    --host-discovery-script 'echo localhost:2' "$worker" 200 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "--min-np slots at the start timeout: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "2 slots after --start-timeout 2 s: the job starts with them (--min-np 2)"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=200 size=2"; done
+  expect_no_orphans
+  # Later runs that fail, or hang past --discovery-timeout: said once each, the job goes on.
+  printf '#!/bin/sh\nif [ -e %s ]; then echo no inventory >&2; exit 3; fi\ntouch %s\necho localhost:2\n' \
+    "$WORK/ran" "$WORK/ran" >"$WORK/flaky.sh"
+  chmod +x "$WORK/flaky.sh"
+  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script "$WORK/flaky.sh" "$worker" 2500 \
+    >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "a script failing after the start: $(tail -5 "$WORK/err")"
+  [[ $(grep -c "host discovery failed" "$WORK/err") == 1 ]] || fail "not said once: $(cat "$WORK/err")"
+  expect_contains "$WORK/err" "host discovery failed, the job goes on with the hosts it has"
+  expect_contains "$WORK/err" "exited with code 3; its stderr ends:"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=2500 size=2"; done
+  expect_no_orphans
+  printf '#!/bin/sh\nif [ -e %s ]; then sleep 30; fi\ntouch %s\necho localhost:2\n' \
+    "$WORK/ran2" "$WORK/ran2" >"$WORK/hang.sh"
+  chmod +x "$WORK/hang.sh"
+  "$RINGRUN" -np 2 --min-np 1 --host-discovery-script "$WORK/hang.sh" --discovery-timeout 1 \
+    "$worker" 2500 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 0 $rc "a script hanging after the start: $(tail -5 "$WORK/err")"
+  [[ $(grep -c "host discovery failed" "$WORK/err") == 1 ]] || fail "not said once: $(cat "$WORK/err")"
+  expect_contains "$WORK/err" "no exit within 1000 ms; killed it (its process group)"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=2500 size=2"; done
   expect_no_orphans
 }
 

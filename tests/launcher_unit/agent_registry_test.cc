@@ -49,6 +49,27 @@ TEST_CASE("registry: every agent waits for the last, then gets its own ranks", "
   CHECK(registry.Close() == std::vector<int>{0, 2});
 }
 
+TEST_CASE("registry: a late host registers on its own, never waited for", "[registry]") {
+  service::AgentRegistry registry({0}, SteadyClock().Now() + std::chrono::seconds(5), Build);
+  CHECK(registry.Add(3, From("10.0.0.4")).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  registry.AddLateHost(3);
+  CHECK(registry.IsLate(3));
+  CHECK_FALSE(registry.IsLate(0));
+  // Before the first hosts: it does not complete them.
+  REQUIRE(registry.Add(3, From("10.0.0.4")).ok());
+  CHECK(registry.Add(3, From("10.0.0.4")).error_code() == grpc::StatusCode::ALREADY_EXISTS);
+  REQUIRE(registry.Add(0, From("10.0.0.1")).ok());
+  std::vector<v1::RankSpec> ranks0;
+  REQUIRE(registry.WaitForRanks(0, &ranks0).ok());
+  CHECK(ranks0.size() == 1);
+  const auto all = registry.Registrations();
+  REQUIRE(all.size() == 2);
+  CHECK(all.at(3).peer_address == "10.0.0.4");
+  registry.AddLateHost(4);
+  CHECK(registry.Close() == std::vector<int>{0, 3});
+  CHECK(registry.Add(4, {}).error_code() == grpc::StatusCode::ABORTED);
+}
+
 TEST_CASE("registry: unknown and repeated hosts are refused", "[registry]") {
   service::AgentRegistry registry({0, 2}, SteadyClock().Now() + std::chrono::seconds(5), Build);
   CHECK(registry.Add(1, {}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);

@@ -115,8 +115,6 @@ const std::map<std::string, std::vector<std::string>>& SampleValues() {
   return kValues;
 }
 
-bool IsRefused(const std::string& name) { return name == "--host-discovery-script"; }
-
 TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name",
           "[options][horovodrun]") {
   CHECK(HorovodrunOptionNames().size() == 71);  // 60 options with -h, 11 of them with two names
@@ -133,11 +131,6 @@ TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name"
     if (name == "-h" || name == "--help" || name == "-v" || name == "--version") {
       CHECK(out.kind == ParseOutcome::kExitNow);
       CHECK(out.exit_code == 0);
-    } else if (IsRefused(name)) {
-      CHECK(out.exit_code == 2);
-      CHECK(out.message == name +
-                               ": host discovery is not supported yet; an elastic job (--min-np, "
-                               "--max-np) runs on a fixed host set (-H, --hostfile)");
     } else if (name == "-cb" || name == "--check-build") {
       CHECK(out.exit_code == 2);  // it runs no command
       CHECK_THAT(out.message, Contains("--check-build runs no command"));
@@ -406,8 +399,42 @@ TEST_CASE("horovodrun: elastic usage errors start nothing", "[options][horovodru
              Contains("MAX is less than MIN"));
   CHECK_THAT(Usage({"-np", "2", "--min-np", "1", "--max-restarts", "2", "prog"}),
              Contains("--max-restarts and an elastic job"));
-  CHECK_THAT(Usage({"-np", "2", "--host-discovery-script", "d.sh", "prog"}),
-             Contains("--host-discovery-script: host discovery is not supported yet"));
+  CHECK_THAT(Usage({"-np", "2", "--host-discovery-script", "d.sh", "-H", "a:2", "prog"}),
+             Contains("--host-discovery-script and -H cannot be used together"));
+  CHECK_THAT(Usage({"--host-discovery-script", "d.sh", "prog"}),
+             Contains("--host-discovery-script needs -np (or --min-np)"));
+  CHECK_THAT(Usage({"-np", "2", "--host-discovery-script", " ", "prog"}),
+             Contains("--host-discovery-script: an empty command"));
+  CHECK_THAT(
+      Usage({"-np", "2", "--host-discovery-script", "d.sh", "--discovery-interval", "0", "prog"}),
+      Contains("--discovery-interval 0"));
+  CHECK_THAT(
+      Usage({"-np", "2", "--host-discovery-script", "d.sh", "--discovery-timeout", "x", "prog"}),
+      Contains("--discovery-timeout x"));
+  CHECK_THAT(Usage({"-np", "2", "--host-discovery-script", "d.sh", "--starter", "slurm", "prog"}),
+             Contains("not with --starter slurm"));
+}
+
+TEST_CASE("horovodrun: --host-discovery-script makes the job elastic, its hosts to come",
+          "[options][horovodrun][elastic]") {
+  Options o = Ok({"-np", "2", "--host-discovery-script", "./hosts.sh --zone a", "prog"});
+  CHECK(o.elastic.enabled);
+  CHECK(o.elastic.discovery_script == "./hosts.sh --zone a");
+  CHECK(o.elastic.discovery_interval_s == 1);
+  CHECK(o.elastic.discovery_timeout_s == 10);
+  CHECK(o.elastic.min_np == 2);
+  CHECK(o.elastic.max_np == 2);
+  CHECK(o.hosts.empty());  // the script's first run gives them (main.cc)
+  CHECK(o.starter == Options::Starter::kSsh);
+  CHECK(o.notes.empty());  // no note about one host or a fixed host set
+  o = Ok({"--min-np", "1", "--max-np", "4", "--host-discovery-script", "d.sh",
+          "--discovery-interval", "3", "--discovery-timeout", "20", "--slots-per-host", "2",
+          "prog"});
+  CHECK(o.np == 1);  // -np defaults to --min-np
+  CHECK(o.elastic.max_np == 4);
+  CHECK(o.elastic.discovery_interval_s == 3);
+  CHECK(o.elastic.discovery_timeout_s == 20);
+  CHECK(o.elastic.slots_per_host == 2);
 }
 
 TEST_CASE("horovodrun: --network-interfaces, repeatable and comma-separated",

@@ -264,6 +264,51 @@ TEST_CASE("job service: elastic Joins meet by worker id in the launcher's genera
         grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_CASE("job service: a new worker waits in a grown generation, which its members complete",
+          "[job_service][elastic]") {
+  const std::string secret(64, 'g');
+  Server s(secret);
+  std::atomic<uint32_t> completed{0};
+  s.rendezvous.SetOnGenerationComplete([&](uint32_t g) { completed = g; });
+  Rendezvous::ElasticGeneration g1;
+  g1.number = 1;
+  g1.workers = {0, 1};
+  g1.hosts = {"a", "a"};
+  g1.data_secret = std::string(64, '1');
+  s.rendezvous.SetGeneration(g1);
+  v1::JoinReply r[4];
+  std::future<grpc::Status> f[4];
+  for (int w = 0; w < 2; ++w) f[w] = ElasticJoin(s, secret, w, 1, &r[w]);
+  for (int w = 0; w < 2; ++w) REQUIRE(f[w].get().ok());
+  CHECK(completed == 1);
+  // Host b with workers 2 and 3 is added: generation 2 is formed while 0 and 1 run on in 1.
+  Rendezvous::ElasticGeneration g2;
+  g2.number = 2;
+  g2.workers = {0, 1, 2, 3};
+  g2.hosts = {"a", "a", "b", "b"};
+  g2.data_secret = std::string(64, '2');
+  g2.membership_epoch = 1;
+  s.rendezvous.SetGeneration(g2);
+  CHECK_FALSE(s.rendezvous.Holds({2, 3}));
+  // The new processes ask for generation 1 (their first join): they are held for 2.
+  for (int w : {2, 3}) f[w] = ElasticJoin(s, secret, w, 1, &r[w]);
+  for (int i = 0; i < 200 && !s.rendezvous.Holds({2, 3}); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(s.rendezvous.Holds({2, 3}));
+  CHECK_FALSE(s.rendezvous.Holds({0, 2}));
+  CHECK(completed == 1);
+  // The running workers leave generation 1 and ask for 2: it completes.
+  for (int w : {0, 1}) f[w] = ElasticJoin(s, secret, w, 2, &r[w]);
+  for (int w = 0; w < 4; ++w) REQUIRE(f[w].get().ok());
+  CHECK(completed == 2);
+  CHECK(r[3].generation() == 2);
+  CHECK(r[3].size() == 4);
+  CHECK(r[3].membership_epoch() == 1);
+  CHECK(r[0].worker_of_rank(3) == 3);
+  CHECK_FALSE(s.rendezvous.Holds({2}));
+}
+
 TEST_CASE("job service: a command sent before the Session opens is delivered when it does",
           "[job_service]") {
   const std::string secret(64, 'd');

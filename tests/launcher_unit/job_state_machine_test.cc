@@ -106,6 +106,54 @@ TEST_CASE("job: elastic ranks that are gone end no job, EndJob does", "[job_stat
   CHECK(job.exit_code() == 137);
 }
 
+TEST_CASE("job: elastic hosts and ranks added while the job runs", "[job_state][elastic]") {
+  ManualClock clock;
+  JobPlan plan = Plan();
+  plan.elastic = true;
+  JobStateMachine job(plan, clock);
+  StartEverything(job);
+  // A host with one new rank (worker id 3): the job waits for it.
+  const int h = job.AddHost(hosts::HostSpec{"", "d", 2});
+  CHECK(h == 3);
+  CHECK(job.finished(h));  // no rank yet
+  job.AddRank(3, h);
+  CHECK_FALSE(job.finished(h));
+  // The start timeout passes before its agent registered: no failure (the job's policy decides).
+  clock.Advance(milliseconds(6000));
+  job.Tick();
+  CHECK(job.TakeCommands().empty());
+  job.AgentStarted(h, true, "");
+  job.AgentRegistered(h);
+  job.RankStarted(3);
+  // The new rank is gone, its agent ends: no failure.
+  job.RankGone(3);
+  job.AgentExited(h, 0, "");
+  CHECK(job.finished(h));
+  CHECK(job.TakeCommands().empty());
+  // A second host whose agent could not start, and a third whose agent ended before it
+  // registered: no failure either.
+  const int h2 = job.AddHost(hosts::HostSpec{"", "e", 1});
+  job.AddRank(4, h2);
+  job.AgentStarted(h2, false, "e: connection refused");
+  CHECK(job.finished(h2));
+  const int h3 = job.AddHost(hosts::HostSpec{"", "f", 1});
+  job.AddRank(5, h3);
+  job.AgentStarted(h3, true, "");
+  job.RankGone(5);
+  job.AgentExited(h3, 1, "");
+  CHECK(job.TakeCommands().empty());
+  CHECK_FALSE(job.stopping());
+  // The teardown reaches the added hosts that run.
+  const int h4 = job.AddHost(hosts::HostSpec{"", "g", 1});
+  job.AddRank(6, h4);
+  job.AgentStarted(h4, true, "");
+  job.AgentRegistered(h4);
+  job.EndJob(1, "ending");
+  auto terminate = OfKind(job.TakeCommands(), Kind::kTerminateRanks);
+  REQUIRE(terminate.size() == 1);
+  CHECK(terminate[0].hosts == std::vector<int>{0, 2, h4});
+}
+
 TEST_CASE("job: the first failure wins, reported once, and tears the job down", "[job_state]") {
   Fixture f;
   f.StartAll();

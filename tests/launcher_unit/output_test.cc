@@ -205,18 +205,19 @@ TEST_CASE("output: --output-filename writes DIR/rank.N/stdout and stderr, untagg
   router.Write(0, true, "err0\n");
   router.Write(2, false, "out2 a\nout2 b\n");
   router.Write(2, false, "partial");
-  router.Write(7, false, "a rank without files\n");  // beyond Open's count: console only
-  router.Flush();  // the files are complete while the router lives
+  router.Write(7, false, "a new worker\n");  // beyond Open's count: its files at its first line
+  router.Flush();                            // the files are complete while the router lives
   CHECK(ReadFile(dir + "/rank.0/stdout") == "out0\n");
   CHECK(ReadFile(dir + "/rank.0/stderr") == "err0\n");
   CHECK(ReadFile(dir + "/rank.1/stdout").empty());
   CHECK(ReadFile(dir + "/rank.1/stderr").empty());
   CHECK(ReadFile(dir + "/rank.2/stdout") == "out2 a\nout2 b\npartial\n");
-  CHECK(!std::filesystem::exists(dir + "/rank.7"));
+  CHECK(ReadFile(dir + "/rank.7/stdout") == "a new worker\n");
+  CHECK(ReadFile(dir + "/rank.7/stderr").empty());
   // The console still gets everything, tagged.
   CHECK(out.text() ==
         "[0]<stdout>:out0\n[2]<stdout>:out2 a\n[2]<stdout>:out2 b\n[2]<stdout>:partial\n"
-        "[7]<stdout>:a rank without files\n");
+        "[7]<stdout>:a new worker\n");
   CHECK(err.text() == "[0]<stderr>:err0\n");
 }
 

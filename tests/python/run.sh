@@ -32,6 +32,15 @@
 #                    killed at step 23: one reset to 2 ranks, the survivors in their own
 #                    processes finish the 5 epochs from the last commit, and the final
 #                    parameters equal --reference's within 1e-12
+#   elastic_example_grow  the example with a discovery script (cat of a file) that lists
+#                    localhost:2, then 127.0.0.1:2 as well: workers 2 and 3 start, and once
+#                    they wait to join, workers 0 and 1 get HostsUpdatedInterrupt at a commit
+#                    and go on as 2 of 4 ranks; the final parameters equal --reference's
+#                    within 1e-12; prints the survivors' pause (the longest gap between two
+#                    of rank 0's steps around the change, less the step time)
+#   elastic_example_shrink  the same from both hosts to localhost:2 alone: workers 2 and 3
+#                    leave, workers 0 and 1 finish as 2 ranks, the final parameters equal
+#                    --reference's within 1e-12; prints the pause the same way
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 : "${BIN:?BIN=build/bin}" "${PYDIR:?PYDIR=build/python}"
@@ -285,6 +294,53 @@ elastic_example | elastic_example_kill)
   [[ $(grep -c 'final loss=' "$WORK/out") == 1 ]] || fail "not one final line (rank 0's)"
   d=$($PY "$ex_dir/compare_final.py" "$WORK/out" "$WORK/ref") || fail "the job and --reference differ: $d"
   echo "the job against --reference: max abs difference $d"
+  ;;
+elastic_example_grow | elastic_example_shrink)
+  ex_dir=$here/../../examples/elastic
+  ex=$ex_dir/pytorch_synthetic_elastic.py
+  args=(--epochs 8 --step-delay 0.2 --log-steps)
+  # The hosts file is replaced whole (mv), so that a run of the script never reads half of it.
+  write_hosts() { printf '%s\n' "$@" >"$WORK/hosts.new" && mv "$WORK/hosts.new" "$WORK/hosts"; }
+  if [[ $1 == elastic_example_grow ]]; then
+    write_hosts localhost:2
+    flags=(-np 2 --max-np 4) from=2 to=4
+  else
+    write_hosts localhost:2 127.0.0.1:2
+    flags=(-np 4 --min-np 2) from=4 to=2
+  fi
+  timeout 150 "$BIN/ringrun" "${flags[@]}" --host-discovery-script "cat $WORK/hosts" \
+    $PY "$ex" "${args[@]}" >"$WORK/out" 2>&1 &
+  pid=$!
+  end=$((SECONDS + 60))
+  until grep -q "^\[0\]<stdout>:step 10 " "$WORK/out"; do
+    (( SECONDS < end )) && kill -0 $pid 2>/dev/null || { cat "$WORK/out"; fail "the job did not reach step 10"; }
+    sleep 0.2
+  done
+  if [[ $1 == elastic_example_grow ]]; then write_hosts localhost:2 127.0.0.1:2; else write_hosts localhost:2; fi
+  wait $pid || { cat "$WORK/out"; fail "the job failed"; }
+  timeout 120 $PY "$ex" --reference --epochs 8 >"$WORK/ref" 2>&1 || { cat "$WORK/ref"; fail "--reference"; }
+  grep -v '<stdout>:step ' "$WORK/out"; cat "$WORK/ref"
+  grep -q "generation 2: $to ranks (was $from), reset 1" "$WORK/out" || fail "no change to $to ranks"
+  [[ $(grep -c "reset: $to ranks" "$WORK/out") == 1 ]] || fail "not one reset to $to ranks"
+  grep -q "epoch 8 done on $to ranks" "$WORK/out" || fail "the job did not finish on $to ranks"
+  [[ $(grep -c 'final loss=' "$WORK/out") == 1 ]] || fail "not one final line (rank 0's)"
+  d=$($PY "$ex_dir/compare_final.py" "$WORK/out" "$WORK/ref") || fail "the job and --reference differ: $d"
+  echo "the job against --reference: max abs difference $d"
+  # Rank 0's steps run once each (no failure sent it back to a commit: the change was a clean
+  # interrupt). The survivors' pause: the gap between rank 0's last step at the old size and
+  # its first at the new one, less the median gap between two steps.
+  $PY - "$WORK/out" "$from" "$to" <<'PYEOF' || fail "a step ran twice, or no step at each size"
+import re, statistics, sys
+steps = [(int(m[1]), int(m[2]), float(m[3])) for m in
+         re.finditer(r"^\[0\]<stdout>:step (\d+) size=(\d+) t=([0-9.]+)$", open(sys.argv[1]).read(), re.M)]
+frm, to = int(sys.argv[2]), int(sys.argv[3])
+gaps = [b[2] - a[2] for a, b in zip(steps, steps[1:]) if a[1] == b[1]]
+change = [b[2] - a[2] for a, b in zip(steps, steps[1:]) if a[1] == frm and b[1] == to]
+if [n for n, _, _ in steps] != list(range(1, len(steps) + 1)) or not change or not gaps:
+    sys.exit(1)
+step = statistics.median(gaps)
+print(f"pause: {change[0] - step:.3f} s (gap {change[0]:.3f} s across the change, a step {step:.3f} s)")
+PYEOF
   ;;
 *)
   sed -n '2,/^set /p' "$0" | sed '$d'; exit 2 ;;

@@ -93,9 +93,9 @@ int Usage() {
   std::fprintf(stderr,
                "usage: ringrun-bench allreduce|broadcast|allgather|reducescatter -b MIN -e MAX "
                "-f FACTOR -n ITERS -w WARMUP -c 0|1 -d DTYPE -o OP [--device cpu|cuda] "
-               "[--json]\n  sizes take K/M/G suffixes; DTYPE int8|uint8|int32|int64|float16|"
-               "bfloat16|float32|float64 (or half|bf16|float|double); OP sum|product|min|max|"
-               "average (or prod|avg)\n");
+               "[--json]\n  sizes take K/M/G suffixes; DTYPE int8|uint8|int16|int32|int64|"
+               "float16|bfloat16|float32|float64 (or half|bf16|float|double); OP sum|"
+               "product|min|max|average (or prod|avg)\n");
   return 2;
 }
 
@@ -159,6 +159,9 @@ void Store(ringrun_dtype d, double v, void* p, size_t i) {
     case RINGRUN_UINT8:
       static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
       break;
+    case RINGRUN_INT16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
+      break;
     case RINGRUN_INT32:
       static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
       break;
@@ -203,6 +206,8 @@ double Load(ringrun_dtype d, const void* p, size_t i) {
       return static_cast<const int8_t*>(p)[i];
     case RINGRUN_UINT8:
       return static_cast<const uint8_t*>(p)[i];
+    case RINGRUN_INT16:
+      return static_cast<const int16_t*>(p)[i];
     case RINGRUN_INT32:
       return static_cast<const int32_t*>(p)[i];
     case RINGRUN_INT64:

@@ -120,7 +120,8 @@ def cross_rank():
 # ---- NumPy and buffer-protocol collectives ---------------------------------------------------
 
 _NP_DTYPES = {np.dtype(np.int8): _lib.INT8, np.dtype(np.uint8): _lib.UINT8,
-              np.dtype(np.int32): _lib.INT32, np.dtype(np.int64): _lib.INT64,
+              np.dtype(np.int16): _lib.INT16, np.dtype(np.int32): _lib.INT32,
+              np.dtype(np.int64): _lib.INT64,
               np.dtype(np.float16): _lib.FLOAT16, np.dtype(np.float32): _lib.FLOAT32,
               np.dtype(np.float64): _lib.FLOAT64}
 

@@ -12,9 +12,9 @@ import os
 
 # Values of ringrun.h's enums (tests/python/test_header_values.py compares them with it).
 # ringrun_dtype:
-INT8, UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 0, 1, 2, 3, 4, 5, 6, 7
-DTYPE_NAMES = {INT8: "int8", UINT8: "uint8", INT32: "int32", INT64: "int64", FLOAT16: "float16",
-               BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
+INT8, UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, INT16 = 0, 1, 2, 3, 4, 5, 6, 7, 8
+DTYPE_NAMES = {INT8: "int8", UINT8: "uint8", INT16: "int16", INT32: "int32", INT64: "int64",
+               FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
 FLOATING = frozenset({FLOAT16, BFLOAT16, FLOAT32, FLOAT64})
 # ringrun_op:
 SUM, AVERAGE, MIN, MAX, PRODUCT = 0, 1, 2, 3, 4

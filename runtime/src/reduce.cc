@@ -97,10 +97,12 @@ struct MinMax {
 using Min = MinMax<true>;
 using Max = MinMax<false>;
 
-// Integer sums and products wrap (computed in the unsigned type: no undefined overflow).
+// Integer sums and products wrap (computed in an unsigned type: no undefined overflow). Types
+// narrower than int compute in unsigned int: uint16_t operands would be promoted to int, whose
+// product (65535 * 65535) overflows.
 template <typename T, typename Op>
 T ApplyInt(T a, T b) {
-  using U = std::make_unsigned_t<T>;
+  using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
   if constexpr (std::is_same_v<Op, Sum>) {
     return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   } else if constexpr (std::is_same_v<Op, Prod>) {
@@ -243,6 +245,8 @@ ReduceFn PortableForOp(ringrun_dtype dtype) {
       return &ReduceNative<int8_t, Op>;
     case RINGRUN_UINT8:
       return &ReduceNative<uint8_t, Op>;
+    case RINGRUN_INT16:
+      return &ReduceNative<int16_t, Op>;
     case RINGRUN_INT32:
       return &ReduceNative<int32_t, Op>;
     case RINGRUN_INT64:
@@ -270,6 +274,8 @@ ReduceFn Avx2ForOp(ringrun_dtype dtype) {
       return &ReduceNativeAvx2<int8_t, Op>;
     case RINGRUN_UINT8:
       return &ReduceNativeAvx2<uint8_t, Op>;
+    case RINGRUN_INT16:
+      return &ReduceNativeAvx2<int16_t, Op>;
     case RINGRUN_INT32:
       return &ReduceNativeAvx2<int32_t, Op>;
     case RINGRUN_INT64:

@@ -61,6 +61,7 @@ inline size_t DtypeSize(ringrun_dtype d) {
     case RINGRUN_INT8:
     case RINGRUN_UINT8:
       return 1;
+    case RINGRUN_INT16:
     case RINGRUN_FLOAT16:
     case RINGRUN_BFLOAT16:
       return 2;

@@ -452,8 +452,38 @@ TEST_CASE("device engine: submission errors", "[engine_device]") {
   mixed.recv = host;
   CHECK_FALSE(Submit(rt, std::move(mixed), &msg));
   CHECK_THAT(msg, Catch::Contains("one buffer is device memory"));
+  // int16 reductions: NCCL has no 16-bit integer type, so they are refused here, by name.
+  for (Kind kind : {Kind::kAllreduce, Kind::kReduceScatter}) {
+    Entry r = DeviceAllreduce("i16", p, 2, RINGRUN_SUM);
+    r.req.kind = kind, r.req.dtype = RINGRUN_INT16;
+    CHECK_FALSE(Submit(rt, std::move(r), &msg));
+    CHECK_THAT(msg, Catch::Contains("int16 reductions need host memory") &&
+                        Catch::Contains("NCCL has no 16-bit integer type"));
+  }
   // Nothing reached NCCL, and no backend was made for refused work.
   CHECK(job.apis[0]->record().init_rank == -1);
+}
+
+TEST_CASE("device engine: int16 broadcast and allgather copy the values", "[engine_device]") {
+  const int np = 2;
+  DeviceJob job(np);
+  const int16_t values[3] = {-32768, -2, 32767};
+  std::string failures = job.Run([&](int r, Runtime& rt, FakeNcclApi&, Failures& f) {
+    auto* b = reinterpret_cast<int16_t*>(g_device[r][0]);
+    for (int i = 0; i < 3; ++i) b[i] = r == 1 ? values[i] : 0;
+    if (Status st = rt.Broadcast(b, 3, RINGRUN_INT16, 1); !st.ok()) return f.Add(r, st.ToString());
+    if (std::memcmp(b, values, sizeof(values)) != 0) f.Add(r, "broadcast values");
+    auto* in = reinterpret_cast<int16_t*>(g_device[r][1]);
+    auto* out = reinterpret_cast<int16_t*>(g_device[r][2]);
+    in[0] = static_cast<int16_t>(-1 - r), in[1] = static_cast<int16_t>(30000 + r);
+    if (Status st = rt.Allgather(in, out, 2, RINGRUN_INT16); !st.ok()) {
+      return f.Add(r, st.ToString());
+    }
+    const int16_t want[4] = {-1, 30000, -2, 30001};
+    if (std::memcmp(out, want, sizeof(want)) != 0) f.Add(r, "allgather values");
+  });
+  INFO(failures);
+  CHECK(failures.empty());
 }
 
 }  // namespace

@@ -31,6 +31,27 @@ TEST_CASE("every ringrun dtype maps onto the NCCL type of the same layout", "[ma
   }
 }
 
+TEST_CASE("int16 has no NCCL reduction type and copies move it as a 16-bit type", "[mapping]") {
+  Result<ncclDataType_t> r = ToNcclDataType(RINGRUN_INT16, kNccl);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(r.status().message(),
+             Catch::Contains("int16") && Catch::Contains("NCCL has no 16-bit integer type"));
+  Result<ncclDataType_t> copy = ToNcclCopyType(RINGRUN_INT16, kOldNccl);
+  REQUIRE(copy.ok());
+  CHECK(NcclTypeSize(*copy) == 2);
+  // Every other dtype is copied as the type it reduces as.
+  for (ringrun_dtype dtype :
+       {RINGRUN_INT8, RINGRUN_UINT8, RINGRUN_INT32, RINGRUN_INT64, RINGRUN_FLOAT16,
+        RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64}) {
+    INFO(ringrun_dtype_name(dtype));
+    Result<ncclDataType_t> c = ToNcclCopyType(dtype, kNccl);
+    REQUIRE(c.ok());
+    CHECK(*c == *ToNcclDataType(dtype, kNccl));
+  }
+  CHECK_FALSE(ToNcclCopyType(RINGRUN_BFLOAT16, kOldNccl).ok());
+}
+
 TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
   const std::pair<ringrun_op, ncclRedOp_t> expected[] = {{RINGRUN_SUM, ncclSum},
                                                          {RINGRUN_AVERAGE, ncclAvg},
@@ -49,7 +70,8 @@ TEST_CASE("every ringrun op maps onto NCCL's for floating types", "[mapping]") {
 }
 
 TEST_CASE("AVERAGE on an integer type is refused, other integer ops map", "[mapping]") {
-  for (ringrun_dtype dtype : {RINGRUN_INT8, RINGRUN_UINT8, RINGRUN_INT32, RINGRUN_INT64}) {
+  for (ringrun_dtype dtype :
+       {RINGRUN_INT8, RINGRUN_UINT8, RINGRUN_INT16, RINGRUN_INT32, RINGRUN_INT64}) {
     INFO(ringrun_dtype_name(dtype));
     Result<ncclRedOp_t> avg = ToNcclRedOp(RINGRUN_AVERAGE, dtype, kNccl);
     REQUIRE_FALSE(avg.ok());

@@ -114,6 +114,21 @@ def collectives(where):
         rs = hvd.reducescatter(produced(r + 1, (2 * n + 1, 3), dtype), op=hvd.Sum)
         same(f"{d} reducescatter uneven", rs, torch.full((2 + (1 if r == 0 else 0), 3), tri), t)
 
+    # int16: NCCL has no 16-bit integer, so reductions are refused by name (as in Horovod);
+    # the collectives that only copy move it.
+    x = produced(r - 3, (5,), torch.int16)
+    for op in (hvd.Sum, hvd.Average):
+        checked[0] += 1
+        try:
+            hvd.allreduce(x, op=op, name=f"{where}.int16.{op}")
+            failures.append(f"{where} int16 allreduce {op} on CUDA was not refused")
+        except hvd.HorovodInternalError as e:
+            if "int16" not in str(e):
+                failures.append(f"{where} int16 refusal does not name int16: {e}")
+    same(f"{where} int16 broadcast", hvd.broadcast(x, root_rank=n - 1), n - 4)
+    same(f"{where} int16 allgather", hvd.allgather(x),
+         torch.tensor([q - 3 for q in range(n) for _ in range(5)]))
+
     xs = [produced(r + 1, (5,), torch.float32), produced(r + 1, (3,), torch.float16),
           produced(r + 1, (4,), torch.int32), produced(r + 1, (70000,), torch.float32)]
     for i, o in enumerate(hvd.grouped_allreduce(xs, op=hvd.Sum, name=f"{where}.group")):

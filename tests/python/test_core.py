@@ -7,7 +7,7 @@ import pytest
 
 import ringrun
 
-DTYPES = [np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
+DTYPES = [np.int8, np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,10 +53,11 @@ def test_collectives(dtype):
     ringrun.barrier()
 
 
-def test_integer_average_truncates_as_horovod():
+@pytest.mark.parametrize("dtype", [np.int16, np.int32])
+def test_integer_average_truncates_as_horovod(dtype):
     n = ringrun.size()
-    x = np.array([-1, -2, 1, 2], np.int32) * (1 if ringrun.rank() == 0 else 0)
-    want = np.array([int(v / n) for v in (-1, -2, 1, 2)], np.int32)
+    x = np.array([-1, -2, 1, 2], dtype) * (1 if ringrun.rank() == 0 else 0)
+    want = np.array([int(v / n) for v in (-1, -2, 1, 2)], dtype)
     assert np.array_equal(ringrun.allreduce(x, op=ringrun.Average), want)
     rows = np.stack([x] * n)
     assert np.array_equal(ringrun.reducescatter(rows, op=ringrun.Average), want[None])

@@ -39,7 +39,7 @@ def test_cuda_array_interface_describes_bytes():
     assert mpi_ops._DeviceBytes(64, 8).__cuda_array_interface__["data"] == (64, False)
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64,
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
                                    torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_byte_view_covers_every_byte(dtype):
     t = torch.arange(12).reshape(3, 4).to(dtype)

@@ -96,6 +96,39 @@ def test_int16_moves_and_wraps():
     assert rs.dtype == torch.int16 and torch.equal(rs, torch.full((2, 3), 3, dtype=torch.int16))
 
 
+def wrap16(v):
+    return (v + 32768) % 65536 - 32768
+
+
+def test_int16_sum_and_average_exact_at_the_limits():
+    """int16 sums wrap at the type's limits, and Average is that wrapped Sum times 1/size() in
+    double, truncated toward zero (Horovod's HOROVOD_INT16 on the CPU)."""
+    n, r = hvd.size(), hvd.rank()
+    mine = [-32768, 32767, -7, 7, 3, -32767] if r == 0 else [-1, 1, 0, 0, r, -2]
+    x = torch.tensor(mine, dtype=torch.int16)
+    columns = [[-32768, 32767, -7, 7, 3, -32767]] + [[-1, 1, 0, 0, q, -2] for q in range(1, n)]
+    sums = [wrap16(sum(c)) for c in zip(*columns)]
+    out = hvd.allreduce(x, op=hvd.Sum, name="int16.limits.sum")
+    assert out.dtype == torch.int16 and out.tolist() == sums, (out, sums)
+    averages = [int(s * (1.0 / n)) for s in sums]
+    out = hvd.allreduce(x, op=hvd.Average, name="int16.limits.average")
+    assert out.dtype == torch.int16 and out.tolist() == averages, (out, averages)
+    assert x.tolist() == mine  # the input untouched
+
+
+def test_int16_is_its_own_dtype():
+    """int16 travels as int16: a rank passing int32 for the same tensor is a dtype mismatch
+    that names both, and the job goes on."""
+    n, r = hvd.size(), hvd.rank()
+    if n == 1:
+        pytest.skip("needs two ranks")
+    with pytest.raises(hvd.HorovodInternalError, match="int16") as e:
+        hvd.allreduce(torch.ones(3, dtype=torch.int16 if r == 0 else torch.int32), op=hvd.Sum,
+                      name="int16.vs.int32")
+    assert "int32" in str(e.value)
+    assert hvd.allreduce(torch.ones(2, dtype=torch.int16), op=hvd.Sum).tolist() == [n, n]
+
+
 @pytest.mark.parametrize("dtype", INTS + [torch.float32])
 def test_reducescatter_integer_average_and_scaling(dtype):
     n, r = hvd.size(), hvd.rank()

@@ -242,6 +242,7 @@ TEST_CASE("bad arguments are rejected before communicating and leave the runtime
       RunThreadJob(Options(3, Mode::kShm), [&](int rank, Runtime& rt, Failures& f) {
         float x[4] = {1, 2, 3, 4};
         int32_t n[4] = {1, 2, 3, 4};
+        int16_t h[4] = {1, 2, 3, 4};
         auto expect_invalid = [&](const Status& st, const char* what) {
           if (st.code() != Code::kInvalidArgument)
             f.Add(rank, std::string(what) + ": " + st.ToString());
@@ -249,6 +250,7 @@ TEST_CASE("bad arguments are rejected before communicating and leave the runtime
         expect_invalid(rt.Allreduce(x, x, 4, static_cast<ringrun_dtype>(99), RINGRUN_SUM), "dtype");
         expect_invalid(rt.Allreduce(x, x, 4, RINGRUN_FLOAT32, static_cast<ringrun_op>(-1)), "op");
         expect_invalid(rt.Allreduce(n, n, 4, RINGRUN_INT32, RINGRUN_AVERAGE), "average int");
+        expect_invalid(rt.Allreduce(h, h, 4, RINGRUN_INT16, RINGRUN_AVERAGE), "average int16");
         expect_invalid(rt.Allreduce(nullptr, x, 4, RINGRUN_FLOAT32, RINGRUN_SUM), "null");
         expect_invalid(rt.Allreduce(x, x + 1, 3, RINGRUN_FLOAT32, RINGRUN_SUM), "overlap");
         expect_invalid(rt.Allreduce(x, x, SIZE_MAX / 2, RINGRUN_FLOAT32, RINGRUN_SUM), "overflow");

@@ -48,9 +48,9 @@ TEST_CASE("the fast kernels give the portable kernels' results, bit for bit", "[
   // three b's; the lengths leave a tail for the scalar remainder.
   if (!HasAvx2()) WARN("no AVX2/F16C here: kBest is the portable build");
   std::mt19937_64 rng(7);
-  const ringrun_dtype dtypes[] = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
-                                  RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
-                                  RINGRUN_FLOAT32, RINGRUN_FLOAT64};
+  const ringrun_dtype dtypes[] = {RINGRUN_INT8,     RINGRUN_UINT8,   RINGRUN_INT16,
+                                  RINGRUN_INT32,    RINGRUN_INT64,   RINGRUN_FLOAT16,
+                                  RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64};
   const ringrun_op ops[] = {RINGRUN_SUM, RINGRUN_MIN, RINGRUN_MAX, RINGRUN_PRODUCT};
   for (ringrun_dtype t : dtypes) {
     const size_t elem = DtypeSize(t);
@@ -237,20 +237,51 @@ TEST_CASE("reductions of every dtype and op", "[reduce]") {
   CHECK(f[1] == 3.0f);
 }
 
+TEST_CASE("int16 sums and products wrap, and MIN and MAX order negatives", "[reduce]") {
+  // Both builds of the kernels; 9 elements leave a scalar tail after the AVX2 loop's vectors.
+  for (ReduceIsa isa : {ReduceIsa::kPortable, ReduceIsa::kBest}) {
+    INFO((isa == ReduceIsa::kBest ? "best" : "portable"));
+    const int16_t a[9] = {32767, -32768, -32768, 300, -1, 256, 181, 182, -7};
+    const int16_t b[9] = {1, -1, 32767, 300, -1, 256, 181, 182, 3};
+    int16_t d[9];
+    GetReduceFn(RINGRUN_INT16, RINGRUN_SUM, isa)(d, a, b, 9);
+    const int16_t sums[9] = {-32768, 32767, -1, 600, -2, 512, 362, 364, -4};
+    for (int i = 0; i < 9; ++i) CHECK(d[i] == sums[i]);
+    GetReduceFn(RINGRUN_INT16, RINGRUN_PRODUCT, isa)(d, a, b, 9);
+    // 32767 * 1; -32768 * -1 = 32768 wraps to -32768; -32768 * 32767 = -2^31 + 2^15: 2^15 mod
+    // 2^16 = -32768; 90000 - 65536; 1; 65536 -> 0; 32761 fits; 33124 - 65536; -21.
+    const int16_t products[9] = {32767, -32768, -32768, 24464, 1, 0, 32761, -32412, -21};
+    for (int i = 0; i < 9; ++i) CHECK(d[i] == products[i]);
+    GetReduceFn(RINGRUN_INT16, RINGRUN_MIN, isa)(d, a, b, 9);
+    const int16_t mins[9] = {1, -32768, -32768, 300, -1, 256, 181, 182, -7};
+    for (int i = 0; i < 9; ++i) CHECK(d[i] == mins[i]);
+    GetReduceFn(RINGRUN_INT16, RINGRUN_MAX, isa)(d, a, b, 9);
+    const int16_t maxes[9] = {32767, -1, 32767, 300, -1, 256, 181, 182, 3};
+    for (int i = 0; i < 9; ++i) CHECK(d[i] == maxes[i]);
+    // AVERAGE reduces as SUM (integers take no AVERAGE at submission; see submission.cc).
+    CHECK(GetReduceFn(RINGRUN_INT16, RINGRUN_AVERAGE, isa) ==
+          GetReduceFn(RINGRUN_INT16, RINGRUN_SUM, isa));
+  }
+  CHECK(DtypeSize(RINGRUN_INT16) == 2);
+  CHECK(std::string(NameOfDtype(RINGRUN_INT16)) == "int16");
+  CHECK_FALSE(IsFloating(RINGRUN_INT16));
+}
+
 // ringrun.h gives its enums the range of int (RINGRUN_*_MIN_ENUM_, RINGRUN_*_MAX_ENUM_), so
 // any int from a C caller is a value of the type here; the checks reject every one that is not
 // a dtype or op (the ASan build runs this with -fsanitize=enum, which reports an out-of-range
 // load).
 TEST_CASE("any int is a ringrun_dtype or ringrun_op value, and the bad ones are rejected",
           "[reduce]") {
-  for (int v : {-1, 8, 42, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()}) {
+  for (int v : {-1, RINGRUN_NUM_DTYPES, 42, std::numeric_limits<int>::min(),
+                std::numeric_limits<int>::max()}) {
     const auto d = static_cast<ringrun_dtype>(v);
     const auto o = static_cast<ringrun_op>(v);
     CHECK_FALSE(IsValidDtype(d));
     CHECK(DtypeSize(d) == 0);
     CHECK(std::string(NameOfDtype(d)) == "invalid");
     CHECK(GetReduceFn(d, RINGRUN_SUM) == nullptr);
-    if (v != 8) {
+    if (v != RINGRUN_NUM_DTYPES) {
       CHECK_FALSE(IsValidOp(o));
       CHECK(std::string(NameOfOp(o)) == "invalid");
       CHECK(GetReduceFn(RINGRUN_INT32, o) == nullptr);

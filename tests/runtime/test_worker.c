@@ -125,17 +125,20 @@ static int check(void) {
     uint16_t* b = malloc((count + 1) * sizeof(uint16_t));
     int8_t* i8 = malloc(count + 1);
     int64_t* i64 = malloc((count + 1) * sizeof(int64_t));
+    int16_t* i16 = malloc((count + 1) * sizeof(int16_t));
     for (size_t i = 0; i < count; ++i) {
       f[i] = (float)(i % 7) + (float)r;
       b[i] = to_bf16((float)(i % 5) - (float)r);
       i8[i] = (int8_t)((i + r) % 9 - 4);
       i64[i] = (int64_t)(i * 3 + r);
+      i16[i] = (int16_t)(uint16_t)(32760 + i % 5 + (size_t)r); /* near the top: sums wrap */
     }
     CHECK_RC(ringrun_allreduce(f, g, count, RINGRUN_FLOAT32, RINGRUN_SUM));
     CHECK_RC(ringrun_allreduce(f, f, count, RINGRUN_FLOAT32, RINGRUN_AVERAGE));
     CHECK_RC(ringrun_allreduce(b, b, count, RINGRUN_BFLOAT16, RINGRUN_SUM));
     CHECK_RC(ringrun_allreduce(i8, i8, count, RINGRUN_INT8, RINGRUN_MIN));
     CHECK_RC(ringrun_allreduce(i64, i64, count, RINGRUN_INT64, RINGRUN_MAX));
+    CHECK_RC(ringrun_allreduce(i16, i16, count, RINGRUN_INT16, RINGRUN_SUM));
     for (size_t i = 0; i < count; ++i) {
       const float sum = (float)(n * (int)(i % 7)) + (float)(n * (n - 1) / 2);
       EXPECT(g[i] == sum, "f32 sum count %zu [%zu]: %g != %g", count, i, g[i], sum);
@@ -149,8 +152,12 @@ static int check(void) {
       }
       EXPECT(i8[i] == mn, "int8 min count %zu [%zu]", count, i);
       EXPECT(i64[i] == (int64_t)(i * 3 + n - 1), "int64 max count %zu [%zu]", count, i);
+      long s16 = 0;
+      for (int p = 0; p < n; ++p) s16 += (int16_t)(uint16_t)(32760 + i % 5 + (size_t)p);
+      EXPECT(i16[i] == (int16_t)(uint16_t)s16, "int16 sum count %zu [%zu]: %d != %d", count, i,
+             i16[i], (int16_t)(uint16_t)s16);
     }
-    free(f), free(g), free(b), free(i8), free(i64);
+    free(f), free(g), free(b), free(i8), free(i64), free(i16);
   }
   /* Broadcast from the last rank, allgather, reduce-scatter, all-to-all, barrier. */
   int32_t bc[1000];

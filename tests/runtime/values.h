@@ -46,6 +46,11 @@ inline void Encode(ringrun_dtype d, double v, void* p) {
       std::memcpy(p, &x, 1);
       break;
     }
+    case RINGRUN_INT16: {
+      int16_t x = static_cast<int16_t>(v);
+      std::memcpy(p, &x, 2);
+      break;
+    }
     case RINGRUN_INT32: {
       int32_t x = static_cast<int32_t>(v);
       std::memcpy(p, &x, 4);
@@ -107,6 +112,8 @@ inline void Expected(ringrun_op op, ringrun_dtype d, int np, size_t i, void* out
   if (d == RINGRUN_INT8) acc = static_cast<double>(static_cast<int8_t>(static_cast<int64_t>(acc)));
   if (d == RINGRUN_UINT8)
     acc = static_cast<double>(static_cast<uint8_t>(static_cast<int64_t>(acc)));
+  if (d == RINGRUN_INT16)
+    acc = static_cast<double>(static_cast<int16_t>(static_cast<int64_t>(acc)));
   if (op == RINGRUN_AVERAGE && np > 1) {
     if (d == RINGRUN_FLOAT64) {
       acc /= np;
@@ -141,9 +148,9 @@ inline std::string CheckReduced(ringrun_op op, ringrun_dtype d, int np, const ch
 }
 
 inline const std::vector<ringrun_dtype>& AllDtypes() {
-  static const std::vector<ringrun_dtype> k = {RINGRUN_INT8,    RINGRUN_UINT8,   RINGRUN_INT32,
-                                               RINGRUN_INT64,   RINGRUN_FLOAT16, RINGRUN_BFLOAT16,
-                                               RINGRUN_FLOAT32, RINGRUN_FLOAT64};
+  static const std::vector<ringrun_dtype> k = {RINGRUN_INT8,     RINGRUN_UINT8,   RINGRUN_INT16,
+                                               RINGRUN_INT32,    RINGRUN_INT64,   RINGRUN_FLOAT16,
+                                               RINGRUN_BFLOAT16, RINGRUN_FLOAT32, RINGRUN_FLOAT64};
   return k;
 }
 inline std::vector<ringrun_op> OpsFor(ringrun_dtype d) {

@@ -159,12 +159,10 @@ Adasum = 100  # not an engine op: allreduce runs it in Python (adasum.py)
 _OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
         Adasum: "Adasum"}
 
-_DTYPES = {torch.int8: _lib.INT8, torch.uint8: _lib.UINT8, torch.int32: _lib.INT32,
-           torch.int64: _lib.INT64, torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16,
-           torch.float32: _lib.FLOAT32, torch.float64: _lib.FLOAT64}
-# ringrun.h has no int16: reductions run it as int32 (and wrap back, as an int16 sum wraps in
-# Horovod), collectives that only move data move its bytes.
-_WIDER = {torch.int16: torch.int32}
+_DTYPES = {torch.int8: _lib.INT8, torch.uint8: _lib.UINT8, torch.int16: _lib.INT16,
+           torch.int32: _lib.INT32, torch.int64: _lib.INT64, torch.float16: _lib.FLOAT16,
+           torch.bfloat16: _lib.BFLOAT16, torch.float32: _lib.FLOAT32,
+           torch.float64: _lib.FLOAT64}
 
 
 def _dtype(tensor):
@@ -175,16 +173,7 @@ def _dtype(tensor):
 
 
 def _check_dtype(tensor):
-    if tensor.dtype not in _DTYPES and tensor.dtype not in _WIDER:
-        raise ValueError("Tensor type %s is not supported." % tensor.type())
-
-
-def _moved(t):
-    """(t, its dtype code, elements per element of t) for collectives that move data
-    unchanged: an int16 tensor travels as its bytes."""
-    if t.dtype in _WIDER:
-        return _lib.UINT8, t.element_size()
-    return _dtype(t), 1
+    _dtype(tensor)
 
 
 def _check_op(op):
@@ -389,7 +378,7 @@ def _reduction(tensor, output, op, prescale, postscale, n):
     (the engine takes no factors and no Average for them) get Horovod's answers: each factor is
     applied as Horovod's ScaleBuffer applies it (_int_scaled), prescale before a Sum and
     postscale after it, and Average is that Sum with the postscale factor divided by the job's
-    size, so it truncates toward zero. int16 is summed as int32 and wrapped back to int16."""
+    size, so it truncates toward zero."""
     if tensor.dtype.is_floating_point:
         if not tensor.is_cuda or (prescale == 1.0 and postscale == 1.0):
             return (tensor, output, _dtype(tensor), op, float(prescale), float(postscale), None)
@@ -405,18 +394,12 @@ def _reduction(tensor, output, op, prescale, postscale, n):
                 after_device)
     _check_dtype(tensor)
     send = _int_scaled(tensor, prescale)
-    wide = _WIDER.get(tensor.dtype)
-    if wide is not None:
-        send = send.to(wide)
-    recv = output if send.dtype == output.dtype else torch.empty_like(send)
     factor = postscale / n if op == Average else postscale
 
     def after():
-        if recv is not output:
-            output.copy_(recv)  # int32 -> int16 keeps the low 16 bits, as an int16 sum wraps
         if factor != 1.0:
             output.copy_(_int_scaled(output, factor))
-    return (send, recv, _dtype(send), Sum if op == Average else op, 1.0, 1.0, after)
+    return (send, output, _dtype(send), Sum if op == Average else op, 1.0, 1.0, after)
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor):
@@ -632,8 +615,7 @@ def _rows(tensor):
 def _allgather_async(tensor, name):
     """The engine handle of an allgather, and the list that gets every rank's rows once it
     completes."""
-    _check_dtype(tensor)
-    dtype, k = _moved(tensor)
+    dtype = _dtype(tensor)
     t, rows, row_elems = _rows(tensor)
     _prepare_device(t)
     counts_out, out = [], []
@@ -644,7 +626,7 @@ def _allgather_async(tensor, name):
                                device=t.device))
         return out[0], out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
-    h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems * k, dtype, alloc, name,
+    h = _submit(lambda: _engine.allgatherv(t.data_ptr(), rows, row_elems, dtype, alloc, name,
                                            keep=(t,), device_copy=copy, shape=tuple(t.shape)))
     return h, counts_out
 
@@ -744,8 +726,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 def _broadcast_async(tensor, output, root_rank, name):
-    _check_dtype(tensor)
-    dtype, k = _moved(tensor)
+    dtype = _dtype(tensor)
     if not output.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     n = size()
@@ -756,7 +737,7 @@ def _broadcast_async(tensor, output, root_rank, name):
         output.copy_(tensor)  # on the current stream; the device broadcast runs in place
         tensor = output
     _prepare_device(tensor, output)
-    h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel() * k,
+    h = _submit(lambda: _engine.broadcast(tensor.data_ptr(), output.data_ptr(), tensor.numel(),
                                           dtype, root_rank, name, keep=(tensor, output),
                                           shape=tuple(tensor.shape)))
     return _register([h], lambda _: output, (tensor, output))
@@ -826,8 +807,7 @@ def _split_list(splits):
 def _alltoall_async(tensor, splits, name):
     """A handle whose result is (output, received_splits) whether or not splits were given;
     received_splits is int32, on the device of splits when they were a tensor (as Horovod)."""
-    _check_dtype(tensor)
-    dtype, k = _moved(tensor)
+    dtype = _dtype(tensor)
     split_list = _split_list(splits)
     splits_device = splits.device if torch.is_tensor(splits) else torch.device("cpu")
     t, rows, row_elems = _rows(tensor)
@@ -850,7 +830,7 @@ def _alltoall_async(tensor, splits, name):
         received = torch.tensor(received, dtype=torch.int32).to(splits_device)
         return (out[0], received), out[0].data_ptr()
     copy = _device_copier(out) if t.is_cuda else None
-    return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems * k, dtype, alloc,
+    return _submit(lambda: _engine.alltoallv(t.data_ptr(), split_list, row_elems, dtype, alloc,
                                              name, keep=(t,), device_copy=copy,
                                              shape=tuple(t.shape)))
 
@@ -926,13 +906,10 @@ def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
     q, rem = divmod(rows, n)
     first, mine = me * q + min(me, rem), q + (1 if me < rem else 0)
     # As Horovod: Average is a Sum whose postscale factor is divided by size(), and each factor
-    # is applied once, around the Sum (_scaled), integers truncating. int16 sums as int32.
+    # is applied once, around the Sum (_scaled), integers truncating.
     c_op = Sum if op == Average else op
     postscale = postscale_factor / n if op == Average else postscale_factor
-    out_dtype = t.dtype
     t = _scaled(t, prescale_factor)
-    if t.dtype in _WIDER:
-        t = t.to(_WIDER[t.dtype])
     dtype = _dtype(t)
     if t.is_cuda and rem:
         # Uneven shares on the device: the full reduction, then this rank's rows (a view).
@@ -951,7 +928,7 @@ def _reducescatter_async(tensor, name, op, prescale_factor, postscale_factor):
         shard = out
 
     def finish(_):
-        return _scaled(shard.to(out_dtype), postscale)
+        return _scaled(shard, postscale)
     return h, finish, (t, out)
 
 

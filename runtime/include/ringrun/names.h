@@ -14,13 +14,13 @@
 extern "C" {
 #endif
 
-#define RINGRUN_NUM_DTYPES 8 /* RINGRUN_INT8 .. RINGRUN_FLOAT64 */
+#define RINGRUN_NUM_DTYPES 9 /* 0 (RINGRUN_INT8) .. 8 (RINGRUN_INT16) */
 #define RINGRUN_NUM_OPS 5    /* RINGRUN_SUM .. RINGRUN_PRODUCT */
 
 /* "float32"; "invalid" for a value outside the enum. */
 static inline const char* ringrun_dtype_name(int dtype) {
   static const char* const kNames[RINGRUN_NUM_DTYPES] = {
-      "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"};
+      "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "int16"};
   return dtype >= 0 && dtype < RINGRUN_NUM_DTYPES ? kNames[dtype] : "invalid";
 }
 /* "sum"; "invalid" for a value outside the enum. */

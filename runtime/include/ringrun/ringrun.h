@@ -120,6 +120,7 @@ typedef enum {
   RINGRUN_STATUS_MAX_ENUM_ = 0x7fffffff
 } ringrun_status;
 
+/* Integer sums and products wrap around (two's complement, modulo 2^bits). */
 typedef enum {
   RINGRUN_INT8 = 0,
   RINGRUN_UINT8 = 1,
@@ -129,6 +130,7 @@ typedef enum {
   RINGRUN_BFLOAT16 = 5,
   RINGRUN_FLOAT32 = 6,
   RINGRUN_FLOAT64 = 7,
+  RINGRUN_INT16 = 8, /* host memory only for reductions: NCCL has no 16-bit integer */
   RINGRUN_DTYPE_MIN_ENUM_ = -0x7fffffff - 1, /* not dtypes: the range of int (see above) */
   RINGRUN_DTYPE_MAX_ENUM_ = 0x7fffffff
 } ringrun_dtype;

@@ -42,6 +42,10 @@ struct DtypeOf<uint8_t> {
   static constexpr ringrun_dtype kValue = RINGRUN_UINT8;
 };
 template <>
+struct DtypeOf<int16_t> {
+  static constexpr ringrun_dtype kValue = RINGRUN_INT16;
+};
+template <>
 struct DtypeOf<int32_t> {
   static constexpr ringrun_dtype kValue = RINGRUN_INT32;
 };

@@ -174,6 +174,11 @@ Status RunOne(gpu::DeviceBackend& dev, int rank, int size, const DeviceItem& ite
 }  // namespace
 
 Status ValidateDeviceRequest(const Request& r) {
+  if ((r.kind == Kind::kAllreduce || r.kind == Kind::kReduceScatter) && r.dtype == RINGRUN_INT16) {
+    return InvalidArgument(
+        "int16 reductions need host memory: NCCL has no 16-bit integer type (reduce the tensor "
+        "as int32, or from host memory)");
+  }
   if (r.kind == Kind::kAllreduce && (r.prescale != 1.0 || r.postscale != 1.0) &&
       r.op != RINGRUN_SUM && r.op != RINGRUN_AVERAGE) {
     return InvalidArgument(

@@ -226,7 +226,7 @@ class NcclBackend final : public DeviceBackend {
   }
 
   Status Broadcast(void* buf, size_t count, ringrun_dtype dtype, int root) override {
-    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    Result<ncclDataType_t> t = ToNcclCopyType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": broadcast");
     if (root < 0 || root >= size_) {
       return InvalidArgument(where_ + ": broadcast: root " + std::to_string(root) +
@@ -239,7 +239,7 @@ class NcclBackend final : public DeviceBackend {
 
   Status Allgatherv(const void* send, void* recv, const std::vector<size_t>& counts,
                     ringrun_dtype dtype) override {
-    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    Result<ncclDataType_t> t = ToNcclCopyType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": allgather");
     if (counts.size() != static_cast<size_t>(size_)) {
       return InvalidArgument(where_ + ": allgather: " + std::to_string(counts.size()) +
@@ -288,7 +288,7 @@ class NcclBackend final : public DeviceBackend {
 
   Status Alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv,
                    const std::vector<size_t>& recv_counts, ringrun_dtype dtype) override {
-    Result<ncclDataType_t> t = ToNcclDataType(dtype, nccl_version_);
+    Result<ncclDataType_t> t = ToNcclCopyType(dtype, nccl_version_);
     if (!t.ok()) return t.status().Annotate(where_ + ": alltoall");
     if (send_counts.size() != static_cast<size_t>(size_) ||
         recv_counts.size() != static_cast<size_t>(size_)) {

@@ -125,12 +125,19 @@ Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version) {
             FormatNcclVersion(nccl_version));
       }
       return ncclBfloat16;
+    case RINGRUN_INT16:
+      return InvalidArgument("NCCL has no 16-bit integer type: int16 does not reduce on NCCL");
     case RINGRUN_DTYPE_MIN_ENUM_:
     case RINGRUN_DTYPE_MAX_ENUM_:
       break;
   }
   return InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
                          " is not a ringrun_dtype");
+}
+
+Result<ncclDataType_t> ToNcclCopyType(ringrun_dtype dtype, int nccl_version) {
+  if (dtype == RINGRUN_INT16) return ncclFloat16;
+  return ToNcclDataType(dtype, nccl_version);
 }
 
 Result<ncclRedOp_t> ToNcclRedOp(ringrun_op op, ringrun_dtype dtype, int nccl_version) {

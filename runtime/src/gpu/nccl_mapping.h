@@ -21,7 +21,13 @@ inline constexpr int kNcclVersionWithAvgAndBf16 = 21000;
 inline constexpr int kNcclVersionWithPreMulSum = 21100;
 
 // FLOAT16 -> ncclFloat16, BFLOAT16 -> ncclBfloat16, ... `nccl_version` is ncclGetVersion's code.
+// INT16 is InvalidArgument: NCCL has no 16-bit integer type to reduce (Horovod refuses it too).
 Result<ncclDataType_t> ToNcclDataType(ringrun_dtype dtype, int nccl_version);
+
+// The type for collectives that only copy elements (broadcast, allgather, alltoall): the
+// reduction type, except INT16, which is copied as ncclFloat16, a type of the same size (NCCL
+// copies its bits unchanged).
+Result<ncclDataType_t> ToNcclCopyType(ringrun_dtype dtype, int nccl_version);
 
 // SUM -> ncclSum, AVERAGE -> ncclAvg, PRODUCT -> ncclProd, MIN -> ncclMin, MAX -> ncclMax.
 // AVERAGE is for floating types only (ringrun.h), whatever NCCL would do with integers.

@@ -6,6 +6,12 @@
 #          final parameters of --reference to 1e-12; nothing left on any host
 #   minnp  the same kill with --min-np 4: the job ends at once with 137 (the killed rank's
 #          128+9), naming --min-np, no reset; nothing left on any host
+#   grow   -np 2 --max-np 4 with a discovery script (cat of a file) listing hosts 1 and 2; at
+#          rank 0's step 10 the file lists hosts 3 and 4 too: their agents start over SSH,
+#          workers 2 and 3 join at a commit, the job finishes on 4 ranks with --reference's
+#          final parameters to 1e-12; prints the time from the change of the file to the first
+#          step on 4 ranks (goal: --discovery-interval + 3 s) and the survivors' pause (the gap
+#          across the change less a step; goal: 1 s); nothing left on any host
 # Job processes are found by a unique tag in their environment (-x RR_TEST_TAG=...).
 source "$(dirname "$0")/lib.sh"
 CASE=${1:?usage: elastic_test.sh CASE}
@@ -69,6 +75,51 @@ minnp)
   expect_in "$OUT" "3 ranks remain, fewer than --min-np 4: ending the job" "the line names --min-np"
   expect_not_in "$OUT" "generation 2" "no new generation"
   expect_not_in "$OUT" "final loss=" "no rank finished"
+  ;;
+grow)
+  write_hosts() { printf '%s\n' "$@" >"$TMP/hosts.new" && mv "$TMP/hosts.new" "$TMP/hosts"; }
+  write_hosts "${HP}1:1" "${HP}2:1"
+  start=$SECONDS
+  timeout -k 5 120 "$BIN_DIR/ringrun" -np 2 --max-np 4 --host-discovery-script "cat $TMP/hosts" \
+    --discovery-interval 1 -i "$RR_KEY" --ssh-known-hosts "$RR_KNOWN_HOSTS" -x "PYTHONPATH=$PYDIR" \
+    -x OMP_NUM_THREADS=1 -x "RR_TEST_TAG=$TAG" $PY "$EX" --epochs 8 --step-delay 0.2 --log-steps \
+    >"$TMP/out" 2>&1 &
+  pid=$!
+  until grep -q "^\[0\]<stdout>:step 10 " "$TMP/out"; do
+    if ((SECONDS - start > 60)) || ! kill -0 $pid 2>/dev/null; then
+      fail "the job did not reach step 10"; cat "$TMP/out"; break
+    fi
+    sleep 0.1
+  done
+  changed=$(date +%s.%N)
+  write_hosts "${HP}1:1" "${HP}2:1" "${HP}3:1" "${HP}4:1"
+  wait $pid; RC=$?
+  OUT=$(cat "$TMP/out")
+  ((RC == 0)) && pass "the job exits 0 ($((SECONDS - start)) s)" || { fail "rc=$RC:"; echo "$OUT"; }
+  expect_in "$OUT" "host discovery: host ${HP}3 (1 slots) added, host ${HP}4 (1 slots) added; generation 2: 4 ranks (was 2), reset 1; starting workers 2,3" \
+    "one change: hosts 3 and 4 added, workers 2 and 3 started"
+  expect_in "$OUT" "generation 2: its new workers 2,3 wait to join it; membership epoch 1" \
+    "the epoch is raised once the new workers wait"
+  expect_in "$OUT" "epoch 8 done on 4 ranks" "the job finished on 4 ranks"
+  n=$(grep -c 'final loss=' <<<"$OUT")
+  ((n == 1)) && pass "one final line (rank 0's)" || fail "$n final lines"
+  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference --epochs 8 2>&1)
+  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
+    pass "final parameters equal --reference's (max abs difference $d)"
+  else fail "final parameters differ from --reference: $d"; fi
+  if m=$($PY - "$TMP/out" "$changed" <<'PYEOF'
+import re, statistics, sys
+steps = [(int(m[1]), int(m[2]), float(m[3])) for m in
+         re.finditer(r"^\[0\]<stdout>:step (\d+) size=(\d+) t=([0-9.]+)$", open(sys.argv[1]).read(), re.M)]
+gaps = [b[2] - a[2] for a, b in zip(steps, steps[1:]) if a[1] == b[1]]
+change = [b[2] - a[2] for a, b in zip(steps, steps[1:]) if a[1] == 2 and b[1] == 4]
+first4 = [t for _, n, t in steps if n == 4]
+if [n for n, _, _ in steps] != list(range(1, len(steps) + 1)) or not change or not first4:
+    sys.exit(1)
+print(f"host added -> first step on 4 ranks: {first4[0] - float(sys.argv[2]):.3f} s; "
+      f"pause: {change[0] - statistics.median(gaps):.3f} s")
+PYEOF
+  ); then pass "$m"; else fail "a step ran twice, or no step at each size"; fi
   ;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac

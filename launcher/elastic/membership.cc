@@ -102,7 +102,10 @@ void MembershipPolicy::AddToBlacklist(const std::string& host) {
 void MembershipPolicy::ExpireCooldowns() {
   const Clock::TimePoint now = clock_.Now();
   for (auto& [host, e] : blacklist_) {
-    if (e.until && *e.until != Clock::TimePoint::max() && now >= *e.until) e.until.reset();
+    if (!e.until || *e.until == Clock::TimePoint::max() || now < *e.until) continue;
+    e.until.reset();
+    // A listed host usable again changes the next assignment, as a host added: a reset.
+    for (const Host& h : discovered_) discovery_changed_ = discovery_changed_ || h.name == host;
   }
 }
 

@@ -958,6 +958,18 @@ void Job::CheckWait() {
   }
 }
 
+void Job::CheckCooldowns() {
+  if (options_.elastic.discovery_script.empty() || state_->stopping()) return;
+  std::string ended;
+  for (const auto& [host, until] : policy_->Blacklist()) {
+    if (until != Clock::TimePoint::max() && clock_.Now() >= until) {
+      ended += (ended.empty() ? "host " : ", host ") + host;
+    }
+  }
+  if (ended.empty()) return;
+  Reform(ended + ": blacklist cooldown ended", false, 1);
+}
+
 void Job::OnDiscovered(Result<elastic::HostSet>& found) {
   if (!policy_ || state_->stopping()) return;
   if (!found.ok()) {
@@ -1194,6 +1206,7 @@ int Job::Loop() {
       PollAgents();
       if (policy_ && !state_->stopping()) {
         CheckWait();
+        CheckCooldowns();
         MaybeRaiseEpoch();
       }
       next_tick = clock_.Now() + milliseconds(kTickMs);

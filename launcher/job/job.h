@@ -217,6 +217,9 @@ class Job final : public service::JobEvents {
   void RaiseEpoch(uint64_t epoch);
   // The policy said wait (kWait) and its deadline passed: ask it again.
   void CheckWait();
+  // With a discovery script: a blacklisted host whose cooldown ended is usable again; the policy
+  // is asked at once (a generation with ranks there, if it lists the host and below --max-np).
+  void CheckCooldowns();
 
   // Constant after construction.
   const Options& options_;

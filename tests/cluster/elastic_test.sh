@@ -12,6 +12,11 @@
 #          final parameters to 1e-12; prints the time from the change of the file to the first
 #          step on 4 ranks (goal: --discovery-interval + 3 s) and the survivors' pause (the gap
 #          across the change less a step; goal: 1 s); nothing left on any host
+#   cooldown  -np 4 --min-np 2 --blacklist-cooldown-range 1 10 --reset-limit 4, the C test
+#          worker, the discovery script listing the 4 hosts all along: workers 3, 4 and 5 (each
+#          on host 4) fail after 100 steps of their own: host 4 is blacklisted for 1 s, back
+#          with worker 4, blacklisted for 2 s, back with worker 5, whose failure needs a fifth
+#          reset: the job ends with its code 3, naming --reset-limit; nothing left on any host
 # Job processes are found by a unique tag in their environment (-x RR_TEST_TAG=...).
 source "$(dirname "$0")/lib.sh"
 CASE=${1:?usage: elastic_test.sh CASE}
@@ -120,6 +125,28 @@ print(f"host added -> first step on 4 ranks: {first4[0] - float(sys.argv[2]):.3f
       f"pause: {change[0] - statistics.median(gaps):.3f} s")
 PYEOF
   ); then pass "$m"; else fail "a step ran twice, or no step at each size"; fi
+  ;;
+cooldown)
+  printf '%s\n' "${HP}1:1" "${HP}2:1" "${HP}3:1" "${HP}4:1" >"$TMP/hosts"
+  start=$SECONDS
+  OUT=$(timeout -k 5 90 "$BIN_DIR/ringrun" -np 4 --min-np 2 --blacklist-cooldown-range 1 10 \
+    --reset-limit 4 --host-discovery-script "cat $TMP/hosts" -i "$RR_KEY" \
+    --ssh-known-hosts "$RR_KNOWN_HOSTS" -x "RR_TEST_TAG=$TAG" -x ELASTIC_CHECK_EVERY=50 \
+    -x ELASTIC_FAIL_WORKERS=3,4,5 -x ELASTIC_FAIL_AFTER=100 \
+    "$BIN_DIR/ringrun-test-elastic-worker" 100000 2>&1)
+  RC=$?
+  ((RC == 3)) && pass "the job ends with the failing rank's 3 ($((SECONDS - start)) s)" ||
+    { fail "rc=$RC:"; echo "$OUT"; }
+  expect_in "$OUT" "rank 3 (worker 3) on host ${HP}4 exited with code 3; host ${HP}4 is blacklisted for 1 s" \
+    "the first failure blacklists host 4 for 1 s"
+  expect_in "$OUT" "host ${HP}4: blacklist cooldown ended; generation 3: 4 ranks (was 3), reset 2 of --reset-limit 4; starting workers 4" \
+    "host 4 is back after its cooldown, with worker 4"
+  expect_in "$OUT" "rank 3 (worker 4) on host ${HP}4 exited with code 3; host ${HP}4 is blacklisted for 2 s" \
+    "the second failure blacklists it for 2 s"
+  expect_in "$OUT" "host ${HP}4: blacklist cooldown ended; generation 5: 4 ranks (was 3), reset 4 of --reset-limit 4; starting workers 5" \
+    "host 4 is back again, with worker 5"
+  expect_in "$OUT" "reset limit 4 reached (--reset-limit): the job was reset 4 times and needs another" \
+    "the third failure ends the job, naming the limit"
   ;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -83,6 +83,20 @@ int main(int argc, char** argv) {
   if (hang && atoi(hang) == me) {
     for (;;) pause();
   }
+  /* ELASTIC_FAIL_WORKERS=2,4,...: each of these workers exits 3 after ELASTIC_FAIL_AFTER (100)
+     steps of its own process (a host whose ranks keep failing). */
+  int fails = 0;
+  const char* fail_list = getenv("ELASTIC_FAIL_WORKERS");
+  for (const char* p = fail_list; p && *p;) {
+    char* end;
+    long w = strtol(p, &end, 10);
+    if (end == p) break;
+    if (w == me) fails = 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  const char* fail_after_text = getenv("ELASTIC_FAIL_AFTER");
+  const long fail_after = fail_after_text ? atol(fail_after_text) : 100;
+  long taken = 0; /* steps taken by this process */
   int first_generation = 1, fresh = 0;
   if (!Join(&fresh)) return 1;
   long step = 0;
@@ -128,6 +142,11 @@ int main(int argc, char** argv) {
       if (strcmp(how, "kill") == 0) raise(SIGKILL);
       return strcmp(how, "leave") == 0 ? 0 : 3;
     }
+    if (fails && taken == fail_after) {
+      printf("fail after %ld steps of this process, at step %ld\n", taken, step);
+      fflush(stdout);
+      return 3;
+    }
     double one = 1.0, sum = 0.0;
     ringrun_status st = ringrun_allreduce(&one, &sum, 1, RINGRUN_FLOAT64, RINGRUN_SUM);
     if (st == RINGRUN_OK) {
@@ -136,6 +155,7 @@ int main(int argc, char** argv) {
         return 4;
       }
       ++step;
+      ++taken;
       usleep(2000);
       continue;
     }

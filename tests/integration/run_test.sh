@@ -1062,6 +1062,32 @@ t_elastic_discovery_hang() {
   expect_no_orphans
 }
 
+t_elastic_discovery_cooldown() {
+  # Both hosts listed all along. Workers 2, 4 and 6 (each on 127.0.0.1) fail after 100 steps of
+  # their own: the host is blacklisted for [1, 1.25) s, then [2, 2.5) s; each time its cooldown
+  # ends, new workers start there and join; the third failure needs a fifth reset, past
+  # --reset-limit 4: the job ends with the failing rank's code, naming the limit. Nothing is left.
+  local worker="$BIN/ringrun-test-elastic-worker" rc pid
+  write_hosts localhost:2 127.0.0.1:2
+  "$RINGRUN" -np 4 --min-np 2 --blacklist-cooldown-range 1 10 --reset-limit 4 \
+    --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
+    -x ELASTIC_FAIL_WORKERS=2,4,6 -x ELASTIC_FAIL_AFTER=100 \
+    "$worker" 100000 >"$WORK/out" 2>"$WORK/err"; rc=$?
+  expect_rc 3 $rc "the reset limit: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "rank 2 (worker 2) on host 127.0.0.1 exited with code 3; host 127.0.0.1 is blacklisted for 1 s"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 4), reset 1 of --reset-limit 4"
+  expect_contains "$WORK/err" "host 127.0.0.1: blacklist cooldown ended; generation 3: 4 ranks (was 2), reset 2 of --reset-limit 4; starting workers 4,5"
+  expect_contains "$WORK/err" "(worker 4) on host 127.0.0.1 exited with code 3; host 127.0.0.1 is blacklisted for 2 s"
+  expect_contains "$WORK/err" "host 127.0.0.1: blacklist cooldown ended; generation 5: 4 ranks (was 2), reset 4 of --reset-limit 4; starting workers 6,7"
+  expect_contains "$WORK/err" "(worker 6) on host 127.0.0.1 exited with code 3"
+  expect_contains "$WORK/err" "reset limit 4 reached (--reset-limit)"
+  for w in 4 5 6 7; do expect_contains "$WORK/out" "[$w]<stdout>:joined rank=$((w % 2 + 2)) size=4 "; done
+  for w in 0 1; do
+    [[ $(elastic_pids $w | wc -l) == 1 ]] || fail "worker $w changed process: $(elastic_pids $w)"
+  done
+  expect_no_orphans
+}
+
 t_elastic_discovery_down() {
   # The script lists both hosts, then localhost:2 alone: workers 2 and 3 (on 127.0.0.1) leave,
   # no host is blacklisted, and workers 0 and 1 finish as generation 2 of size 2.

@@ -160,15 +160,17 @@ TEST_CASE("membership: the cooldown grows per blacklisting within the range, the
   CHECK(cooldown >= seconds(10));
   CHECK(cooldown < milliseconds(12500));
   REQUIRE(p.Decide().action == Action::kForm);  // generation 2 on a alone
+  CHECK(p.resets() == 1);
   clock.Advance(seconds(9));
   CHECK(p.Decide().action == Action::kKeep);
   clock.Advance(milliseconds(3500));
-  // b is usable again: it joins.
+  // b is usable again: it joins, and that is a reset (as a host added).
   Decision d = p.Decide();
   REQUIRE(d.action == Action::kForm);
   CHECK(Layout(d.generation) ==
         std::vector<std::string>{"a:0<-0", "a:1<-1", "b:0<-new", "b:1<-new"});
   CHECK(p.Blacklist().empty());
+  CHECK(p.resets() == 2);
 
   // Second: [20 s, 25 s).
   REQUIRE(p.OnFailure({3, {}}).ok());

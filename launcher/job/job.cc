@@ -1038,10 +1038,32 @@ void Job::Reform(const std::string& failure, bool failed, int exit_code) {
   switch (d.action) {
     case elastic::Decision::Action::kKeep:
       break;
-    case elastic::Decision::Action::kForm:
+    case elastic::Decision::Action::kForm: {
+      // Rank 0 of a generation holds the committed state that `run` syncs from: a survivor of
+      // the first generation or of one that every member joined. Ranks started in the running
+      // job that never got that far hold only their initial values.
+      std::vector<int> survivors;
+      bool any_holder = false;
+      for (const auto& slot : d.generation.ranks) {
+        if (slot.previous_rank < 0) continue;
+        const int w = generation_workers_.at(static_cast<size_t>(slot.previous_rank));
+        const Worker& wk = workers_[static_cast<size_t>(w)];
+        survivors.push_back(w);
+        any_holder = any_holder || wk.size == 0 || wk.joined;
+      }
+      if (!any_holder) {
+        state_->EndJob(exit_code, (cause.empty() ? "" : cause + "; ") +
+                                      "no rank holds the committed state: workers " +
+                                      WorkerList(survivors) +
+                                      " remain, started in the running job and never in a "
+                                      "generation that every member joined");
+        Execute();
+        break;
+      }
       pending_after_failure_ = failed || pending_after_failure_;
       FormGeneration(d.generation, cause, failed);
       break;
+    }
     case elastic::Decision::Action::kWait: {
       if (!options_.elastic.discovery_script.empty()) {
         // Slots may come: the policy is asked again after each change the script lists, and

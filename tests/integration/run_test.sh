@@ -1088,6 +1088,27 @@ t_elastic_discovery_cooldown() {
   expect_no_orphans
 }
 
+t_elastic_discovery_no_holder() {
+  # Workers 0 and 1 (localhost) never check for host updates, so workers 2 and 3 (127.0.0.1,
+  # added by the script) wait in their join and generation 2 never completes. Worker 0 fails:
+  # localhost is blacklisted, and the only ranks left are the new ones, which never got the
+  # committed state: the job ends, saying so, instead of training on from their initial values.
+  local worker="$BIN/ringrun-test-elastic-worker" rc pid
+  write_hosts localhost:2
+  "$RINGRUN" -np 2 --min-np 1 --max-np 4 --host-discovery-script "cat $WORK/hosts" \
+    -x ELASTIC_FAIL_WORKERS=0 -x ELASTIC_FAIL_AFTER=3000 "$worker" 100000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  write_hosts localhost:2 127.0.0.1:2
+  wait $pid; rc=$?
+  expect_rc 3 $rc "no rank holds the state: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "starting workers 2,3"
+  expect_contains "$WORK/err" "rank 0 (worker 0) on host localhost exited with code 3; host localhost is blacklisted"
+  expect_contains "$WORK/err" "no rank holds the committed state: workers 2,3 remain, started in the running job and never in a generation that every member joined"
+  expect_not_contains "$WORK/out" "size=2 local=0/2 cross=0/1 new"
+  expect_no_orphans
+}
+
 t_elastic_discovery_down() {
   # The script lists both hosts, then localhost:2 alone: workers 2 and 3 (on 127.0.0.1) leave,
   # no host is blacklisted, and workers 0 and 1 finish as generation 2 of size 2.

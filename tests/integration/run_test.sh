@@ -990,14 +990,6 @@ write_hosts() {
   mv "$WORK/hosts.new" "$WORK/hosts"
 }
 
-# Waits (at most 30 s) until FILE has N lines containing TEXT; status 1 if it never does.
-wait_for_lines() {  # FILE TEXT N
-  local end=$((SECONDS + 30))
-  while (( $(grep -cF -- "$2" "$1" 2>/dev/null) < $3 )); do
-    (( SECONDS >= end )) && return 1
-    sleep 0.1
-  done
-}
 
 t_elastic_discovery_up() {
   # The discovery script (cat of a file) lists localhost:2; once ranks 0 and 1 run, the file
@@ -1010,7 +1002,7 @@ t_elastic_discovery_up() {
   "$RINGRUN" -np 2 --max-np 4 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
     --output-filename "$WORK/logs" "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
-  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 30
   write_hosts localhost:2 127.0.0.1:2
   wait $pid; rc=$?
   expect_rc 0 $rc "a job that gained a host: $(tail -5 "$WORK/err")"
@@ -1046,7 +1038,7 @@ t_elastic_discovery_hang() {
     -x ELASTIC_CHECK_EVERY=50 -x ELASTIC_HANG_WORKER=3 \
     "$worker" 6000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
-  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 30
   write_hosts localhost:2 127.0.0.1:2
   wait $pid; rc=$?
   expect_rc 0 $rc "a job whose newcomer hung: $(tail -5 "$WORK/err")"
@@ -1098,7 +1090,7 @@ t_elastic_discovery_no_holder() {
   "$RINGRUN" -np 2 --min-np 1 --max-np 4 --host-discovery-script "cat $WORK/hosts" \
     -x ELASTIC_FAIL_WORKERS=0 -x ELASTIC_FAIL_AFTER=3000 "$worker" 100000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
-  wait_for_lines "$WORK/out" "<stdout>:joined " 2 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  wait_for_lines "$WORK/out" "<stdout>:joined " 2 30
   write_hosts localhost:2 127.0.0.1:2
   wait $pid; rc=$?
   expect_rc 3 $rc "no rank holds the state: $(tail -5 "$WORK/err")"
@@ -1117,7 +1109,7 @@ t_elastic_discovery_down() {
   "$RINGRUN" -np 4 --min-np 2 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
     "$worker" 4000 >"$WORK/out" 2>"$WORK/err" &
   pid=$!
-  wait_for_lines "$WORK/out" "<stdout>:joined " 4 || { kill $pid; fail "the job did not start: $(cat "$WORK/err")"; }
+  wait_for_lines "$WORK/out" "<stdout>:joined " 4 30
   write_hosts localhost:2
   wait $pid; rc=$?
   expect_rc 0 $rc "a job that lost a host to discovery: $(tail -5 "$WORK/err")"

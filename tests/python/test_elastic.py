@@ -5,6 +5,7 @@ one rank sees the change, and both raise), ElasticSampler's partitions over chan
 (size and rank faked, no collectives), and the real reset (shutdown, init: the same ranks join
 again) in training that must end where one process ends."""
 import copy
+import queue
 import random
 
 import pytest
@@ -270,6 +271,19 @@ def test_check_host_updates(epoch):
     with pytest.raises(hvd.HostsUpdatedInterrupt):
         state.commit()
     assert state._last_epoch == 3
+
+
+def test_host_messages_as_horovods_tests_poll_them(epoch):
+    """Horovod's elastic test programs wait on rank 0 with `state._host_messages.empty()`."""
+    state = elastic.ObjectState(x=0)
+    assert state._host_messages.empty() and state._host_messages.qsize() == 0
+    with pytest.raises(queue.Empty):
+        state._host_messages.get_nowait()
+    epoch[hvd.rank()] = 2
+    assert not state._host_messages.empty() and state._host_messages.qsize() == 1
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.check_host_updates()
+    assert state._host_messages.empty()  # acted on
 
 
 @needs(2)

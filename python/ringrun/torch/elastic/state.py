@@ -17,6 +17,7 @@ Where ringrun differs from Horovod (docs/elastic.md, "Python: ringrun.torch.elas
   processed indices are the union of every rank's.
 """
 import copy
+import queue
 
 import torch
 
@@ -32,6 +33,33 @@ def _max_over_ranks(values, name):
     """Elementwise maximum over the ranks of a list of non-negative ints."""
     t = torch.tensor(values, dtype=torch.int64)
     return [int(v) for v in mpi_ops.allreduce_(t, op=mpi_ops.Max, name=name).tolist()]
+
+
+class _HostMessages:
+    """Horovod's State._host_messages, the queue of its driver's host-update notices, which
+    Horovod's elastic test programs poll on rank 0 (`while state._host_messages.empty()`). Here
+    a view of the launcher's membership epoch: not empty while this rank has heard of a change
+    that the job has not acted on yet (check_host_updates acts on it)."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def qsize(self):
+        return 0 if self.empty() else 1
+
+    def empty(self):
+        return _hosts.membership_epoch() <= getattr(self._state, "_last_epoch", 0)
+
+    def get_nowait(self):
+        if self.empty():
+            raise queue.Empty()
+        return (_hosts.membership_epoch(), None)
+
+    def get(self, block=True, timeout=None):
+        return self.get_nowait()
+
+    def put(self, item, block=True, timeout=None):
+        """Notices come from the launcher, through the membership epoch: nothing to keep."""
 
 
 class State:
@@ -50,6 +78,7 @@ class State:
         self._reset_callbacks = []
         self._last_epoch = 0   # the membership epoch that the last reset answered
         self._joined = False   # has taken part in elastic.run's agreement
+        self._host_messages = _HostMessages(self)
 
     def register_reset_callbacks(self, callbacks):
         """Adds functions that elastic.run calls after each reset (ringrun.torch is initialized

@@ -371,7 +371,7 @@ ringrun_status Init(int spin) {
   if (!env->in_job && !env->pmix_launcher.empty()) return JoinPmix(p, *env);
   const ringrun_status st = JoinAndKeep(p, *env, "ringrun_init: ", [](ringrun::runtime::JobEnv& e) {
     std::unique_ptr<ringrun::runtime::JobClient> client;
-    if (e.in_job && e.size > 1)
+    if (e.in_job && (e.size > 1 || e.elastic))  // an elastic rank joins even alone
       client = ringrun::runtime::MakeGrpcJobClient(e.job_service, e.secret);
     return ringrun::Result<std::unique_ptr<ringrun::runtime::JobClient>>(std::move(client));
   });

@@ -209,7 +209,9 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   }
   Shape shape;
   if (!env.in_job && env.foreign) return rendezvous::RefuseForeignJob(*env.foreign);
-  if (!env.in_job || env.size == 1) {
+  // A job of one rank needs no peers, unless it is elastic: its rank joins the job service like
+  // any other, so that its generation completes and it hears of hosts that come (its Watch).
+  if (!env.in_job || (env.size == 1 && !env.elastic)) {
     shape.rank = 0, shape.size = 1;
     return Started(std::make_unique<Runtime>(nullptr, shape, env.timeout_ms, Settings(env)));
   }

@@ -1101,6 +1101,25 @@ t_elastic_discovery_no_holder() {
   expect_no_orphans
 }
 
+t_elastic_discovery_from_one() {
+  # A job that starts with one rank (-np 1) still joins the job service: its generation
+  # completes and its Watch hears the epoch when the script adds a host, so it grows to 2.
+  local worker="$BIN/ringrun-test-elastic-worker" rc pid
+  write_hosts localhost:1
+  "$RINGRUN" -np 1 --max-np 2 --host-discovery-script "cat $WORK/hosts" -x ELASTIC_CHECK_EVERY=50 \
+    "$worker" 3000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "<stdout>:joined " 1 30
+  write_hosts localhost:1 127.0.0.1:1
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a job of one rank that gained a host: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "generation 2: 2 ranks (was 1), reset 1; starting workers 1"
+  expect_contains "$WORK/out" "[0]<stdout>:joined rank=0 size=2 "
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=3000 size=2"; done
+  [[ $(elastic_pids 0 | wc -l) == 1 ]] || fail "worker 0 changed process: $(elastic_pids 0)"
+  expect_no_orphans
+}
+
 t_elastic_discovery_down() {
   # The script lists both hosts, then localhost:2 alone: workers 2 and 3 (on 127.0.0.1) leave,
   # no host is blacklisted, and workers 0 and 1 finish as generation 2 of size 2.

@@ -13,7 +13,8 @@
 # over SSH (tests/integration/elastic_worker.c: every step allreduces 1.0 from each rank and
 # checks that the sum is the size; after a failed collective a rank joins the next generation;
 # each survivor ends with "done steps=STEPS size=S"). STEPS is 4000 by default (a few seconds).
-# Ranks get RINGRUN_TIMEOUT_MS=5000 (collective timeout) and HOROVOD_GLOO_TIMEOUT_SECONDS=20
+# ringrun gets --start-timeout 5 (how long a member may take to come to a join once another
+# has); ranks get RINGRUN_TIMEOUT_MS=5000 (collective timeout) and HOROVOD_GLOO_TIMEOUT_SECONDS=40
 # (how long a join waits for its generation). Once all 4 ranks have joined, the job gets its
 # fault after a random 0.3-2.5 s:
 #   rank-kill       kill -9 of a random rank
@@ -186,7 +187,7 @@ for ((n = 1; n <= JOBS; n++)); do
   rc=- outcome=- done_n=0 exit_s=- job_s=- reason='' expected=finished result=''
   t_start=$(now)
   "$BIN/ringrun" -i "$RR_KEY" --ssh-known-hosts "$RR_KNOWN_HOSTS" -np $NP --min-np 2 -H "$HOSTS" \
-    -x "RR_SOAK_TAG=$TAG" -x RINGRUN_TIMEOUT_MS=5000 -x HOROVOD_GLOO_TIMEOUT_SECONDS=20 "${LIBPATH[@]}" \
+    -x "RR_SOAK_TAG=$TAG" --start-timeout 5 -x RINGRUN_TIMEOUT_MS=5000 -x HOROVOD_GLOO_TIMEOUT_SECONDS=40 "${LIBPATH[@]}" \
     "$BIN/ringrun-test-elastic-worker" "$STEPS" >"$WORK/job.log" 2>&1 &
   JOB_PID=$!
   started=

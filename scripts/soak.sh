@@ -78,63 +78,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-now() { date +%s.%N; }
-secs_since() { echo "$(now) - $1" | bc -l | xargs printf '%.1f'; }
-# PIDs in host i's namespace other than its sshd daemon.
-host_pids() {
-  local sshd
-  sshd=$(cat "$RR_CLUSTER_DIR/h$1/sshd.pid" 2>/dev/null)
-  ip netns pids "${HP}$1" 2>/dev/null | grep -vx "${sshd:-none}"
-}
-all_host_pids() { local i; for i in 1 2 3 4; do host_pids "$i"; done; }
-# The job's ranks (ringrun-bench processes carrying its tag), wherever they run. Only
-# ringrun-bench processes are read: scanning every process's environment takes seconds on a
-# loaded machine, long enough for a job to end before its fault.
-tagged() {
-  local p
-  for p in $(pgrep -x ringrun-bench); do
-    tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qxF "RR_SOAK_TAG=$TAG" && echo "$p"
-  done
-}
+RANK_COMM=ringrun-bench
+# shellcheck source=scripts/soak-lib.sh
+source "$SRC/scripts/soak-lib.sh"
 ranks() { tagged; }
-agents_on() {
-  local p
-  for p in $(host_pids "$1"); do
-    tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q ringrun-agent && echo "$p"
-  done
-}
-left_procs() {
-  local p
-  { all_host_pids; tagged; [[ -n $JOB_PID ]] && kill -0 "$JOB_PID" 2>/dev/null && echo "$JOB_PID"; } |
-    sort -u | while read -r p; do
-      # With SKIP_SSHD set: not the cut host's sshd session, which waits on its dead TCP
-      # connection (sshd's, not ringrun's) until the link returns.
-      [[ -n ${SKIP_SSHD:-} && $(cat "/proc/$p/comm" 2>/dev/null) == sshd ]] || echo "$p"
-    done
-}
-# Listening TCP ports and Unix sockets in the host namespaces (sshd's excepted), and the
-# launcher's here (other programs on this machine have ports of their own).
-left_ports() {
-  local i
-  for i in 1 2 3 4; do
-    ip netns exec "${HP}$i" ss -Htlnp 2>/dev/null | grep -v '"sshd"' | sed "s/^/${HP}$i tcp: /"
-    ip netns exec "${HP}$i" ss -Hxlp 2>/dev/null | grep -v '"sshd"' | sed "s/^/${HP}$i unix: /"
-  done
-  [[ -n $JOB_PID ]] && ss -Htlnp 2>/dev/null | grep "pid=$JOB_PID," | sed 's/^/launcher tcp: /'
-}
-shm_snapshot() { ls -1 /dev/shm 2>/dev/null | grep -i 'ringrun' | sort; }
-left_shm() {
-  local n p
-  n=$(comm -13 "$WORK/shm.base" <(shm_snapshot) | grep -c .)
-  for p in $(left_procs); do
-    n=$((n + $(ls -l "/proc/$p/fd" 2>/dev/null | grep -c 'memfd:')))
-  done
-  echo "$n"
-}
-kill_leftovers() {
-  local p
-  for p in $(left_procs 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-}
 start_job() {  # tag: starts the job in the background, sets JOB_PID; 0 once all ranks run
   TAG=$1
   "$BIN/ringrun" -i "$RR_KEY" --ssh-known-hosts "$RR_KNOWN_HOSTS" -np $NP -H "$HOSTS" \
@@ -200,9 +147,8 @@ for ((n = 1; n <= JOBS; n++)); do
     for _ in $(seq 25); do [[ -z $(left_procs) ]] && break; sleep 0.2; done
   fi
   left=$(left_procs)
-  for p in $left; do
-    echo "    left: pid $p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-100) [$(awk '/^State/{print $2}' "/proc/$p/status" 2>/dev/null)] netns $(ip netns identify "$p" 2>/dev/null)"
-  done >"$WORK/left"
+  # shellcheck disable=SC2086
+  describe_procs $left >"$WORK/left"
   procs=$(grep -c . <<<"$left")
   left_ports >"$WORK/ports"
   ports=$(grep -c . "$WORK/ports")
@@ -242,12 +188,7 @@ echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for kind in "${KINDS[@]}" all; do
   awk -F, -v k="$kind" 'NR > 1 && (k == "all" || $2 == k)' "$RESULTS" >"$WORK/rows"
   [[ -s $WORK/rows ]] || continue
-  stat() {  # column: median / max over numeric values
-    cut -d, -f"$1" "$WORK/rows" | grep -E '^[0-9.]+$' | sort -n |
-      awk '{v[NR] = $1} END {if (NR == 0) {print "-"; exit}
-           m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.1f / %.1f", m, v[NR]}'
-  }
-  awk -F, -v k="$kind" -v ex="$(stat 6)" -v en="$(stat 7)" -v b="${BOUND[$kind]:-15-30}" '
+  awk -F, -v k="$kind" -v ex="$(median_max 6 "$WORK/rows")" -v en="$(median_max 7 "$WORK/rows")" -v b="${BOUND[$kind]:-15-30}" '
     {n++; if ($14 == "ok") ok++; if ($9 == "yes") inb++; p += $10; po += $11; s += $12; if ($13 == "yes") nx++}
     END {printf "| %s | %d | %d/%d | %d/%d | %s | %s | %s | %d | %d | %d | %d/%d |\n", k, n, ok, n, inb, n, ex, en, b, p, po, s, nx, n}' "$WORK/rows"
 done

@@ -47,6 +47,10 @@ void MembershipPolicy::OnDiscovery(const HostSet& hosts) {
   discovered_ = hosts;
 }
 
+void MembershipPolicy::OnBroken() {
+  if (current_) broken_ = true;
+}
+
 Status MembershipPolicy::OnRankGone(int rank, bool failed) {
   if (!current_) return InvalidArgument("a rank gone before the first generation");
   if (rank < 0 || rank >= static_cast<int>(current_->ranks.size())) {

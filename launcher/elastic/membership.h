@@ -123,6 +123,10 @@ class MembershipPolicy {
   // only because ranks left is not counted as a reset (nor limited by reset_limit). Errors: no
   // current generation, a rank not in it.
   Status OnRankGone(int rank, bool failed);
+  // The current generation broke with no rank lost (a collective failed on a rank stopped past
+  // the collective timeout, or on a link that dropped and came back): the next generation has
+  // the same ranks, and it counts as a reset. Nobody is blacklisted.
+  void OnBroken();
 
   // What to do now. A kForm decision is taken as done: the generation it names becomes the
   // current one (failures to start it come back through OnFailure). After kEnd every call

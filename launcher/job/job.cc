@@ -477,6 +477,9 @@ void Job::Handle(Event& e) {
     case Event::kJoinWaiting:
       join_waiting_ = std::max(join_waiting_, static_cast<uint32_t>(e.signo));
       if (policy_ && !state_->stopping() && JoinBlockedByLeaves()) Reform("", false, 1);
+      if (policy_ && join_waiting_ > generation_ && generation_complete_ && !unexplained_since_) {
+        unexplained_since_ = clock_.Now();
+      }
       MaybeRaiseEpoch();
       break;
     case Event::kDiscovered:
@@ -813,6 +816,8 @@ void Job::FormGeneration(const elastic::Generation& g, const std::string& cause,
   generation_workers_ = workers;
   generation_ = static_cast<uint32_t>(g.number);
   generation_complete_ = false;
+  first_waiting_at_.reset();
+  unexplained_since_.reset();
   // Members started in the running job that never were in a formed generation: the raise of
   // the epoch waits for them.
   std::vector<int> newcomers;
@@ -956,6 +961,42 @@ void Job::CheckWait() {
     wait_until_.reset();
     Reform("", true, 1);
   }
+}
+
+void Job::CheckStuckJoins() {
+  if (state_->stopping()) return;
+  if (unexplained_since_) {
+    if (join_waiting_ <= generation_ || !generation_complete_) {
+      unexplained_since_.reset();  // a generation was formed meanwhile
+    } else if (clock_.Now() - *unexplained_since_ >= milliseconds(kHeartbeatTimeoutMs + 2000)) {
+      unexplained_since_.reset();
+      const std::string why = "a collective of generation " + std::to_string(generation_) +
+                              " failed with no rank or host lost (a rank stopped, or a link "
+                              "that dropped?)";
+      service_->BreakGeneration(generation_, why);
+      policy_->OnBroken();
+      Reform(why + ": its ranks form the next one", true, 1);
+      return;
+    }
+  }
+  if (generation_complete_ || generation_ <= 1) return;
+  std::vector<int> members;  // live members that were running before this generation
+  for (int w : generation_workers_) {
+    const Worker& wk = workers_[static_cast<size_t>(w)];
+    if (wk.alive && (wk.size == 0 || wk.joined)) members.push_back(w);
+  }
+  const std::vector<int> missing = rendezvous_->NotHeld(members);
+  if (missing.empty() || missing.size() == members.size()) return;  // nobody waits
+  if (!first_waiting_at_) first_waiting_at_ = clock_.Now();
+  if (clock_.Now() - *first_waiting_at_ < std::chrono::seconds(options_.start_timeout_s)) return;
+  const int w = missing.front();
+  TerminateAgent(workers_[static_cast<size_t>(w)].host,
+                 "its worker " + std::to_string(w) + " did not come to its join");
+  pending_after_failure_ = false;  // it failed first, whatever formed this generation
+  ElasticRankExited(w, 1, 0,
+                    "did not come to the join of generation " + std::to_string(generation_) +
+                        " within " + std::to_string(options_.start_timeout_s) +
+                        " s (--start-timeout): stopped, or cut off");
 }
 
 void Job::CheckCooldowns() {
@@ -1229,6 +1270,7 @@ int Job::Loop() {
       if (policy_ && !state_->stopping()) {
         CheckWait();
         CheckCooldowns();
+        CheckStuckJoins();
         MaybeRaiseEpoch();
       }
       next_tick = clock_.Now() + milliseconds(kTickMs);

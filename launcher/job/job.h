@@ -220,6 +220,18 @@ class Job final : public service::JobEvents {
   // With a discovery script: a blacklisted host whose cooldown ended is usable again; the policy
   // is asked at once (a generation with ranks there, if it lists the host and below --max-np).
   void CheckCooldowns();
+  // Generations that break with no rank lost, and members that never come to a join:
+  //  - a rank asks to join a generation that is not formed while no failure is known (its
+  //    collective failed on a rank stopped past the collective timeout, or on a link that
+  //    dropped and came back): after the heartbeat timeout and 2 s (time for the launcher to
+  //    learn of a lost agent or rank first), the next generation is formed with the same ranks
+  //    and the running one broken through the Watch, so that every rank comes to the join;
+  //  - a member of a forming generation (not one started in the running job: those have their
+  //    own deadline) that has not come to its join --start-timeout after another member came to
+  //    it failed first: its host is blacklisted. (Members come to a join together, within a
+  //    step: after a failure the Watch breaks every rank's collectives, and host updates are
+  //    acted on at a commit, which is collective.)
+  void CheckStuckJoins();
 
   // Constant after construction.
   const Options& options_;
@@ -298,6 +310,9 @@ class Job final : public service::JobEvents {
     Clock::TimePoint deadline;
   };
   std::optional<Growth> growth_;
+  // When a member of generation_ was first seen waiting in its join (CheckStuckJoins).
+  std::optional<Clock::TimePoint> first_waiting_at_;
+  std::optional<Clock::TimePoint> unexplained_since_;  // a join for an unformed generation
   // A member of the generation that the ranks run in (the last one every member joined) is
   // gone: they leave it without being told.
   bool running_broken_ = false;

@@ -991,6 +991,43 @@ write_hosts() {
 }
 
 
+t_elastic_stopped_rank() {
+  # A rank stopped (SIGSTOP) past the collective timeout: no process or agent is lost, the
+  # others' collectives fail and they ask for generation 2. After the heartbeat timeout + 2 s
+  # the launcher forms it with the same ranks (a reset, nobody blacklisted) and breaks
+  # generation 1; the stopped rank never comes to the join: --start-timeout after the first
+  # member did, it counts as the failure (its host blacklisted, its agent's ranks ended), and
+  # the two others finish as generation 3. Then the same stop, continued 2 s later: the
+  # stopped rank joins generation 2 with the others and all four finish, nobody blacklisted.
+  local worker="$BIN/ringrun-test-elastic-worker" rc pid victim
+  "$RINGRUN" -np 4 --min-np 2 --start-timeout 3 -H $ELASTIC_HOSTS -x RINGRUN_TIMEOUT_MS=3000 \
+    "$worker" 3000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "joined rank=" 4 30
+  victim=$(elastic_pids 3)
+  kill -STOP $victim
+  wait $pid; rc=$?
+  kill -CONT $victim 2>/dev/null
+  expect_rc 0 $rc "a stopped rank: $(tail -5 "$WORK/err")"
+  expect_contains "$WORK/err" "a collective of generation 1 failed with no rank or host lost (a rank stopped, or a link that dropped?): its ranks form the next one; generation 2: 4 ranks (was 4), reset 1"
+  expect_contains "$WORK/err" "rank 3 (worker 3) on host 127.0.0.1 did not come to the join of generation 2 within 3 s (--start-timeout): stopped, or cut off; host 127.0.0.1 is blacklisted, its workers 2 are ended; generation 3: 2 ranks (was 4), reset 2"
+  for w in 0 1; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=3000 size=2"; done
+  expect_no_orphans
+  "$RINGRUN" -np 4 --min-np 2 --start-timeout 3 -H $ELASTIC_HOSTS -x RINGRUN_TIMEOUT_MS=3000 \
+    "$worker" 3000 >"$WORK/out" 2>"$WORK/err" &
+  pid=$!
+  wait_for_lines "$WORK/out" "joined rank=" 4 30
+  victim=$(elastic_pids 3)
+  kill -STOP $victim
+  sleep 2
+  kill -CONT $victim
+  wait $pid; rc=$?
+  expect_rc 0 $rc "a rank stopped and continued: $(tail -5 "$WORK/err")"
+  expect_not_contains "$WORK/err" "blacklisted"
+  for w in 0 1 2 3; do expect_contains "$WORK/out" "[$w]<stdout>:done steps=3000 size=4"; done
+  expect_no_orphans
+}
+
 t_elastic_discovery_up() {
   # The discovery script (cat of a file) lists localhost:2; once ranks 0 and 1 run, the file
   # gains 127.0.0.1:2. The launcher starts an agent there and workers 2 and 3, waits until they

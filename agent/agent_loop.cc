@@ -166,23 +166,41 @@ void AgentLoop::Reap() {
   }
 }
 
+namespace {
+
+bool FailedExit(int wait_status) {
+  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) != 0;
+}
+
+}  // namespace
+
 bool AgentLoop::ReadyToReport(const Rank& r, bool force, Clock::TimePoint now) const {
+  if (!force && FailedExit(r.wait_status) &&
+      now - r.reaped_at < milliseconds(kFailedExitGraceMs)) {
+    return false;
+  }
   bool drained = !r.fds[0].valid() && !r.fds[1].valid() && !r.fds[2].valid();
   return drained || force || now - r.reaped_at >= milliseconds(kExitReportDelayMs);
 }
 
-// Exits go up in the order the ranks died, as far as this agent can tell: by the Reap() sweep
-// that saw them, and within one sweep a death by signal first (a rank killed from outside is
-// more likely the cause than a peer that failed on losing it). A rank whose pipes are still
-// draining holds back the ones that died after it, at most kExitReportDelayMs, so that the
-// launcher's first-failure rule sees the first death.
+// Exits go up in the order the ranks died, as far as this agent can tell: by the time it reaped
+// them, a non-zero exit counted kFailedExitGraceMs late (a rank killed from outside is more
+// likely the cause than a peer that failed on losing it, and may be reaped after it), then by
+// the Reap() sweep that saw them, and within one sweep a death by signal first. A rank whose
+// pipes are still draining holds back the ones that died after it, at most kExitReportDelayMs,
+// so that the launcher's first-failure rule sees the first death.
 void AgentLoop::ReportExits(bool force) {
   const auto now = clock_.Now();
   std::vector<Rank*> order;
   for (auto& [rank, r] : ranks_) {
     if (r.reaped && !r.reported) order.push_back(&r);
   }
-  std::stable_sort(order.begin(), order.end(), [](const Rank* a, const Rank* b) {
+  auto died = [](const Rank* r) {
+    return FailedExit(r->wait_status) ? r->reaped_at + milliseconds(kFailedExitGraceMs)
+                                      : r->reaped_at;
+  };
+  std::stable_sort(order.begin(), order.end(), [&died](const Rank* a, const Rank* b) {
+    if (died(a) != died(b)) return died(a) < died(b);
     if (a->reap_sweep != b->reap_sweep) return a->reap_sweep < b->reap_sweep;
     return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
   });

@@ -35,6 +35,10 @@ namespace ringrun::agent {
 inline constexpr size_t kMaxLineBytes = 1 << 20;    // longer lines are sent in pieces
 inline constexpr size_t kMaxQueuedBytes = 8 << 20;  // stop reading ranks' pipes beyond this
 inline constexpr int kExitReportDelayMs = 500;      // a dead rank's pipes get this to drain
+// A rank that exited non-zero is reported no sooner than this after it was reaped: a peer killed
+// by a signal closes its sockets (on which the rank failed) before it can be reaped, so on a
+// busy host the rank that failed on losing it may be reaped first.
+inline constexpr int kFailedExitGraceMs = 100;
 inline constexpr int kMaxPollIntervalMs = 100;      // Step runs at least this often
 // The rank's timeline pipe, when the launcher collects the timeline (runtime/src/knobs.cc reads
 // it). An inherited one is dropped.

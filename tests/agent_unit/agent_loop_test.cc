@@ -157,6 +157,9 @@ TEST_CASE("agent: ranks are started and their exits reported", "[agent_loop]") {
   f.spawner.Exit(101, Exited(3));
   f.spawner.Exit(77, Exited(0));  // an orphan re-parented to the agent: not a rank
   CHECK(f.loop.Step());
+  CHECK(f.link.Sent(v1::AgentEvent::kExited).empty());  // a failed exit waits kFailedExitGraceMs
+  f.clock.Advance(std::chrono::milliseconds(kFailedExitGraceMs));
+  CHECK(f.loop.Step());
   auto exited = f.link.Sent(v1::AgentEvent::kExited);
   REQUIRE(exited.size() == 1);
   CHECK(exited[0].exited().rank() == 1);
@@ -459,6 +462,27 @@ TEST_CASE("agent: exits go up in the order the ranks died, a killed rank first w
   CHECK(exited[1].exited().rank() == 1);
   CHECK(exited[1].exited().signal() == SIGKILL);
   CHECK(exited[2].exited().rank() == 0);
+}
+
+TEST_CASE("agent: a rank killed by a signal goes before a peer that failed just before it was reaped",
+          "[agent_loop]") {
+  Fixture f(2, 2000, /*pipes=*/false);
+  // Rank 0 fails on the connection that its killed peer closed while exiting, and is reaped
+  // first; rank 1, killed, is reaped 20 ms later.
+  f.spawner.Exit(100, Exited(3));
+  CHECK(f.loop.Step());
+  CHECK(f.link.Sent(v1::AgentEvent::kExited).empty());  // held: a killed peer may come
+  f.clock.Advance(std::chrono::milliseconds(20));
+  f.spawner.Exit(101, Killed(SIGKILL));
+  f.loop.Step();
+  f.clock.Advance(std::chrono::milliseconds(600));
+  f.loop.Step();
+  auto exited = f.link.Sent(v1::AgentEvent::kExited);
+  REQUIRE(exited.size() == 2);
+  CHECK(exited[0].exited().rank() == 1);
+  CHECK(exited[0].exited().signal() == SIGKILL);
+  CHECK(exited[1].exited().rank() == 0);
+  CHECK(exited[1].exited().exit_code() == 3);
 }
 
 }  // namespace

@@ -168,15 +168,12 @@ void AgentLoop::Reap() {
 
 namespace {
 
-bool FailedExit(int wait_status) {
-  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) != 0;
-}
+bool FailedExit(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) != 0; }
 
 }  // namespace
 
 bool AgentLoop::ReadyToReport(const Rank& r, bool force, Clock::TimePoint now) const {
-  if (!force && FailedExit(r.wait_status) &&
-      now - r.reaped_at < milliseconds(kFailedExitGraceMs)) {
+  if (!force && FailedExit(r.wait_status) && now - r.reaped_at < milliseconds(kFailedExitGraceMs)) {
     return false;
   }
   bool drained = !r.fds[0].valid() && !r.fds[1].valid() && !r.fds[2].valid();

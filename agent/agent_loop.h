@@ -39,7 +39,7 @@ inline constexpr int kExitReportDelayMs = 500;      // a dead rank's pipes get t
 // by a signal closes its sockets (on which the rank failed) before it can be reaped, so on a
 // busy host the rank that failed on losing it may be reaped first.
 inline constexpr int kFailedExitGraceMs = 100;
-inline constexpr int kMaxPollIntervalMs = 100;      // Step runs at least this often
+inline constexpr int kMaxPollIntervalMs = 100;  // Step runs at least this often
 // The rank's timeline pipe, when the launcher collects the timeline (runtime/src/knobs.cc reads
 // it). An inherited one is dropped.
 inline constexpr char kTimelineFdVariable[] = "RINGRUN_TIMELINE_FD";

@@ -464,8 +464,9 @@ TEST_CASE("agent: exits go up in the order the ranks died, a killed rank first w
   CHECK(exited[2].exited().rank() == 0);
 }
 
-TEST_CASE("agent: a rank killed by a signal goes before a peer that failed just before it was reaped",
-          "[agent_loop]") {
+TEST_CASE(
+    "agent: a rank killed by a signal goes before a peer that failed just before it was reaped",
+    "[agent_loop]") {
   Fixture f(2, 2000, /*pipes=*/false);
   // Rank 0 fails on the connection that its killed peer closed while exiting, and is reaped
   // first; rank 1, killed, is reaped 20 ms later.

@@ -31,6 +31,7 @@ starters::SlurmStarterConfig SlurmConfigFor(const Options& options,
   for (const auto& p : placed) active.insert(p.host_index);
   c.active_hosts.assign(active.begin(), active.end());
   c.overlap = options.srun_overlap;
+  c.step_per_host = options.elastic.enabled;
   c.launcher_address = options.launcher_address;
   c.network_interfaces = options.network_interfaces;
   return c;
@@ -44,12 +45,17 @@ int PrintPlacement(const Options& options, const std::vector<hosts::RankPlacemen
     launch.service_port = 0;
     launch.agent_path = "ringrun-agent";
     launch.log_level = options.log_level;
+    const starters::SlurmStarterConfig config = SlurmConfigFor(options, placed);
+    launch.host_index = config.active_hosts.empty() ? 0 : config.active_hosts[0];
     std::string cmd;
-    for (const auto& a :
-         starters::BuildSrunCommand(SlurmConfigFor(options, placed), launch, "LAUNCHER")) {
+    for (const auto& a : starters::BuildSrunCommand(config, launch, "LAUNCHER")) {
       cmd += (cmd.empty() ? "" : " ") + a;
     }
-    std::printf("agents: one srun step: %s\n", cmd.c_str());
+    if (config.step_per_host) {
+      std::printf("agents: one srun step per host (an elastic job), the first: %s\n", cmd.c_str());
+    } else {
+      std::printf("agents: one srun step: %s\n", cmd.c_str());
+    }
   } else {
     std::printf("agents: %s\n", "over SSH (forked for this machine)");
   }

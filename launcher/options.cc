@@ -857,11 +857,6 @@ Status SettleElastic(Given& g) {
     return InvalidArgument(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
                            " runs no job: --min-np and --max-np do not apply");
   }
-  if (o.starter == Options::Starter::kSlurm) {
-    return InvalidArgument(
-        "elastic jobs (--min-np, --max-np) under Slurm are not supported yet: an srun step "
-        "ends with its first node; use --starter ssh");
-  }
   if (!e.discovery_script.empty()) return Status();
   if (o.hosts.size() == 1) {
     o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +

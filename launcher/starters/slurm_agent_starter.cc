@@ -187,6 +187,11 @@ class SlurmAgentStarter final : public AgentStarter {
 
   Result<std::unique_ptr<AgentHandle>> Start(const hosts::HostSpec& host,
                                              const AgentLaunch& launch) override {
+    if (config_.step_per_host) {
+      Result<std::shared_ptr<SrunStep>> step = Launch(launch);
+      if (!step.ok()) return step.status().Annotate(host.name);
+      return std::unique_ptr<AgentHandle>(std::make_unique<SlurmAgentHandle>(*step));
+    }
     MutexLock lock(&mu_);
     if (!step_ && launch_error_.ok()) {
       Result<std::shared_ptr<SrunStep>> step = Launch(launch);
@@ -201,7 +206,8 @@ class SlurmAgentStarter final : public AgentStarter {
   }
 
  private:
-  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) REQUIRES(mu_) {
+  // Thread-safe: a shared step's is called under mu_, per-host steps' from several threads.
+  Result<std::shared_ptr<SrunStep>> Launch(const AgentLaunch& launch) const {
     const std::string srun = FindOnPath(config_.srun);
     if (srun.empty()) return NotFound("srun: '" + config_.srun + "' not found on PATH");
     SlurmStarterConfig config = config_;
@@ -249,11 +255,12 @@ class SlurmAgentStarter final : public AgentStarter {
 std::vector<std::string> BuildSrunCommand(const SlurmStarterConfig& config,
                                           const AgentLaunch& launch, const std::string& address) {
   std::string nodes, all;
-  for (int h : config.active_hosts) {
+  const std::vector<int> one{launch.host_index};
+  for (int h : config.step_per_host ? one : config.active_hosts) {
     nodes += (nodes.empty() ? "" : ",") + config.host_names.at(static_cast<size_t>(h));
   }
   for (const auto& n : config.host_names) all += (all.empty() ? "" : ",") + n;
-  const std::string n = std::to_string(config.active_hosts.size());
+  const std::string n = std::to_string(config.step_per_host ? 1 : config.active_hosts.size());
   const bool v6 = address.find(':') != std::string::npos && address.front() != '[';
   const std::string endpoint =
       (v6 ? "[" + address + "]" : address) + ":" + std::to_string(launch.service_port);

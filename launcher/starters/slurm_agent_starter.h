@@ -25,6 +25,14 @@
 // and each call returns a handle on that shared step: Poll() is srun's exit status (the highest
 // of the agents', 128+signal for a killed one), Kill() ends the whole step (SIGTERM to srun,
 // which SIGKILLs the agents, whose ranks die with them; SIGKILL to srun 5 s later).
+//
+// An elastic job (step_per_host) loses and regains hosts one at a time, which one step for all
+// cannot follow: a step's failed node ends it (or, with srun --no-kill, leaves it running
+// without that node, which Slurm then never gives back to it), and a step cannot be ended on
+// one node only. So each Start() runs a step of its own, --nodes=1 on that host: a lost node
+// ends its own step, Kill() ends one host's agent, and a host back from the blacklist gets a
+// new step. The allocation itself must outlive a failed node: that is the job's own
+// --no-kill (salloc/sbatch), docs/elastic.md.
 #pragma once
 
 #include <memory>
@@ -39,12 +47,14 @@ struct SlurmStarterConfig {
   std::vector<std::string> host_names;          // the job's hosts by index (Slurm node names)
   std::vector<int> active_hosts;                // the indices that get an agent, ascending
   bool overlap = false;                         // pass --overlap (ringrun runs inside a step)
+  bool step_per_host = false;                   // a step for each Start() (an elastic job)
   std::string srun = "srun";                    // found on PATH unless it holds a '/'
   std::string launcher_address;                 // --launcher-address
   std::vector<std::string> network_interfaces;  // --network-interfaces
 };
 
-// The srun argv for `launch` with agents dialling `address` (without the secret).
+// The srun argv for `launch` with agents dialling `address` (without the secret): the step of
+// every active host, or with step_per_host, the step of host `launch.host_index`.
 std::vector<std::string> BuildSrunCommand(const SlurmStarterConfig& config,
                                           const AgentLaunch& launch, const std::string& address);
 

@@ -296,6 +296,14 @@ TEST_CASE("The srun command and environment", "[slurm]") {
         "--cpu-bind=none --mpi=none --job-name=ringrun-agents /opt/rr/ringrun-agent --launcher "
         "10.0.0.1:4321 --slurm-hosts n1,n2,n3,n4 --log-level info");
   CHECK_THAT(cmd, !Contains("s3cr3t"));
+  // An elastic job: a step of one node for each host.
+  c.step_per_host = true;
+  launch.host_index = 1;
+  CHECK(Join(BuildSrunCommand(c, launch, "10.0.0.1")) ==
+        "srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=n2 --kill-on-bad-exit=1 "
+        "--cpu-bind=none --mpi=none --job-name=ringrun-agents /opt/rr/ringrun-agent --launcher "
+        "10.0.0.1:4321 --slurm-hosts n1,n2,n3,n4 --log-level info");
+  c.step_per_host = false;
   c.overlap = true;
   CHECK_THAT(Join(BuildSrunCommand(c, launch, "fe80::1")),
              Contains("--overlap") && Contains("--launcher [fe80::1]:4321"));
@@ -343,6 +351,13 @@ TEST_CASE("Inside a Slurm job, the hosts and the starter come from the job", "[s
   o = parse({"--starter", "ssh", "./train"}, job);
   CHECK(o.options.starter == Options::Starter::kSsh);
   CHECK(Shape(o.options.hosts) == "n1:2,n2:2,n3:1");
+
+  // An elastic job: the allocation is its host set.
+  o = parse({"-np", "5", "--min-np", "3", "./train"}, job);
+  REQUIRE(o.kind == ParseOutcome::kRun);
+  CHECK(o.options.starter == Options::Starter::kSlurm);
+  CHECK(o.options.elastic.enabled);
+  CHECK(o.options.elastic.min_np == 3);
 
   // Inside a step, the agent step overlaps it.
   auto in_step = job;

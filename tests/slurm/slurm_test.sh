@@ -18,6 +18,11 @@
 #              allreduce, a rank killed after the join named by the others, srun --mpi=none refused
 #   timelimit  the allocation's time limit with --signal=USR1@50: ranks see SIGUSR1, then
 #              everything ends
+#   elastic    -np 3 --min-np 2 on 3 nodes (salloc --no-kill), examples/elastic's worker 2 (on
+#              node 3) killed with SIGKILL at step 23: node 3 is blacklisted and its own agent
+#              step ends while the job goes on, the survivors finish on 2 ranks with --reference's
+#              final parameters to 1e-12; --dry-run shows a step per host. Then node 2's
+#              agent killed with SIGKILL after epoch 1 (a lost node): the same ending
 # Each fault case checks that it ends in bounded time, that no tagged process (agent or rank)
 # is left on any node, and that squeue -s shows no ringrun-agents step.
 source "$(dirname "$0")/../cluster/lib.sh"
@@ -29,6 +34,9 @@ TAG="rr-slurm-$CASE-$$-$RANDOM"
 export RR_TEST_TAG=$TAG
 HP=$RR_HOST_PREFIX
 RINGRUN=$BIN_DIR/ringrun
+PY=/usr/bin/python3
+PYDIR=$(cd "$BIN_DIR/../python" && pwd)
+EX=$SRC_DIR/examples/elastic/pytorch_synthetic_elastic.py
 
 tagged() { pids_with_env "RR_TEST_TAG=$TAG"; }
 # Steps named ringrun-agents of job $1 still known to Slurm.
@@ -263,6 +271,67 @@ timelimit)
   [[ $(grep -c "got-.-USR1" "$LOG") -ge 6 ]] && pass "every rank got --signal's SIGUSR1" || { fail "SIGUSR1 did not reach every rank"; cat "$LOG"; }
   expect_nothing_left 15
   wait_gone 15 agent_steps "$JOB" || fail "steps left"
+  ;;
+elastic)
+  $PY -c 'import torch' 2>/dev/null || { echo "SKIP: needs Debian's python3-torch"; exit 77; }
+  out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=1 "$RINGRUN" --min-np 2 --dry-run true 2>&1)
+  expect_in "$out" "agents: one srun step per host (an elastic job), the first: srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=${HP}1 " \
+    "--dry-run: a step per host"
+  LOG=$TMP/alloc.log
+  start=$SECONDS
+  salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
+    $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --kill-worker 2 \
+    --kill-at 23 --step-delay 0.1; echo first rc=\$?" >"$LOG" 2>&1 &
+  ALLOC_PID=$!
+  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  if wait_lines 90 "$LOG" 1 "generation 2: "; then
+    JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
+    # Node 3's step ends while the other two run on.
+    for _ in $(seq 100); do
+      [[ $(agent_steps "$JOB" | wc -l) == 2 ]] && break
+      sleep 0.1
+    done
+    n=$(agent_steps "$JOB" | wc -l)
+    ((n == 2)) && pass "node 3's agent step ended, the other two run on" || fail "$n agent steps after the reset"
+  else fail "no reset line"; fi
+  wait_first 90
+  OUT=$(cat "$LOG")
+  [[ $FIRST_RC == 0 ]] && pass "the job exits 0 ($((SECONDS - start)) s)" || { fail "rc='$FIRST_RC'"; echo "$OUT"; }
+  expect_in "$OUT" "ringrun: rank 2 (worker 2) on host ${HP}3 was killed by SIGKILL (signal 9); host ${HP}3 is blacklisted" \
+    "the reset line names worker 2, its node and the signal"
+  expect_in "$OUT" "generation 2: 2 ranks (was 3), reset 1" "generation 2 has the 2 survivors"
+  expect_in "$OUT" "epoch 5 done on 2 ranks" "the survivors finished on 2 ranks"
+  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
+  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
+    pass "final parameters equal --reference's (max abs difference $d)"
+  else fail "final parameters differ from --reference: $d"; fi
+  wait "$ALLOC_PID" 2>/dev/null
+  wait_gone 15 agent_steps "$JOB" || fail "ringrun-agents steps left: $(agent_steps "$JOB")"
+  expect_nothing_left 15
+  # A lost node: node 2's agent killed with SIGKILL (its ranks die with it) after epoch 1.
+  start=$SECONDS
+  salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
+    $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --step-delay 0.1; \
+    echo first rc=\$?" >"$LOG" 2>&1 &
+  ALLOC_PID=$!
+  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  wait_lines 90 "$LOG" 1 "epoch 1 done" || fail "no epoch 1"
+  victim=
+  for p in $(tagged); do
+    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "ringrun-agent --launcher" || continue
+    tr '\0' '\n' <"/proc/$p/environ" | grep -qx "SLURMD_NODENAME=${HP}2" && victim=$p
+  done
+  [[ -n $victim ]] && kill -9 "$victim" || fail "no agent on ${HP}2"
+  wait_first 90
+  OUT=$(cat "$LOG")
+  [[ $FIRST_RC == 0 ]] && pass "a lost node: the job exits 0 ($((SECONDS - start)) s)" || { fail "rc='$FIRST_RC'"; echo "$OUT"; }
+  expect_in "$OUT" "host ${HP}2 is blacklisted; generation 2: 2 ranks (was 3), reset 1" "node 2 is left out"
+  expect_in "$OUT" "epoch 5 done on 2 ranks" "the survivors finished on 2 ranks"
+  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
+    pass "final parameters equal --reference's (max abs difference $d)"
+  else fail "final parameters differ from --reference: $d"; fi
+  wait "$ALLOC_PID" 2>/dev/null
+  expect_nothing_left 15
   ;;
 srunpmix)
   # libringrun under srun --mpi=pmix, without ringrun: 3 nodes x 2 tasks join through Slurm's

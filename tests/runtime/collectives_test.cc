@@ -15,7 +15,8 @@ using namespace ringrun::runtime::transport;
 const size_t kCounts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
 
 // kShmFallback: shared memory on, but rank 2 has no local listener, so its pairs are TCP.
-enum class Mode { kTcp, kShm, kTwoHosts, kShmFallback };
+// kShmYield: shared memory, waiting as ranks past the core count do (TransportOptions::yield).
+enum class Mode { kTcp, kShm, kTwoHosts, kShmFallback, kShmYield };
 
 ThreadJobOptions Options(int np, Mode mode) {
   ThreadJobOptions o;
@@ -24,6 +25,7 @@ ThreadJobOptions Options(int np, Mode mode) {
   o.transport.spin = false;               // ranks are threads on a small machine
   o.transport.shm_ring_bytes = 64 << 10;  // small, so that messages wrap many times
   if (mode == Mode::kShmFallback) o.without_local_listener = {2};
+  o.transport.yield = mode == Mode::kShmYield;
   if (mode == Mode::kTwoHosts) {
     for (int r = 0; r < np; ++r) o.hosts.push_back(r < (np + 1) / 2 ? "127.0.0.1" : "127.0.0.2");
   }
@@ -76,6 +78,11 @@ TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce
 
 TEST_CASE("allreduce: a rank without a local listener is reached over TCP", "[allreduce][shm]") {
   AllreduceMatrix(3, Mode::kShmFallback, false);
+}
+
+TEST_CASE("allreduce: ranks that yield while they wait, as past the core count",
+          "[allreduce][shm]") {
+  AllreduceMatrix(5, Mode::kShmYield, false);
 }
 
 TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm][slow]") {

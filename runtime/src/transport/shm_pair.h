@@ -109,6 +109,17 @@ class ShmPair final : public Pair {
     seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
     DrainWakeBytes(fd());
   }
+  // For a side that slept armed while another thread of it ran rounds (SocketTransport's idle
+  // yield): drops late wake-up bytes, and arms again unless that thread left the wake-ups quiet.
+  // Returns whether input is there.
+  bool RearmUnlessQuiet() {
+    DrainWakeBytes(fd());
+    std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
+    if (waiting.load(std::memory_order_seq_cst) != kQuietWaiting) {
+      waiting.store(kIdleWaiting, std::memory_order_seq_cst);
+    }
+    return HasInput();
+  }
   // Takes back an armed or quiet idle wake-up (another thread of this side runs the pair now).
   void QuietIdleWake() {
     std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;

@@ -191,7 +191,13 @@ struct TransportOptions {
   // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
   // pair also has a 32 KiB ring per direction for small messages.)
   size_t shm_ring_bytes = 1 << 20;
-  bool spin = true;  // busy-wait briefly before sleeping (off when oversubscribed)
+  // How a Run waits on a same-host peer before it sleeps on the pair's futex, for up to its
+  // spin_us: spin busy-waits (a host whose ranks do not outnumber its CPUs); otherwise yield
+  // polls and gives the CPU away (sched_yield) between polls, so that the peer it waits for,
+  // which may not be on a CPU, gets one (ranks past the core count, as Open MPI's
+  // mpi_yield_when_idle); neither: sleeps at once. The policy: runtime.cc, SameHostWaiting.
+  bool spin = true;
+  bool yield = false;
   // The job's secret: a peer is admitted only when it proves that it holds it, and this rank
   // talks only to peers that prove it too (handshake.h). Required.
   std::string secret;

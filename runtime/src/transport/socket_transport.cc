@@ -590,7 +590,10 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
     // about to make its own. Running that round here would take it from the program (whose
     // call then waits for this thread through a futex, and the next round comes here again);
     // so leave it to the program a moment, yielding with `asleep` unlocked.
-    asleep->Unlock();
+    //
+    // The pairs are looked at only with `asleep` held: a round that the program runs meanwhile
+    // may break the transport, which frees them. While the program holds it, it runs the
+    // round, so this thread only yields.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kIdleYieldUs);
     auto pending = [&] {
       for (ShmPair* p : shm) {
@@ -598,8 +601,18 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
       }
       return false;
     };
-    while (pending() && std::chrono::steady_clock::now() < until) ::sched_yield();
-    asleep->Lock();
+    bool held = true;
+    while (std::chrono::steady_clock::now() < until) {
+      if (held) {
+        if (!broken_.ok()) return broken_;
+        if (!pending()) break;
+        asleep->Unlock();
+        held = false;
+      }
+      ::sched_yield();
+      held = asleep->TryLock();
+    }
+    if (!held) asleep->Lock();
     if (!broken_.ok()) return broken_;
     ready = false;
     for (ShmPair* p : shm) ready |= p->RearmUnlessQuiet();

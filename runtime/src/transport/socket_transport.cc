@@ -97,7 +97,10 @@ class SocketTransport final : public Transport {
     // bytes to move wait on the other one, where sleeping ones would leave it to those that can
     // run (measured: 1 MiB at np=4 on 2 CPUs took twice as long yielding).
     size_t largest = 0;
-    for (const Op& op : ops) largest = std::max(largest, op.bytes);
+    for (const Op& op : ops) {
+      largest = std::max(largest, op.bytes);
+      rounds_run_ = std::max(rounds_run_, op.round);
+    }
     yield_us_ = !options_.spin && options_.yield && largest <= kSmallMessageBytes ? wait_us : 0;
     Status st = RunOps(ops, deadline);
     if (!st.ok()) Break(st);
@@ -159,8 +162,12 @@ class SocketTransport final : public Transport {
   Status WaitAndServe(int fd, short events, Deadline deadline);
   int spin_us_ = 0;   // the current Run's busy-wait on a shared-memory pair
   int yield_us_ = 0;  // ... or its polling with sched_yield (TransportOptions::yield)
+  // The last negotiation exchange that a Run took part in (Op::round): a peer that asks this
+  // rank to join the next one wakes WaitForInput.
+  uint64_t rounds_run_ = 0;
   // The current Run's first wait on a shared-memory pair (unset: none yet), and whether it has
-  // woken the peers whose wake-ups are quiet (KickQuietPeers).
+  // woken the peers whose wake-ups are quiet (KickQuietPeers) and asked those it receives from
+  // in a negotiation exchange to join it (AskToJoin).
   std::optional<std::chrono::steady_clock::time_point> waiting_since_;
   bool kicked_ = false;
   // Wakes every same-host peer whose engine sleeps with its wake-ups quiet (kQuietWaiting): all
@@ -169,6 +176,16 @@ class SocketTransport final : public Transport {
   void KickQuietPeers() {
     for (const std::unique_ptr<Pair>& p : pairs_) {
       if (p && p->is_shm()) static_cast<ShmPair*>(p.get())->KickIfQuiet();
+    }
+  }
+  // Asks the same-host peers that this Run waits to receive from in a negotiation exchange
+  // (Op::round) to join it: the round may have reached this rank through another, and reach
+  // them only through a rank that has stopped.
+  void AskToJoin(const std::vector<OpState>& states) {
+    for (const OpState& s : states) {
+      if (s.complete || s.op->kind != Op::kRecv || s.op->round == 0) continue;
+      Pair* p = pairs_[s.op->peer].get();
+      if (p->is_shm()) static_cast<ShmPair*>(p)->AskToJoin(s.op->round);
     }
   }
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
@@ -490,6 +507,7 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
                                  .count();
       if (waited >= kQuietKickUs) {
         KickQuietPeers();
+        AskToJoin(states);
         kicked_ = true;
       } else {
         sleep_us = std::min<int>(sleep_us, static_cast<int>(kQuietKickUs - waited));
@@ -571,11 +589,14 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   std::vector<bool> is_shm{false};
   std::vector<ShmPair*> shm;
   bool ready = false;
+  // A peer waiting for this rank in the next negotiation exchange (Op::round) is input too.
+  const uint64_t next_round = rounds_run_ + 1;
   for (const std::unique_ptr<Pair>& p : pairs_) {
     if (!p) continue;
     if (p->is_shm()) {
       shm.push_back(static_cast<ShmPair*>(p.get()));
-      ready |= shm.back()->ArmIdleWake();
+      ready |= shm.back()->ArmIdleWake();  // armed before the look at join (AskToJoin)
+      ready |= shm.back()->AskedToJoin(next_round);
     }
     fds.push_back(pollfd{p->fd(), POLLIN, 0});
     is_shm.push_back(p->is_shm());
@@ -597,7 +618,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kIdleYieldUs);
     auto pending = [&] {
       for (ShmPair* p : shm) {
-        if (p->HasInput()) return true;
+        if (p->HasInput() || p->AskedToJoin(next_round)) return true;
       }
       return false;
     };
@@ -615,7 +636,10 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
     if (!held) asleep->Lock();
     if (!broken_.ok()) return broken_;
     ready = false;
-    for (ShmPair* p : shm) ready |= p->RearmUnlessQuiet();
+    for (ShmPair* p : shm) {
+      ready |= p->RearmUnlessQuiet();
+      ready |= p->AskedToJoin(next_round);
+    }
   }
   const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
   if (asleep && ms != 0) asleep->Unlock();
@@ -629,7 +653,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   }
   for (ShmPair* p : shm) {
     p->DisarmIdleWake();
-    *peer_input |= p->HasInput();
+    *peer_input |= p->HasInput() || p->AskedToJoin(next_round);
   }
   if (rc < 0 && err != EINTR) return ErrnoStatus("poll", err);
   for (size_t i = npairs; rc > 0 && i < fds.size(); ++i) {

@@ -589,14 +589,16 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   std::vector<bool> is_shm{false};
   std::vector<ShmPair*> shm;
   bool ready = false;
-  // A peer waiting for this rank in the next negotiation exchange (Op::round) is input too.
-  const uint64_t next_round = rounds_run_ + 1;
+  // A peer waiting for this rank in its next negotiation exchange (Op::round) is input too.
+  // Looked at only while `asleep` is held: a round that another thread runs meanwhile may be
+  // that exchange, and the request is then stale.
+  auto asked = [this](ShmPair* p) { return p->AskedToJoin(rounds_run_ + 1); };
   for (const std::unique_ptr<Pair>& p : pairs_) {
     if (!p) continue;
     if (p->is_shm()) {
       shm.push_back(static_cast<ShmPair*>(p.get()));
       ready |= shm.back()->ArmIdleWake();  // armed before the look at join (AskToJoin)
-      ready |= shm.back()->AskedToJoin(next_round);
+      ready |= asked(shm.back());
     }
     fds.push_back(pollfd{p->fd(), POLLIN, 0});
     is_shm.push_back(p->is_shm());
@@ -618,7 +620,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kIdleYieldUs);
     auto pending = [&] {
       for (ShmPair* p : shm) {
-        if (p->HasInput() || p->AskedToJoin(next_round)) return true;
+        if (p->HasInput() || asked(p)) return true;
       }
       return false;
     };
@@ -638,7 +640,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
     ready = false;
     for (ShmPair* p : shm) {
       ready |= p->RearmUnlessQuiet();
-      ready |= p->AskedToJoin(next_round);
+      ready |= asked(p);
     }
   }
   const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
@@ -653,7 +655,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   }
   for (ShmPair* p : shm) {
     p->DisarmIdleWake();
-    *peer_input |= p->HasInput() || p->AskedToJoin(next_round);
+    *peer_input |= p->HasInput() || asked(p);
   }
   if (rc < 0 && err != EINTR) return ErrnoStatus("poll", err);
   for (size_t i = npairs; rc > 0 && i < fds.size(); ++i) {

@@ -57,7 +57,9 @@ Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv)
   if (e.shm_ring_kib & (e.shm_ring_kib - 1)) {
     return InvalidArgument("RINGRUN_SHM_RING_KIB must be a power of two");
   }
-  if (const char* spin = getenv("RINGRUN_SPIN")) e.spin = spin[0] != '0' ? 1 : 0;
+  if (const char* spin = getenv("RINGRUN_SPIN")) {
+    e.spin = std::string(spin) == "yield" ? JobEnv::kYield : spin[0] != '0' ? 1 : 0;
+  }
   RINGRUN_RETURN_IF_ERROR(get_int("RINGRUN_JOIN_TIMEOUT_MS", 1, 1 << 30, &e.join_timeout_ms));
   RINGRUN_RETURN_IF_ERROR(ReadKnobs(getenv, &e));
   if (rank == nullptr && size == nullptr) {  // not under ringrun
@@ -140,6 +142,16 @@ Shape DeriveShape(const transport::PeerTable& peers, int rank) {
   s.cross_rank = host_slot[peers.address_of_rank[rank]];
   s.cross_size = hosts;
   return s;
+}
+
+void SameHostWaiting(int spin, int local_size, int cpus, transport::TransportOptions* topts) {
+  if (spin < 0) {
+    // Unset: busy-wait while this host's ranks have a CPU each; past that, a spinning rank
+    // holds the CPU that the rank it waits for needs, so poll and yield instead.
+    spin = local_size <= cpus ? 1 : JobEnv::kYield;
+  }
+  topts->spin = spin == 1;
+  topts->yield = spin == JobEnv::kYield;
 }
 
 namespace {
@@ -263,9 +275,8 @@ Result<std::unique_ptr<Runtime>> Runtime::Join(const JobEnv& env, JobClient* cli
   // env.spin (RINGRUN_SPIN, or ringrun_init_with_spin) overrides: a training rank computes on
   // its own thread while the engine waits, so spinning there takes the core its peer needs
   // (the Python package passes 0).
-  topts.spin = env.spin >= 0
-                   ? env.spin == 1
-                   : derived.local_size <= static_cast<int>(std::thread::hardware_concurrency());
+  SameHostWaiting(env.spin, derived.local_size,
+                  static_cast<int>(std::thread::hardware_concurrency()), &topts);
   settings.set_transport = topts;
   shape = derived;
   // The launcher's numbering wins where it gave one (an elastic job's is in the reply).

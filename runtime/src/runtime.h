@@ -53,8 +53,9 @@ struct JobEnv {
   bool use_shm = true;
   bool allow_nat = false;  // RINGRUN_ALLOW_NAT=1: see transport::TransportOptions::allow_nat
   int shm_ring_kib = 0;    // RINGRUN_SHM_RING_KIB: 0 = the transport's default
-  // RINGRUN_SPIN=0|1 (any value but one starting with '0' spins): whether same-host waits
-  // busy-wait; -1 = when the host's ranks do not outnumber its CPUs.
+  // RINGRUN_SPIN=0|1|yield (any other value but one starting with '0' spins): how same-host
+  // waits wait before they sleep (SameHostWaiting); -1 = unset.
+  static constexpr int kYield = 2;
   int spin = -1;
   // The engine's knobs (ringrun.h lists the variables).
   size_t fusion_threshold = engine::kDefaultFusionThreshold;
@@ -89,6 +90,11 @@ struct JobEnv {
 // kInvalidArgument naming the variable. Without RINGRUN_RANK and RINGRUN_SIZE, `foreign` says
 // whether another launcher started this process as one of several.
 Result<JobEnv> ReadJobEnv(const std::function<const char*(const char*)>& getenv);
+
+// The one place that decides how a rank waits on a same-host peer (TransportOptions::spin and
+// ::yield): `spin` as JobEnv::spin (-1: unset), for `local_size` ranks on a host of `cpus`
+// CPUs. Unset: busy-wait while the host's ranks do not outnumber its CPUs, else poll and yield.
+void SameHostWaiting(int spin, int local_size, int cpus, transport::TransportOptions* topts);
 
 struct Shape {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;

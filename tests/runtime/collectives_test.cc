@@ -1,8 +1,11 @@
 // The collectives over real loopback sockets and real shared memory, ranks as threads.
+#include <sys/eventfd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "tests/runtime/thread_job.h"
 #include "tests/runtime/values.h"
@@ -15,7 +18,8 @@ using namespace ringrun::runtime::transport;
 const size_t kCounts[] = {0, 1, 7, 1023, 65537, (1u << 20) + 3};
 
 // kShmFallback: shared memory on, but rank 2 has no local listener, so its pairs are TCP.
-enum class Mode { kTcp, kShm, kTwoHosts, kShmFallback };
+// kShmYield: shared memory, waiting as ranks past the core count do (TransportOptions::yield).
+enum class Mode { kTcp, kShm, kTwoHosts, kShmFallback, kShmYield };
 
 ThreadJobOptions Options(int np, Mode mode) {
   ThreadJobOptions o;
@@ -24,6 +28,7 @@ ThreadJobOptions Options(int np, Mode mode) {
   o.transport.spin = false;               // ranks are threads on a small machine
   o.transport.shm_ring_bytes = 64 << 10;  // small, so that messages wrap many times
   if (mode == Mode::kShmFallback) o.without_local_listener = {2};
+  o.transport.yield = mode == Mode::kShmYield;
   if (mode == Mode::kTwoHosts) {
     for (int r = 0; r < np; ++r) o.hosts.push_back(r < (np + 1) / 2 ? "127.0.0.1" : "127.0.0.2");
   }
@@ -76,6 +81,11 @@ TEST_CASE("allreduce: every dtype, op and count over shared memory", "[allreduce
 
 TEST_CASE("allreduce: a rank without a local listener is reached over TCP", "[allreduce][shm]") {
   AllreduceMatrix(3, Mode::kShmFallback, false);
+}
+
+TEST_CASE("allreduce: ranks that yield while they wait, as past the core count",
+          "[allreduce][shm]") {
+  AllreduceMatrix(5, Mode::kShmYield, false);
 }
 
 TEST_CASE("allreduce: hierarchical and mixed, over two loopback hosts", "[allreduce][shm][slow]") {
@@ -495,6 +505,76 @@ TEST_CASE("one pair carries small and large messages, interleaved, in order", "[
       CHECK(failures.list().empty());
     }
   }
+}
+
+TEST_CASE("transport: a rank asleep between rounds joins a round whose relay is silent",
+          "[transport][shm][dead-peer]") {
+  // At n = 3 a negotiation exchange that rank 2 starts reaches rank 0 only through rank 1
+  // (rank 2 sends to rank 1 first, and to rank 0 once it has heard from rank 0). With rank 1
+  // stopped, rank 0 would sleep until its own timeout and blame rank 2; asked to join
+  // (Op::round), it wakes, and its wait in the exchange names rank 1.
+  std::vector<std::unique_ptr<Transport>> ts;
+  REQUIRE(MakeThreadTransports(Options(3, Mode::kShm), &ts).empty());
+  // An exchange of rank r in a ring (it sends to r - 1 and receives from r + 1). Every rank's
+  // exchange 1 connects every pair.
+  auto exchange = [&](int r, uint64_t round) {
+    char out[8] = {}, in[8] = {};
+    std::vector<Op> ops{Op::Send((r + 2) % 3, out, sizeof(out)),
+                        Op::Recv((r + 1) % 3, in, sizeof(in))};
+    ops.back().round = round;
+    return ts[r]->Run(ops, DeadlineAfter(20000));
+  };
+  Failures failures;
+  auto first_exchange = [&] {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        if (Status st = exchange(r, 1); !st.ok()) failures.Add(r, st.ToString());
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  first_exchange();
+  REQUIRE(failures.list().empty());
+  UniqueFd doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  REQUIRE(doorbell.valid());
+  // A request for an exchange that rank 0 has run already is stale: it does not wake it.
+  std::thread stale([&] {
+    char head[8] = {};
+    std::vector<Op> ops{Op::Recv(0, head, sizeof(head))};
+    ops[0].round = 1;
+    Status st = ts[2]->Run(ops, DeadlineAfter(600));  // times out, and breaks rank 2's
+    if (st.code() != Code::kTimeout) failures.Add(2, "stale request: " + st.ToString());
+  });
+  bool input = true;
+  CHECK(ts[0]->WaitForInput(doorbell.get(), DeadlineAfter(300), &input).ok());
+  CHECK_FALSE(input);
+  stale.join();
+  REQUIRE(failures.list().empty());
+  // Exchange 2, on fresh transports: rank 2 starts it (its send to rank 1 completes; rank 1,
+  // "stopped", reads nothing) and waits for rank 0, which sleeps.
+  ts.clear();
+  REQUIRE(MakeThreadTransports(Options(3, Mode::kShm), &ts).empty());
+  first_exchange();
+  REQUIRE(failures.list().empty());
+  std::thread starter([&] {
+    if (Status st = exchange(2, 2); !st.ok()) failures.Add(2, st.ToString());
+  });
+  input = false;
+  // Without the request it would sleep until this deadline (before rank 2's, whose failure
+  // would close its connections), with no input.
+  CHECK(ts[0]->WaitForInput(doorbell.get(), DeadlineAfter(10000), &input).ok());
+  CHECK(input);
+  // Rank 0 joins: its part reaches rank 2, and it waits for rank 1 in turn.
+  std::thread joiner([&] {
+    if (Status st = exchange(0, 2); !st.ok()) failures.Add(0, st.ToString());
+  });
+  Status st = exchange(1, 2);  // rank 1 resumes
+  joiner.join();
+  starter.join();
+  INFO(failures.Joined());
+  CHECK(st.ok());
+  CHECK(failures.list().empty());
 }
 
 }  // namespace ringrun::runtime::testing

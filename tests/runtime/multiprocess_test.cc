@@ -219,7 +219,10 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
       // not submitted the next allreduce, and nothing is in flight to it), no transfer is
       // waiting, and the blocking call's own timeout breaks the job with the stall report,
       // which names rank 1 as the one that has not submitted. Either way a rank whose own
-      // timeout did not fire first fails naming the peer that closed on it.
+      // timeout did not fire first fails naming the peer that closed on it. A round that rank 2
+      // starts reaches rank 0 through rank 1; with rank 1 stopped, rank 2 asks rank 0 to join
+      // it (transport::Op::round), and both time out on rank 1 (without that, rank 0 reported
+      // that rank 2 had not submitted, and rank 2 that rank 0 had closed).
       const std::string both = job.Stderr(0) + job.Stderr(2);
       const bool transport_timeout = both.find("timed out") != std::string::npos &&
                                      both.find("peer rank 1 ") != std::string::npos;
@@ -230,8 +233,13 @@ TEST_CASE("processes: a stopped peer fails the others at the timeout, naming it"
         CHECK(job.ExitCode(r) == 3);
         CHECK((job.Stderr(r).find("peer rank") != std::string::npos ||
                job.Stderr(r).find("rank 1 has not submitted") != std::string::npos));
+        // A rank that runs is never reported as the one that did not submit.
+        CHECK(both.find("rank " + std::to_string(r) + " has not submitted") == std::string::npos);
       }
       INFO("stderr of ranks 0 and 2: " << both);
+      // Rank 1 must still be stopped here (killed by Kill above: 128 + SIGKILL); a rank 1 gone
+      // earlier (another signal) closed its connections, and the others rightly say so.
+      INFO("rank 1: exit " << job.ExitCode(1) << ", stderr: " << job.Stderr(1));
       CHECK((transport_timeout || call_timeout));
     }
   }

@@ -128,6 +128,23 @@ TEST_CASE("the environment contract is parsed and checked", "[runtime]") {
   CHECK(ReadJobEnv(Env({}))->spin == -1);
   CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "0"}}))->spin == 0);
   CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "1"}}))->spin == 1);
+  CHECK(ReadJobEnv(Env({{"RINGRUN_SPIN", "yield"}}))->spin == JobEnv::kYield);
+}
+
+TEST_CASE("same-host waits spin up to the CPU count and yield past it, unless told", "[runtime]") {
+  auto waiting = [](int spin, int local_size, int cpus) {
+    transport::TransportOptions t;
+    SameHostWaiting(spin, local_size, cpus, &t);
+    return std::string(t.spin ? "spin" : "") + (t.yield ? "yield" : "");
+  };
+  CHECK(waiting(-1, 2, 2) == "spin");
+  CHECK(waiting(-1, 1, 2) == "spin");
+  CHECK(waiting(-1, 3, 2) == "yield");  // oversubscribed
+  CHECK(waiting(-1, 32, 2) == "yield");
+  CHECK(waiting(0, 32, 2).empty());  // RINGRUN_SPIN=0, or the Python package: sleep at once
+  CHECK(waiting(0, 2, 2).empty());
+  CHECK(waiting(1, 32, 2) == "spin");
+  CHECK(waiting(JobEnv::kYield, 2, 2) == "yield");
 }
 
 TEST_CASE("Horovod's variables set the same knobs, in Horovod's units, and ringrun's win",

@@ -36,6 +36,10 @@ inline constexpr int kStorePeerTableGraceMs = 2000;
 // ranks do not outnumber its CPUs): waking a sleeping rank costs tens of microseconds under a
 // hypervisor, paid once per collective phase when ranks arrive a little apart.
 inline constexpr int kShmSpinUs = 1000;
+// Where a host's ranks outnumber its CPUs, an engine thread about to sleep that finds a peer's
+// frame already there yields this long, the round left to its program's next blocking call
+// (runtime/src/transport/socket_transport.cc, WaitForInput), before it runs the round itself.
+inline constexpr int kIdleYieldUs = 200;
 // The engine's negotiation busy-waits for a peer's frame only this long before sleeping: that
 // frame comes when the peer's engine gets to it, which can take long while the peer's
 // application submits, and a spinning engine takes the core that application needs (measured:

@@ -53,8 +53,10 @@
  *   RINGRUN_TIMEOUT_MS                collective timeout (default 60000)
  *   RINGRUN_JOIN_TIMEOUT_MS           how long ringrun_init waits for every rank (default 120000)
  *   RINGRUN_DISABLE_SHM=1             same-host peers use TCP instead of shared memory
- *   RINGRUN_SPIN=0|1                  busy-wait up to 1 ms on shared memory before sleeping
- *                                     (default: when the host's ranks do not outnumber its CPUs)
+ *   RINGRUN_SPIN=0|1|yield            how a wait on a same-host peer waits before it sleeps:
+ *                                     1 busy-waits up to 1 ms, yield polls and yields the CPU
+ *                                     as long, 0 sleeps at once (default: 1 when the host's
+ *                                     ranks do not outnumber its CPUs, else yield)
  *   RINGRUN_FUSION_THRESHOLD          fusion buffer bytes (default 64 MiB; 0 disables fusion);
  *                                     HOROVOD_FUSION_THRESHOLD is read when it is unset
  *   RINGRUN_CACHE_CAPACITY            response cache entries (default 1024)

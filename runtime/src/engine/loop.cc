@@ -285,6 +285,8 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   };
   bump(neg_rounds_, 1);
+  // Every rank runs the same exchanges in the same order, so their count numbers them alike.
+  const uint64_t round = neg_rounds_.load(std::memory_order_relaxed);
   struct Run {
     int first;  // the rank of its first frame (its frame is all[first])
     int repeat;
@@ -318,6 +320,7 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
     const bool eager = tail > 0 && tail <= kEagerTailBytes;
     if (eager) ops.push_back(transport::Op::Send(to, out.data() + kFrameHeadBytes, tail));
     ops.push_back(transport::Op::Recv(from, in.data(), kFrameHeadBytes));
+    ops.back().round = round;
     RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
     uint32_t in_len;
     std::memcpy(&in_len, in.data(), 4);
@@ -329,6 +332,7 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
       in.resize(4 + size_t{in_len});
       ops.push_back(transport::Op::Recv(from, in.data() + kFrameHeadBytes,
                                         4 + size_t{in_len} - kFrameHeadBytes));
+      ops.back().round = round;
     }
     if (!ops.empty()) RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
     // The frames of ranks from, from + 1, ... (count of them), appended to those held.

@@ -40,6 +40,7 @@ struct ShmHeader {
   PaddedU32 waiting[2];  // side s is about to sleep on bell[s]
   PaddedU64 head[4];     // lane l: bytes produced (written by side l % 2)
   PaddedU64 tail[4];     // lane l: bytes consumed (written by side 1 - l % 2)
+  PaddedU64 join[2];     // side s is asked to join this negotiation exchange (Op::round)
 };
 constexpr size_t kShmDataOffset = (sizeof(ShmHeader) + 4095) & ~size_t{4095};
 // Each lane has a region of its ring's size plus a page and starts kLaneSkew bytes into it.
@@ -109,6 +110,17 @@ class ShmPair final : public Pair {
     seg_->header()->waiting[side_].v.store(0, std::memory_order_seq_cst);
     DrainWakeBytes(fd());
   }
+  // For a side that slept armed while another thread of it ran rounds (SocketTransport's idle
+  // yield): drops late wake-up bytes, and arms again unless that thread left the wake-ups quiet.
+  // Returns whether input is there.
+  bool RearmUnlessQuiet() {
+    DrainWakeBytes(fd());
+    std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
+    if (waiting.load(std::memory_order_seq_cst) != kQuietWaiting) {
+      waiting.store(kIdleWaiting, std::memory_order_seq_cst);
+    }
+    return HasInput();
+  }
   // Takes back an armed or quiet idle wake-up (another thread of this side runs the pair now).
   void QuietIdleWake() {
     std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
@@ -132,6 +144,24 @@ class ShmPair final : public Pair {
     }
     SendWakeByte();
     return true;
+  }
+  // The peer's side of Op::round: asks this pair's other side to join negotiation exchange
+  // `round`, and wakes it if it sleeps in WaitForInput (armed or quiet). A side that is not
+  // asleep there sees the request when it next arms (AskedToJoin after ArmIdleWake).
+  void AskToJoin(uint64_t round) {
+    ShmHeader* h = seg_->header();
+    h->join[1 - side_].v.store(round, std::memory_order_seq_cst);
+    std::atomic<uint32_t>& waiting = h->waiting[1 - side_].v;
+    uint32_t w = waiting.load(std::memory_order_seq_cst);
+    if ((w == kIdleWaiting || w == kQuietWaiting) &&
+        waiting.compare_exchange_strong(w, 0, std::memory_order_seq_cst)) {
+      SendWakeByte();
+    }
+  }
+  // Whether the peer waits for this side in exchange `round` (the one after the last this side
+  // ran: an older request is stale).
+  bool AskedToJoin(uint64_t round) const {
+    return seg_->header()->join[side_].v.load(std::memory_order_seq_cst) == round;
   }
   bool HasInput() const {
     ShmHeader* h = seg_->header();

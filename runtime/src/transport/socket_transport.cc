@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -89,7 +90,18 @@ class SocketTransport final : public Transport {
   using Transport::Run;
   Status Run(std::vector<Op>& ops, Deadline deadline, int spin_us) override {
     if (!broken_.ok()) return broken_;
-    spin_us_ = !options_.spin ? 0 : spin_us < 0 ? kSpinUs : std::min(spin_us, kSpinUs);
+    const int wait_us = spin_us < 0 ? kSpinUs : std::min(spin_us, kSpinUs);
+    spin_us_ = options_.spin ? wait_us : 0;
+    // Yield only where the Run is a chain of small hand-offs (latency). A yield stays on its
+    // own CPU's queue: yielding ranks that share a CPU pass it between them while ranks with
+    // bytes to move wait on the other one, where sleeping ones would leave it to those that can
+    // run (measured: 1 MiB at np=4 on 2 CPUs took twice as long yielding).
+    size_t largest = 0;
+    for (const Op& op : ops) {
+      largest = std::max(largest, op.bytes);
+      rounds_run_ = std::max(rounds_run_, op.round);
+    }
+    yield_us_ = !options_.spin && options_.yield && largest <= kSmallMessageBytes ? wait_us : 0;
     Status st = RunOps(ops, deadline);
     if (!st.ok()) Break(st);
     return st;
@@ -148,9 +160,14 @@ class SocketTransport final : public Transport {
   Status Handshake(int peer, int fd, int pass_fd, uint64_t ring_bytes, Deadline deadline);
   // Waits up to the deadline for `fd` (when >= 0) or a listener; serves the listeners.
   Status WaitAndServe(int fd, short events, Deadline deadline);
-  int spin_us_ = 0;  // the current Run's busy-wait on a shared-memory pair
+  int spin_us_ = 0;   // the current Run's busy-wait on a shared-memory pair
+  int yield_us_ = 0;  // ... or its polling with sched_yield (TransportOptions::yield)
+  // The last negotiation exchange that a Run took part in (Op::round): a peer that asks this
+  // rank to join the next one wakes WaitForInput.
+  uint64_t rounds_run_ = 0;
   // The current Run's first wait on a shared-memory pair (unset: none yet), and whether it has
-  // woken the peers whose wake-ups are quiet (KickQuietPeers).
+  // woken the peers whose wake-ups are quiet (KickQuietPeers) and asked those it receives from
+  // in a negotiation exchange to join it (AskToJoin).
   std::optional<std::chrono::steady_clock::time_point> waiting_since_;
   bool kicked_ = false;
   // Wakes every same-host peer whose engine sleeps with its wake-ups quiet (kQuietWaiting): all
@@ -159,6 +176,16 @@ class SocketTransport final : public Transport {
   void KickQuietPeers() {
     for (const std::unique_ptr<Pair>& p : pairs_) {
       if (p && p->is_shm()) static_cast<ShmPair*>(p.get())->KickIfQuiet();
+    }
+  }
+  // Asks the same-host peers that this Run waits to receive from in a negotiation exchange
+  // (Op::round) to join it: the round may have reached this rank through another, and reach
+  // them only through a rank that has stopped.
+  void AskToJoin(const std::vector<OpState>& states) {
+    for (const OpState& s : states) {
+      if (s.complete || s.op->kind != Op::kRecv || s.op->round == 0) continue;
+      Pair* p = pairs_[s.op->peer].get();
+      if (p->is_shm()) static_cast<ShmPair*>(p)->AskToJoin(s.op->round);
     }
   }
   // Advances pending handshakes and makes pairs of the peers that proved themselves.
@@ -457,6 +484,20 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
           break;  // the clock costs more than a poll
       }
     }
+    if (yield_us_ > 0) {
+      // Ranks outnumber the CPUs: the peer this rank waits for may be off any CPU, and waking
+      // it from a futex costs a wake-up on every hand-off. Polling between yields hands the CPU
+      // to whichever rank can run (the peer, or another waiter that polls and yields in turn).
+      const Deadline yield_until = now + std::chrono::microseconds(yield_us_);
+      size_t remaining;
+      for (;;) {
+        Result<bool> r = ProgressAll(states, &remaining);
+        if (!r.ok()) return r.status();
+        if (*r) return *progressed = true, Status::Ok();
+        if (std::chrono::steady_clock::now() >= yield_until) break;
+        ::sched_yield();
+      }
+    }
     // A peer whose wake-ups are quiet is woken once this Run has waited kQuietKickUs; until
     // then the sleep below ends in time for it.
     int sleep_us = tcp_pending ? 1000 : std::min(ms, 20) * 1000;
@@ -466,6 +507,7 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
                                  .count();
       if (waited >= kQuietKickUs) {
         KickQuietPeers();
+        AskToJoin(states);
         kicked_ = true;
       } else {
         sleep_us = std::min<int>(sleep_us, static_cast<int>(kQuietKickUs - waited));
@@ -547,11 +589,16 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   std::vector<bool> is_shm{false};
   std::vector<ShmPair*> shm;
   bool ready = false;
+  // A peer waiting for this rank in its next negotiation exchange (Op::round) is input too.
+  // Looked at only while `asleep` is held: a round that another thread runs meanwhile may be
+  // that exchange, and the request is then stale.
+  auto asked = [this](ShmPair* p) { return p->AskedToJoin(rounds_run_ + 1); };
   for (const std::unique_ptr<Pair>& p : pairs_) {
     if (!p) continue;
     if (p->is_shm()) {
       shm.push_back(static_cast<ShmPair*>(p.get()));
-      ready |= shm.back()->ArmIdleWake();
+      ready |= shm.back()->ArmIdleWake();  // armed before the look at join (AskToJoin)
+      ready |= asked(shm.back());
     }
     fds.push_back(pollfd{p->fd(), POLLIN, 0});
     is_shm.push_back(p->is_shm());
@@ -560,6 +607,42 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   // idle, not left in the backlog until its next collective.
   const size_t npairs = fds.size();
   acceptor_.AddPollFds(&fds);
+  if (ready && asleep && options_.yield && !options_.spin) {
+    // Ranks outnumber the CPUs: a peer's frame came before this thread slept, most likely the
+    // peer's next blocking call while this rank's program, which has not had a CPU yet, is
+    // about to make its own. Running that round here would take it from the program (whose
+    // call then waits for this thread through a futex, and the next round comes here again);
+    // so leave it to the program a moment, yielding with `asleep` unlocked.
+    //
+    // The pairs are looked at only with `asleep` held: a round that the program runs meanwhile
+    // may break the transport, which frees them. While the program holds it, it runs the
+    // round, so this thread only yields.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kIdleYieldUs);
+    auto pending = [&] {
+      for (ShmPair* p : shm) {
+        if (p->HasInput() || asked(p)) return true;
+      }
+      return false;
+    };
+    bool held = true;
+    while (std::chrono::steady_clock::now() < until) {
+      if (held) {
+        if (!broken_.ok()) return broken_;
+        if (!pending()) break;
+        asleep->Unlock();
+        held = false;
+      }
+      ::sched_yield();
+      held = asleep->TryLock();
+    }
+    if (!held) asleep->Lock();
+    if (!broken_.ok()) return broken_;
+    ready = false;
+    for (ShmPair* p : shm) {
+      ready |= p->RearmUnlessQuiet();
+      ready |= asked(p);
+    }
+  }
   const int ms = ready ? 0 : deadline == Deadline::max() ? -1 : MsUntil(deadline);
   if (asleep && ms != 0) asleep->Unlock();
   int rc = ::poll(fds.data(), fds.size(), ms);
@@ -572,7 +655,7 @@ Status SocketTransport::WaitForInput(int doorbell, Deadline deadline, bool* peer
   }
   for (ShmPair* p : shm) {
     p->DisarmIdleWake();
-    *peer_input |= p->HasInput();
+    *peer_input |= p->HasInput() || asked(p);
   }
   if (rc < 0 && err != EINTR) return ErrnoStatus("poll", err);
   for (size_t i = npairs; rc > 0 && i < fds.size(); ++i) {

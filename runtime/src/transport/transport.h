@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,12 @@ struct Op {
   // kRecvReduce only, optional: applied to each piece of buf right after its reduction (the
   // last reduction of an allreduce's block: AVERAGE's division and a postscale factor).
   const Finish* finish = nullptr;
+  // kRecv only, optional: the number (from 1) of the engine's negotiation exchange this receive
+  // belongs to. A round reaches a rank through the rank that sends to it, so a stopped or
+  // descheduled one would hide a round from a peer asleep between rounds (at n = 3 a round that
+  // rank 2 starts reaches rank 0 only through rank 1). A same-host peer that this Run has waited
+  // on for kQuietKickUs is asked to join that exchange (WaitForInput).
+  uint64_t round = 0;
 
   static Op Send(int peer, const void* p, size_t n) {
     Op o;
@@ -121,12 +128,13 @@ class Transport {
   Status Run(std::vector<Op>& ops, Deadline deadline) { return Run(ops, deadline, -1); }
 
   // Sleeps until a peer has sent this rank something it has not received yet (or closed its
-  // connection), `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes
+  // connection), a same-host peer asks it to join its next negotiation exchange (Op::round),
+  // `doorbell` (an fd, such as an eventfd) becomes readable, or `deadline` passes
   // (Deadline::max(): no deadline). Returns at once when such input is there already; never
-  // reads it. *peer_input says whether a peer has input. Only connected pairs (and the
-  // listeners, where a peer connects) are watched: a peer that may start something with this
-  // rank while it sleeps must be connected already (a Run with it happened). Costs nothing
-  // while it sleeps: no timer, no polling.
+  // reads it. *peer_input says whether a peer has input (or asks it to join). Only connected
+  // pairs (and the listeners, where a peer connects) are watched: a peer that may start
+  // something with this rank while it sleeps must be connected already (a Run with it happened).
+  // Costs nothing while it sleeps: no timer, no polling.
   // `asleep`, when given, is a mutex the caller holds: it is unlocked while this sleeps and
   // locked again before the transport is touched (as a condition variable's wait does), so that
   // another thread that takes it meanwhile may Run this transport. That thread calls
@@ -191,7 +199,13 @@ struct TransportOptions {
   // The large ring per direction of a same-host pair; a power of two in [4 KiB, 1 GiB]. (Each
   // pair also has a 32 KiB ring per direction for small messages.)
   size_t shm_ring_bytes = 1 << 20;
-  bool spin = true;  // busy-wait briefly before sleeping (off when oversubscribed)
+  // How a Run waits on a same-host peer before it sleeps on the pair's futex, for up to its
+  // spin_us: spin busy-waits (a host whose ranks do not outnumber its CPUs); otherwise yield
+  // polls and gives the CPU away (sched_yield) between polls, so that the peer it waits for,
+  // which may not be on a CPU, gets one (ranks past the core count, as Open MPI's
+  // mpi_yield_when_idle); neither: sleeps at once. The policy: runtime.cc, SameHostWaiting.
+  bool spin = true;
+  bool yield = false;
   // The job's secret: a peer is admitted only when it proves that it holds it, and this rank
   // talks only to peers that prove it too (handshake.h). Required.
   std::string secret;

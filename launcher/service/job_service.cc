@@ -60,7 +60,8 @@ class JobService::SessionReactor final
   // before the agent does, so an agent's exit never overtakes its Session's end.
   void Conclude();
 
-  // The host, set with the Hello under mu_ before any other thread can see this Session.
+  // The agent's host index: written once, from its Hello, under mu_, while this Session is
+  // reachable from no other thread; read-only after that.
   int host = -1;
   std::atomic<int64_t> last_heard_ms{0};
   Clock::time_point next_ping GUARDED_BY(service_.mu_);

@@ -41,6 +41,14 @@ EX=$SRC_DIR/examples/elastic/pytorch_synthetic_elastic.py
 tagged() { pids_with_env "RR_TEST_TAG=$TAG"; }
 # Steps named ringrun-agents of job $1 still known to Slurm.
 agent_steps() { squeue -h -s -j "$1" -o '%i %j' 2>/dev/null | awk '$2 == "ringrun-agents"'; }
+# The pid of this test's agent on node $1.
+agent_on() {
+  local p
+  for p in $(tagged); do
+    tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q "ringrun-agent --launcher" || continue
+    tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURMD_NODENAME=$1" && echo "$p"
+  done
+}
 # Waits until every node is idle again (nodes pass through COMPLETING after a job).
 wait_nodes_idle() {
   local start=$SECONDS
@@ -249,11 +257,7 @@ kill9)
   ;;
 agentkill)
   start_fault_job ""
-  victim=
-  for p in $(tagged); do
-    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "ringrun-agent --launcher" || continue
-    tr '\0' '\n' <"/proc/$p/environ" | grep -qx "SLURMD_NODENAME=${HP}2" && victim=$p
-  done
+  victim=$(agent_on "${HP}2")
   [[ -n $victim ]] || { fail "no agent on ${HP}2"; finish; }
   kill -9 "$victim"
   wait_first 30
@@ -278,12 +282,34 @@ elastic)
   expect_in "$out" "agents: one srun step per host (an elastic job), the first: srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=${HP}1 " \
     "--dry-run: a step per host"
   LOG=$TMP/alloc.log
-  start=$SECONDS
-  salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
-    $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --kill-worker 2 \
-    --kill-at 23 --step-delay 0.1; echo first rc=\$?" >"$LOG" 2>&1 &
-  ALLOC_PID=$!
-  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
+  # Starts, in the background, `-np 3 --min-np 2` of the example (extra arguments: "$@") in an
+  # allocation of 3 nodes submitted with --no-kill; sets ALLOC_PID and start.
+  start_elastic_job() {
+    start=$SECONDS
+    salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
+      $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --step-delay 0.1 $*; \
+      echo first rc=\$?" >"$LOG" 2>&1 &
+    ALLOC_PID=$!
+    cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  }
+  # Waits for the job; it must finish on 2 ranks with --reference's final parameters, then
+  # leave no step and no process. $1: what the job was.
+  end_elastic_job() {
+    wait_first 90
+    OUT=$(cat "$LOG")
+    [[ $FIRST_RC == 0 ]] && pass "$1: the job exits 0 ($((SECONDS - start)) s)" || { fail "$1: rc='$FIRST_RC'"; echo "$OUT"; }
+    expect_in "$OUT" "epoch 5 done on 2 ranks" "$1: the survivors finished on 2 ranks"
+    if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
+      pass "$1: final parameters equal --reference's (max abs difference $d)"
+    else fail "$1: final parameters differ from --reference: $d"; fi
+    wait "$ALLOC_PID" 2>/dev/null
+    JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
+    wait_gone 15 agent_steps "$JOB" || fail "$1: ringrun-agents steps left: $(agent_steps "$JOB")"
+    expect_nothing_left 15
+  }
+  # Worker 2 (on node 3) kills itself at step 23.
+  start_elastic_job --kill-worker 2 --kill-at 23
   if wait_lines 90 "$LOG" 1 "generation 2: "; then
     JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
     # Node 3's step ends while the other two run on.
@@ -294,44 +320,17 @@ elastic)
     n=$(agent_steps "$JOB" | wc -l)
     ((n == 2)) && pass "node 3's agent step ended, the other two run on" || fail "$n agent steps after the reset"
   else fail "no reset line"; fi
-  wait_first 90
-  OUT=$(cat "$LOG")
-  [[ $FIRST_RC == 0 ]] && pass "the job exits 0 ($((SECONDS - start)) s)" || { fail "rc='$FIRST_RC'"; echo "$OUT"; }
+  end_elastic_job "a rank killed"
   expect_in "$OUT" "ringrun: rank 2 (worker 2) on host ${HP}3 was killed by SIGKILL (signal 9); host ${HP}3 is blacklisted" \
     "the reset line names worker 2, its node and the signal"
   expect_in "$OUT" "generation 2: 2 ranks (was 3), reset 1" "generation 2 has the 2 survivors"
-  expect_in "$OUT" "epoch 5 done on 2 ranks" "the survivors finished on 2 ranks"
-  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
-  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
-    pass "final parameters equal --reference's (max abs difference $d)"
-  else fail "final parameters differ from --reference: $d"; fi
-  wait "$ALLOC_PID" 2>/dev/null
-  wait_gone 15 agent_steps "$JOB" || fail "ringrun-agents steps left: $(agent_steps "$JOB")"
-  expect_nothing_left 15
   # A lost node: node 2's agent killed with SIGKILL (its ranks die with it) after epoch 1.
-  start=$SECONDS
-  salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
-    $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --step-delay 0.1; \
-    echo first rc=\$?" >"$LOG" 2>&1 &
-  ALLOC_PID=$!
-  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+  start_elastic_job
   wait_lines 90 "$LOG" 1 "epoch 1 done" || fail "no epoch 1"
-  victim=
-  for p in $(tagged); do
-    tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "ringrun-agent --launcher" || continue
-    tr '\0' '\n' <"/proc/$p/environ" | grep -qx "SLURMD_NODENAME=${HP}2" && victim=$p
-  done
+  victim=$(agent_on "${HP}2")
   [[ -n $victim ]] && kill -9 "$victim" || fail "no agent on ${HP}2"
-  wait_first 90
-  OUT=$(cat "$LOG")
-  [[ $FIRST_RC == 0 ]] && pass "a lost node: the job exits 0 ($((SECONDS - start)) s)" || { fail "rc='$FIRST_RC'"; echo "$OUT"; }
+  end_elastic_job "a lost node"
   expect_in "$OUT" "host ${HP}2 is blacklisted; generation 2: 2 ranks (was 3), reset 1" "node 2 is left out"
-  expect_in "$OUT" "epoch 5 done on 2 ranks" "the survivors finished on 2 ranks"
-  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
-    pass "final parameters equal --reference's (max abs difference $d)"
-  else fail "final parameters differ from --reference: $d"; fi
-  wait "$ALLOC_PID" 2>/dev/null
-  expect_nothing_left 15
   ;;
 srunpmix)
   # libringrun under srun --mpi=pmix, without ringrun: 3 nodes x 2 tasks join through Slurm's

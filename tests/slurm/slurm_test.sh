@@ -23,6 +23,9 @@
 #              step ends while the job goes on, the survivors finish on 2 ranks with --reference's
 #              final parameters to 1e-12; --dry-run shows a step per host. Then node 2's
 #              agent killed with SIGKILL after epoch 1 (a lost node): the same ending
+#   nodefail   the elastic job loses node 2 (its slurmd and the job's processes there killed with
+#              SIGKILL, a crash): ringrun leaves it out, Slurm marks it DOWN while the job runs
+#              on (--no-kill), the survivors finish with --reference's parameters; node 2 returns
 # Each fault case checks that it ends in bounded time, that no tagged process (agent or rank)
 # is left on any node, and that squeue -s shows no ringrun-agents step.
 source "$(dirname "$0")/../cluster/lib.sh"
@@ -112,6 +115,38 @@ expect_second_job() {
   else fail "no second job:"; cat "$LOG"; fi
   wait "$ALLOC_PID" 2>/dev/null
   wait_gone 10 agent_steps "$JOB" || fail "ringrun-agents steps left: $(agent_steps "$JOB")"
+}
+
+# The elastic example's final parameters on one process (REF), for the elastic cases.
+elastic_reference() {
+  $PY -c 'import torch' 2>/dev/null || { echo "SKIP: needs Debian's python3-torch"; exit 77; }
+  LOG=$TMP/alloc.log
+  REF=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
+}
+# Starts, in the background, `-np 3 --min-np 2` of the elastic example (extra arguments: "$@")
+# in an allocation of 3 nodes submitted with --no-kill; sets ALLOC_PID and start.
+start_elastic_job() {
+  start=$SECONDS
+  salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
+    $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --step-delay 0.1 $*; \
+    echo first rc=\$?" >"$LOG" 2>&1 &
+  ALLOC_PID=$!
+  cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
+}
+# Waits up to $2 s (default 90) for the job; it must finish on 2 ranks with --reference's final
+# parameters, then leave no step and no process. $1: what the job was.
+end_elastic_job() {
+  wait_first "${2:-90}"
+  OUT=$(cat "$LOG")
+  [[ $FIRST_RC == 0 ]] && pass "$1: the job exits 0 ($((SECONDS - start)) s)" || { fail "$1: rc='$FIRST_RC'"; echo "$OUT"; }
+  expect_in "$OUT" "epoch 5 done on 2 ranks" "$1: the survivors finished on 2 ranks"
+  if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$REF") 2>&1); then
+    pass "$1: final parameters equal --reference's (max abs difference $d)"
+  else fail "$1: final parameters differ from --reference: $d"; fi
+  wait "$ALLOC_PID" 2>/dev/null
+  JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
+  wait_gone 15 agent_steps "$JOB" || fail "$1: ringrun-agents steps left: $(agent_steps "$JOB")"
+  expect_nothing_left 15
 }
 
 case $CASE in
@@ -277,37 +312,10 @@ timelimit)
   wait_gone 15 agent_steps "$JOB" || fail "steps left"
   ;;
 elastic)
-  $PY -c 'import torch' 2>/dev/null || { echo "SKIP: needs Debian's python3-torch"; exit 77; }
+  elastic_reference
   out=$(salloc -J "rr-test-$$" -N3 --ntasks-per-node=1 "$RINGRUN" --min-np 2 --dry-run true 2>&1)
   expect_in "$out" "agents: one srun step per host (an elastic job), the first: srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=${HP}1 " \
     "--dry-run: a step per host"
-  LOG=$TMP/alloc.log
-  ref=$(timeout 60 env PYTHONPATH="$PYDIR" $PY "$EX" --reference 2>&1)
-  # Starts, in the background, `-np 3 --min-np 2` of the example (extra arguments: "$@") in an
-  # allocation of 3 nodes submitted with --no-kill; sets ALLOC_PID and start.
-  start_elastic_job() {
-    start=$SECONDS
-    salloc -J "rr-test-$$" --no-kill -N3 --ntasks-per-node=1 bash -c "echo job=\$SLURM_JOB_ID; \
-      $RINGRUN -np 3 --min-np 2 -x PYTHONPATH=$PYDIR -x OMP_NUM_THREADS=1 $PY $EX --step-delay 0.1 $*; \
-      echo first rc=\$?" >"$LOG" 2>&1 &
-    ALLOC_PID=$!
-    cleanup_hooks+=("kill -9 $ALLOC_PID 2>/dev/null")
-  }
-  # Waits for the job; it must finish on 2 ranks with --reference's final parameters, then
-  # leave no step and no process. $1: what the job was.
-  end_elastic_job() {
-    wait_first 90
-    OUT=$(cat "$LOG")
-    [[ $FIRST_RC == 0 ]] && pass "$1: the job exits 0 ($((SECONDS - start)) s)" || { fail "$1: rc='$FIRST_RC'"; echo "$OUT"; }
-    expect_in "$OUT" "epoch 5 done on 2 ranks" "$1: the survivors finished on 2 ranks"
-    if d=$($PY "$SRC_DIR/examples/elastic/compare_final.py" <(echo "$OUT") <(echo "$ref") 2>&1); then
-      pass "$1: final parameters equal --reference's (max abs difference $d)"
-    else fail "$1: final parameters differ from --reference: $d"; fi
-    wait "$ALLOC_PID" 2>/dev/null
-    JOB=$(sed -n 's/^job=//p' "$LOG" | head -1)
-    wait_gone 15 agent_steps "$JOB" || fail "$1: ringrun-agents steps left: $(agent_steps "$JOB")"
-    expect_nothing_left 15
-  }
   # Worker 2 (on node 3) kills itself at step 23.
   start_elastic_job --kill-worker 2 --kill-at 23
   if wait_lines 90 "$LOG" 1 "generation 2: "; then
@@ -331,6 +339,50 @@ elastic)
   [[ -n $victim ]] && kill -9 "$victim" || fail "no agent on ${HP}2"
   end_elastic_job "a lost node"
   expect_in "$OUT" "host ${HP}2 is blacklisted; generation 2: 2 ranks (was 3), reset 1" "node 2 is left out"
+  ;;
+nodefail)
+  # Node 2 fails mid-training: its slurmd and every process of the job there (slurmstepd, the
+  # agent, the rank) killed with SIGKILL at once, as a crash would leave it; only the SSH test
+  # cluster's sshd stays in its namespace. Slurm marks the node DOWN once it has not answered
+  # for SlurmdTimeout (30 s here); the job, submitted with --no-kill, keeps its allocation and
+  # its other steps through that, and ringrun finishes on the 2 others. 0.7 s per step, so that
+  # the job outlives the node's DOWN. Then node 2's slurmd starts again and the node returns.
+  elastic_reference
+  node=${HP}2
+  slurmd_pid=$(cat "$RR_SLURM_DIR/run/slurmd-$node.pid" 2>/dev/null)
+  [[ -n $slurmd_pid ]] && kill -0 "$slurmd_pid" 2>/dev/null || { fail "no slurmd on $node"; finish; }
+  cleanup_hooks+=("QUIET=1 $SRC_DIR/scripts/test-slurm-cluster.sh up 3 >/dev/null 2>&1")
+  start_elastic_job --step-delay 0.7
+  wait_lines 90 "$LOG" 1 "epoch 1 done" || { fail "no epoch 1"; cat "$LOG"; finish; }
+  killed=()
+  for p in $(ip netns pids "$node"); do
+    [[ $(cat "/proc/$p/comm" 2>/dev/null) == sshd ]] || killed+=("$p")
+  done
+  kill -9 "${killed[@]}" 2>/dev/null
+  crash=$SECONDS
+  # Running (not a zombie waiting for its reaper) among the killed.
+  running() { local p; for p in "${killed[@]}"; do
+    [[ $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1) =~ ^[^Z]$ ]] && cat "/proc/$p/comm"; done; }
+  wait_gone 5 running && pass "node 2's slurmd, slurmstepd, agent and rank killed (${#killed[@]} processes)" ||
+    fail "still running on $node: $(running | tr '\n' ' ')"
+  if wait_lines 30 "$LOG" 1 "host $node is blacklisted; generation 2: 2 ranks (was 3), reset 1"; then
+    pass "ringrun leaves node 2 out ($((SECONDS - crash)) s after the crash)"
+  else fail "no reset that leaves node 2 out"; cat "$LOG"; fi
+  state=
+  while ((SECONDS - crash < 75)); do
+    state=$(sinfo -h -n "$node" -o '%T')
+    [[ $state == down* ]] && break
+    sleep 1
+  done
+  if [[ $state == down* ]]; then
+    if grep -q "first rc=" "$LOG"; then fail "the job ended before Slurm marked $node DOWN: the test is too short"
+    else pass "Slurm marked $node $state $((SECONDS - crash)) s after the crash; the job runs on (--no-kill)"; fi
+  else fail "$node is '$state', not DOWN, $((SECONDS - crash)) s after the crash"; fi
+  end_elastic_job "a failed node" 150
+  # The node comes back: its slurmd starts again and the node returns to service.
+  if QUIET=1 "$SRC_DIR/scripts/test-slurm-cluster.sh" up 3 >/dev/null 2>&1; then
+    pass "$node's slurmd started again and every node is idle"
+  else fail "the nodes did not come back: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"; fi
   ;;
 srunpmix)
   # libringrun under srun --mpi=pmix, without ringrun: 3 nodes x 2 tasks join through Slurm's

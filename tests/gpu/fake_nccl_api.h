@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -89,7 +90,8 @@ class FakeNcclApi : public gpu::NcclApi {
     bool collective_hangs = false;  // NCCL operations never complete
     ncclResult_t async_error = ncclSuccess;  // reported on the first poll after an enqueue
     ncclResult_t enqueue_result = ncclSuccess;
-    int failing_malloc = 0;  // the n-th Malloc (1-based) fails with cudaErrorMemoryAllocation
+    int failing_malloc = 0;    // the n-th Malloc (1-based) fails with cudaErrorMemoryAllocation
+    bool abort_hangs = false;  // CommAbort blocks until ReleaseHungAborts()
   };
 
   // What happened.
@@ -132,6 +134,17 @@ class FakeNcclApi : public gpu::NcclApi {
     world_->ranks_[rank_] = nullptr;
   }
 
+  // CommAborts that are hanging or have hung (Script::abort_hangs); ReleaseHungAborts lets them
+  // (and later ones) return.
+  int hung_aborts() {
+    std::lock_guard<std::mutex> lock(hang_mu_);
+    return hung_aborts_;
+  }
+  void ReleaseHungAborts() {
+    std::lock_guard<std::mutex> lock(hang_mu_);
+    hang_released_ = true;
+    hang_cv_.notify_all();
+  }
   Record record() {
     std::lock_guard<std::mutex> lock(world_->mu_);
     return record_;
@@ -361,6 +374,11 @@ class FakeNcclApi : public gpu::NcclApi {
     return ncclSuccess;
   }
   ncclResult_t CommAbort(ncclComm_t comm) override {
+    if (script_.abort_hangs) {
+      std::unique_lock<std::mutex> hang(hang_mu_);
+      ++hung_aborts_;
+      hang_cv_.wait(hang, [&] { return hang_released_; });
+    }
     std::lock_guard<std::mutex> lock(world_->mu_);
     if (!Live(comm)) return ncclInvalidArgument;
     ++record_.aborts;
@@ -751,7 +769,11 @@ class FakeNcclApi : public gpu::NcclApi {
     }
   }
 
-  Script script_;  // guarded by the world's lock (mutable fields: current_device)
+  Script script_;       // guarded by the world's lock (mutable fields: current_device)
+  std::mutex hang_mu_;  // a hanging CommAbort (Script::abort_hangs) waits on hang_cv_
+  std::condition_variable hang_cv_;
+  int hung_aborts_ = 0;         // guarded by hang_mu_
+  bool hang_released_ = false;  // guarded by hang_mu_
   const std::shared_ptr<FakeGpuWorld> world_;
   const bool solo_;
   const int rank_;

@@ -342,6 +342,53 @@ TEST_CASE("Abort() from another thread ends a Finish in flight", "[backend]") {
   CHECK(api->record().calls_after_end == 0);
 }
 
+TEST_CASE("an abort that hangs is left behind at its deadline, and NCCL is refused after it",
+          "[backend]") {
+  FakeNcclApi::Script s;
+  s.collective_hangs = true;
+  s.abort_hangs = true;
+  auto api = std::make_shared<FakeNcclApi>(s);
+  gpu::NcclBackendOptions o = Opts(0, 2, 0, /*timeout_ms=*/100);
+  o.abort_timeout_ms = 200;
+  auto backend = gpu::MakeNcclBackend(api, o);
+  REQUIRE(backend.ok());
+  gpu::DeviceBackend& b = **backend;
+  REQUIRE(b.Allreduce(g_buf, g_buf, 8, RINGRUN_FLOAT32, RINGRUN_SUM, 1.0).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Status st = b.Finish({}, /*wait=*/true);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(st.code() == Code::kTimeout);
+  CHECK_THAT(st.message(), Catch::Contains("device collectives did not complete within 100 ms") &&
+                               Catch::Contains("ncclCommAbort did not return within 200 ms"));
+  CHECK(api->hung_aborts() == 1);
+  CHECK(api->record().aborts == 0);  // still inside it
+  // Later calls fail at once, with the same message.
+  CHECK(b.Finish({}, true).message() == st.message());
+  // A new communicator on this GPU (the next generation's, in an elastic job) is refused.
+  auto next = gpu::MakeNcclBackend(api, Opts(0, 2, 0));
+  REQUIRE_FALSE(next.ok());
+  CHECK(next.status().code() == Code::kUnavailable);
+  CHECK_THAT(next.status().message(),
+             Catch::Contains("rank 0/2: NCCL cannot be used again in this process") &&
+                 Catch::Contains("could not be aborted"));
+  // The backend goes without waiting again and frees nothing on the stuck device.
+  const int frees = api->record().frees;
+  const auto destroy = std::chrono::steady_clock::now();
+  backend->reset();
+  CHECK(std::chrono::steady_clock::now() - destroy < std::chrono::seconds(1));
+  CHECK(api->record().frees == frees);
+  // The abort's thread ends once NCCL lets it.
+  api->ReleaseHungAborts();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (api->record().aborts == 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(api->record().aborts == 1);
+  // Another process's NCCL (another api) is not marked.
+  auto other = std::make_shared<FakeNcclApi>(FakeNcclApi::Script{});
+  CHECK(gpu::MakeNcclBackend(other, Opts(0, 1, 0)).ok());
+}
+
 TEST_CASE("a ready event is recorded on the caller's stream, on the buffer's device", "[backend]") {
   FakeNcclApi::Script s;
   s.current_device = 1;

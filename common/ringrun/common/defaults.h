@@ -29,6 +29,7 @@ inline constexpr int kJoinTimeoutMs = 120000;              // ringrun_init waiti
 inline constexpr int kDefaultCollectiveTimeoutMs = 60000;  // RINGRUN_TIMEOUT_MS: every wait
 inline constexpr int kPairHelloTimeoutMs = 10000;          // a data-plane connection's greeting
 inline constexpr int kNcclFinalizeTimeoutMs = 5000;        // ncclCommFinalize at shutdown
+inline constexpr int kNcclAbortTimeoutMs = 10000;          // ncclCommAbort, which can hang too
 // Joining through a store (runtime/src/rendezvous): ranks other than 0 wait this much longer
 // than the join timeout for the peer table, so that rank 0's reason for giving up reaches them.
 inline constexpr int kStorePeerTableGraceMs = 2000;

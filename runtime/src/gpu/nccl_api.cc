@@ -111,7 +111,12 @@ class RealNcclApi final : public NcclApi {
 
 }  // namespace
 
-std::shared_ptr<NcclApi> MakeRealNcclApi() { return std::make_shared<RealNcclApi>(); }
+// One for the process: it is the process's CUDA and NCCL (a communicator that could not be
+// aborted marks it, nccl_backend.h).
+std::shared_ptr<NcclApi> MakeRealNcclApi() {
+  static const std::shared_ptr<NcclApi> api = std::make_shared<RealNcclApi>();
+  return api;
+}
 
 // Walks the loaded-object list (no file-system access: dlopen(RTLD_NOLOAD) of a library that is
 // not loaded searches the library path, ~60 us, and this runs on every collective's buffers).

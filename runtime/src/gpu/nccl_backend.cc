@@ -4,9 +4,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "ringrun/common/clock.h"
 #include "ringrun/common/defaults.h"
@@ -18,7 +22,50 @@
 namespace ringrun::runtime::gpu {
 namespace {
 
-// Finalizing a communicator waits for peers; at teardown we wait at most this long, then abort.
+// The apis whose communicator could not be aborted in time (nccl_backend.h), with what was
+// said then. Weak, so that a test's fake that is gone marks nothing.
+struct HungAbort {
+  std::weak_ptr<NcclApi> api;
+  std::string why;
+};
+std::mutex g_hung_mu;
+std::vector<HungAbort> g_hung;  // guarded by g_hung_mu
+
+// What a hung abort on `api` said, or "" when none hung.
+std::string HungAbortOn(const std::shared_ptr<NcclApi>& api) {
+  std::lock_guard<std::mutex> lock(g_hung_mu);
+  for (const HungAbort& h : g_hung) {
+    if (h.api.lock() == api) return h.why;
+  }
+  return "";
+}
+
+// ncclCommAbort(comm) on a thread of its own, with the communicator's device current there;
+// true when it returned within `limit`. Otherwise the thread is left to it (holding `api`) and
+// `api` is marked with `why`.
+bool AbortWithin(const std::shared_ptr<NcclApi>& api, ncclComm_t comm, int device,
+                 std::chrono::milliseconds limit, const std::string& why) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto d = std::make_shared<Done>();
+  std::thread([api, comm, device, d] {
+    api->SetDevice(device);
+    api->CommAbort(comm);
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->done = true;
+    d->cv.notify_all();
+  }).detach();
+  {
+    std::unique_lock<std::mutex> lock(d->mu);
+    if (d->cv.wait_for(lock, limit, [&] { return d->done; })) return true;
+  }
+  std::lock_guard<std::mutex> lock(g_hung_mu);
+  g_hung.push_back(HungAbort{api, why});
+  return false;
+}
 
 Code CodeForNccl(ncclResult_t r) {
   switch (r) {
@@ -62,6 +109,7 @@ class NcclBackend final : public DeviceBackend {
         device_(device),
         nccl_version_(nccl_version),
         timeout_(std::chrono::milliseconds(std::max(1, options.timeout_ms))),
+        abort_timeout_(std::chrono::milliseconds(std::max(1, options.abort_timeout_ms))),
         poll_interval_(std::chrono::microseconds(std::max(1, options.poll_interval_us))),
         where_("rank " + std::to_string(options.rank) + "/" + std::to_string(options.size) +
                " (cuda:" + std::to_string(device) + ")"),
@@ -97,10 +145,11 @@ class NcclBackend final : public DeviceBackend {
       }
       if (clean) {
         api_->CommDestroy(comm);
-      } else {
-        api_->CommAbort(comm);
+      } else if (!AbortComm(comm)) {
+        return;  // the device is stuck: freeing on it could block as well, so nothing is freed
       }
     }
+    if (abort_hung_) return;
     ScopedDevice on_device(*api_, device_);
     if (fusion_ != nullptr) api_->Free(fusion_);
     if (done_ != nullptr) api_->EventDestroy(done_);
@@ -117,7 +166,9 @@ class NcclBackend final : public DeviceBackend {
     ncclResult_t r = api_->CommInitRankConfig(&comm, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       Status s = NcclStatus("NCCL init", r, comm);
-      if (comm != nullptr) api_->CommAbort(comm);
+      if (comm != nullptr && !AbortComm(comm)) {
+        s = Status(s.code(), s.message() + "; " + AbortHungText());
+      }
       return s;
     }
     {
@@ -435,14 +486,27 @@ class NcclBackend final : public DeviceBackend {
       std::this_thread::sleep_for(poll_interval_);
     }
   }
-  // Ends the communicator for good; every later call returns `why`.
+  // Ends the communicator for good; every later call returns `why` (which says so when the
+  // abort itself hung).
   Status BreakLocked(Status why) REQUIRES(mu_) {
     if (comm_ != nullptr) {
-      api_->CommAbort(comm_);
+      if (!AbortComm(comm_)) why = Status(why.code(), why.message() + "; " + AbortHungText());
       comm_ = nullptr;
       broken_ = why;
     }
     return why;
+  }
+
+  // ncclCommAbort within abort_timeout_ (AbortWithin); false when it hung.
+  bool AbortComm(ncclComm_t comm) {
+    if (AbortWithin(api_, comm, device_, abort_timeout_, where_ + ": " + AbortHungText()))
+      return true;
+    abort_hung_ = true;
+    return false;
+  }
+  std::string AbortHungText() const {
+    return "ncclCommAbort did not return within " + std::to_string(abort_timeout_.count()) +
+           " ms, the communicator could not be aborted (the GPU is left with work that hangs)";
   }
 
   Status NcclStatus(const std::string& what, ncclResult_t r, ncclComm_t comm) {
@@ -464,6 +528,7 @@ class NcclBackend final : public DeviceBackend {
   const int device_;
   const int nccl_version_;
   const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds abort_timeout_;
   const std::chrono::microseconds poll_interval_;
   const std::string where_;  // "rank 1/4 (cuda:1)", the prefix of every message
   const cudaStream_t own_stream_;
@@ -478,6 +543,7 @@ class NcclBackend final : public DeviceBackend {
   Mutex mu_;
   ncclComm_t comm_ GUARDED_BY(mu_) = nullptr;  // nullptr once aborted or destroyed
   Status broken_ GUARDED_BY(mu_);              // why comm_ was aborted
+  std::atomic<bool> abort_hung_{false};        // an ncclCommAbort of ours never returned
 };
 
 // Why this machine cannot run CUDA, as an Unavailable status.
@@ -540,6 +606,9 @@ Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> 
   if (e != cudaSuccess) return NoCudaStatus(*api, e).Annotate(who);
   if (count <= 0) return Unavailable(who + ": no CUDA device: cudaGetDeviceCount found none");
 
+  if (std::string hung = HungAbortOn(api); !hung.empty()) {
+    return Unavailable(who + ": NCCL cannot be used again in this process: " + hung);
+  }
   int nccl_version = 0;
   if (api->GetVersion(&nccl_version) != ncclSuccess) nccl_version = 0;
 

@@ -7,6 +7,13 @@
 // (ncclConfig_t::blocking = 0): init and every collective are polled with
 // ncclCommGetAsyncError against a deadline, and a timeout, an asynchronous error or Abort()
 // ends the communicator with ncclCommAbort, after which every call fails with that reason.
+//
+// ncclCommAbort can hang itself (a kernel that never ends, a proxy thread stuck on a peer that
+// is gone), so it runs on a thread of its own and the backend waits for it abort_timeout_ms at
+// most. Past that the communicator is left to that thread, and `api` (in production the
+// process's CUDA and NCCL) is marked: a GPU whose communicator could not be aborted cannot be
+// trusted with another one, so every later MakeNcclBackend on that api fails, saying why. In an
+// elastic job the rank then fails where it would have hung, and the job goes on without it.
 #pragma once
 
 #include <memory>
@@ -29,6 +36,8 @@ struct NcclBackendOptions {
   int timeout_ms = kDefaultCollectiveTimeoutMs;
   // How often a pending operation is polled.
   int poll_interval_us = 100;
+  // Bound on ncclCommAbort (see above).
+  int abort_timeout_ms = kNcclAbortTimeoutMs;
 };
 
 // The bytes of a fresh ncclUniqueId, or "" when this machine has no usable GPU (no driver, no
@@ -39,7 +48,7 @@ std::string CreateNcclUniqueId(NcclApi& api);
 // Chooses the device (the calling thread's current one when it already has a CUDA context,
 // else local_rank modulo the device count), creates a stream and the communicator, and waits
 // for init within the timeout. Errors: "no CUDA driver: <CUDA's text>", "no CUDA device",
-// "NCCL init ... timed out", with rank and device named.
+// "NCCL init ... timed out", "... could not be aborted", with rank and device named.
 Result<std::unique_ptr<DeviceBackend>> MakeNcclBackend(std::shared_ptr<NcclApi> api,
                                                        const NcclBackendOptions& options);
 

@@ -1,5 +1,6 @@
 #include "launcher/starters/ssh_agent_starter.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "ringrun/common/defaults.h"
 #include "ringrun/common/fd.h"
@@ -19,7 +21,7 @@
 namespace ringrun::launcher::starters {
 namespace {
 
-constexpr int kPumpIntervalMs = 1000;  // how long the I/O thread sleeps with nothing to do
+constexpr int kPumpIntervalMs = 1000;  // every session is pumped at least this often
 constexpr int kKilledStatus = 128 + SIGKILL;
 constexpr int kConnectionLostStatus = 255;  // what ssh(1) reports for the same failure
 
@@ -57,117 +59,235 @@ class GateHold {
   Gate& g_;
 };
 
-class SshAgentHandle final : public AgentHandle {
+// One started agent: its session and what its output and exit left behind.
+struct SshAgent {
+  SshAgent(std::string d, std::unique_ptr<SshSession> s)
+      : display(std::move(d)), session(std::move(s)) {}
+
+  const std::string display;
+  // Used only by the poller's thread while the agent is registered (the SshSession contract:
+  // one thread at a time), and freed with the agent once it is released.
+  std::unique_ptr<SshSession> session;
+  std::atomic<bool> kill_requested{false};
+  // The poller thread's own.
+  std::string out_partial, err_partial;
+  std::optional<int> received_exit;
+  std::optional<std::chrono::steady_clock::time_point> exit_seen_at;
+
+  Mutex mu;
+  CondVar released_cv;  // released became true
+  std::optional<int> exit GUARDED_BY(mu);
+  LineTail tail GUARDED_BY(mu) = LineTail(kStderrTailLines);
+  bool released GUARDED_BY(mu) = false;  // the poller is done with it
+};
+
+// One thread that drives the sessions of every agent that a starter started: it waits in
+// poll() on their sockets and a wake pipe, pumps the sessions that have input, relays the
+// agents' output to the launcher's stderr, one line per write, as "[agent HOST] line", keeps
+// the last kStderrTailLines stderr lines of each, and records their exits. So a job over N SSH
+// hosts holds one I/O thread for them, not N. Every kPumpIntervalMs it pumps every session
+// (libssh's timers; an exit status whose channel never closes is taken as the end after
+// kSshCloseAfterExitMs).
+class SshPoller {
  public:
-  SshAgentHandle(std::string display, std::unique_ptr<SshSession> session, Pipe wake)
-      : display_(std::move(display)), session_(std::move(session)), wake_(std::move(wake)) {
-    thread_ = std::thread([this] { Run(); });
+  static Result<std::shared_ptr<SshPoller>> Make() {
+    Result<Pipe> wake = MakePipe();
+    if (!wake.ok()) return wake.status().Annotate("SSH poller");
+    RINGRUN_RETURN_IF_ERROR(SetNonBlocking(wake->read.get(), true));
+    RINGRUN_RETURN_IF_ERROR(SetNonBlocking(wake->write.get(), true));
+    return std::shared_ptr<SshPoller>(new SshPoller(std::move(*wake)));
   }
 
-  ~SshAgentHandle() override {
-    Kill();
+  ~SshPoller() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    Wake();
     if (thread_.joinable()) thread_.join();
   }
 
-  std::optional<int> Poll() override {
-    MutexLock lock(&mu_);
-    return exit_;
+  // Hands `agent` to the poller's thread (from a starting thread).
+  void Add(std::shared_ptr<SshAgent> agent) {
+    {
+      MutexLock lock(&mu_);
+      added_.push_back(std::move(agent));
+      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    }
+    Wake();
   }
 
-  void Kill() override {
-    if (kill_requested_.exchange(true)) return;
-    char b = 'k';
+  void Wake() {
+    char b = 'w';
     (void)!::write(wake_.write.get(), &b, 1);
   }
 
-  std::string StderrTail() override {
-    MutexLock lock(&mu_);
-    return tail_.Text();
-  }
-
  private:
+  explicit SshPoller(Pipe wake) : wake_(std::move(wake)) {}
+
   void Run() {
-    std::string out_partial, err_partial;
-    std::optional<int> received_exit;
-    std::optional<std::chrono::steady_clock::time_point> exit_seen_at;
+    std::vector<std::shared_ptr<SshAgent>> agents;  // registered, this thread's own
+    std::vector<pollfd> fds;
+    auto next_sweep = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPumpIntervalMs);
     for (;;) {
-      if (kill_requested_.load()) {
-        session_->Terminate();
-        Finish(received_exit.value_or(kKilledStatus), &out_partial, &err_partial, "");
-        return;
+      bool stop;
+      {
+        MutexLock lock(&mu_);
+        for (auto& a : added_) agents.push_back(std::move(a));
+        added_.clear();
+        stop = stop_;
       }
-      ExecEvents ev;
-      session_->Pump(kPumpIntervalMs, wake_.read.get(), &ev);
+      const auto now = std::chrono::steady_clock::now();
+      const bool sweep = now >= next_sweep;
+      if (sweep) next_sweep = now + std::chrono::milliseconds(kPumpIntervalMs);
+      // fds[i + 1] was agents[i]'s at the last poll (agents added since have none yet).
+      for (size_t i = 0; i < agents.size();) {
+        SshAgent& a = *agents[i];
+        const bool polled = i + 1 < fds.size();
+        const bool readable = polled && fds[i + 1].revents != 0;
+        if (Drive(a, stop, sweep || readable)) {
+          Release(a);
+          agents.erase(agents.begin() + static_cast<long>(i));
+          if (polled) fds.erase(fds.begin() + static_cast<long>(i) + 1);
+        } else {
+          ++i;
+        }
+      }
+      if (stop) return;
+      // What to wait for: the wake pipe and every session; until the next sweep, or an exit
+      // status's wait for its channel's close.
+      auto until = next_sweep;
+      fds.assign(1, pollfd{wake_.read.get(), POLLIN, 0});
+      for (const auto& a : agents) {
+        fds.push_back(pollfd{a->session->PollFd(), POLLIN, 0});
+        if (a->exit_seen_at) {
+          until =
+              std::min(until, *a->exit_seen_at + std::chrono::milliseconds(kSshCloseAfterExitMs));
+        }
+      }
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      (void)::poll(fds.data(), fds.size(),
+                   static_cast<int>(std::max<int64_t>(0, wait.count()) + 1));
       char drain[64];
       while (::read(wake_.read.get(), drain, sizeof(drain)) > 0) {
-      }
-      Relay(ev.stdout_data, &out_partial);
-      Relay(ev.stderr_data, &err_partial);
-      if (ev.exit_status && !received_exit) {
-        received_exit = ev.exit_status;
-        exit_seen_at = std::chrono::steady_clock::now();
-      }
-      if (ev.closed) {
-        int status = received_exit.value_or(kConnectionLostStatus);
-        std::string why = received_exit ? ""
-                                        : (ev.error.ok() ? display_ +
-                                                               ": SSH channel closed "
-                                                               "without an exit status"
-                                                         : ev.error.message());
-        Finish(status, &out_partial, &err_partial, why);
-        return;
-      }
-      if (exit_seen_at && std::chrono::steady_clock::now() - *exit_seen_at >
-                              std::chrono::milliseconds(kSshCloseAfterExitMs)) {
-        Finish(*received_exit, &out_partial, &err_partial, "");
-        return;
       }
     }
   }
 
-  void Finish(int status, std::string* out_partial, std::string* err_partial,
-              const std::string& why) {
-    if (!out_partial->empty()) EmitLine(std::exchange(*out_partial, {}));
-    if (!err_partial->empty()) EmitLine(std::exchange(*err_partial, {}));
-    MutexLock lock(&mu_);
-    if (!why.empty()) tail_.Push(why);
-    exit_ = status;
+  // One look at `a`: kill it if asked (or the poller stops), else pump it when `pump`, relay
+  // what came and note its end. True once it has ended.
+  bool Drive(SshAgent& a, bool stop, bool pump) {
+    if (a.kill_requested.load() || stop) {
+      a.session->Terminate();
+      Finish(a, a.received_exit.value_or(kKilledStatus), "");
+      return true;
+    }
+    if (pump) {
+      ExecEvents ev;
+      a.session->Pump(0, -1, &ev);
+      Relay(a, ev.stdout_data, &a.out_partial);
+      Relay(a, ev.stderr_data, &a.err_partial);
+      if (ev.exit_status && !a.received_exit) {
+        a.received_exit = ev.exit_status;
+        a.exit_seen_at = std::chrono::steady_clock::now();
+      }
+      if (ev.closed) {
+        const int status = a.received_exit.value_or(kConnectionLostStatus);
+        std::string why;
+        if (!a.received_exit) {
+          why = ev.error.ok() ? a.display + ": SSH channel closed without an exit status"
+                              : ev.error.message();
+        }
+        Finish(a, status, why);
+        return true;
+      }
+    }
+    if (a.exit_seen_at && std::chrono::steady_clock::now() - *a.exit_seen_at >
+                              std::chrono::milliseconds(kSshCloseAfterExitMs)) {
+      Finish(a, *a.received_exit, "");
+      return true;
+    }
+    return false;
+  }
+
+  static void Release(SshAgent& a) {
+    {
+      MutexLock lock(&a.mu);
+      a.released = true;
+    }
+    a.released_cv.SignalAll();
+  }
+
+  static void Finish(SshAgent& a, int status, const std::string& why) {
+    if (!a.out_partial.empty()) EmitLine(a, std::exchange(a.out_partial, {}));
+    if (!a.err_partial.empty()) EmitLine(a, std::exchange(a.err_partial, {}));
+    MutexLock lock(&a.mu);
+    if (!why.empty()) a.tail.Push(why);
+    a.exit = status;
   }
 
   // Splits `data` into lines, keeping an unterminated rest in *partial.
-  void Relay(const std::string& data, std::string* partial) {
+  static void Relay(SshAgent& a, const std::string& data, std::string* partial) {
     size_t start = 0;
     for (;;) {
       size_t nl = data.find('\n', start);
       if (nl == std::string::npos) break;
       partial->append(data, start, nl - start);
-      EmitLine(std::exchange(*partial, {}));
+      EmitLine(a, std::exchange(*partial, {}));
       start = nl + 1;
     }
     partial->append(data, start, std::string::npos);
   }
 
-  void EmitLine(std::string line) {
+  static void EmitLine(SshAgent& a, std::string line) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    std::string text = "[agent " + display_ + "] " + line + "\n";
+    std::string text = "[agent " + a.display + "] " + line + "\n";
     (void)WriteAll(STDERR_FILENO, text.data(), text.size());
-    MutexLock lock(&mu_);
-    tail_.Push(line);
+    MutexLock lock(&a.mu);
+    a.tail.Push(line);
   }
 
-  // Constant after construction.
-  const std::string display_;
-  // Used only by thread_ (the SshSession contract: one thread at a time).
-  std::unique_ptr<SshSession> session_;
-  // wake_.write is written by Kill() from any thread; wake_.read is read by thread_.
-  Pipe wake_;
-  std::atomic<bool> kill_requested_{false};
-
+  // wake_.write is written from any thread; wake_.read is read by thread_.
+  const Pipe wake_;
   Mutex mu_;
-  std::optional<int> exit_ GUARDED_BY(mu_);
-  LineTail tail_ GUARDED_BY(mu_) = LineTail(kStderrTailLines);
+  std::vector<std::shared_ptr<SshAgent>> added_ GUARDED_BY(mu_);  // not yet taken by thread_
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // started by the first Add (under mu_), joined by the destructor
+};
 
-  std::thread thread_;  // last: started once every field above exists
+class SshAgentHandle final : public AgentHandle {
+ public:
+  SshAgentHandle(std::shared_ptr<SshPoller> poller, std::shared_ptr<SshAgent> agent)
+      : poller_(std::move(poller)), agent_(std::move(agent)) {
+    poller_->Add(agent_);
+  }
+
+  // Ends the agent if it runs, and waits until the poller is done with its session.
+  ~SshAgentHandle() override {
+    Kill();
+    MutexLock lock(&agent_->mu);
+    while (!agent_->released) agent_->released_cv.Wait(&agent_->mu);
+  }
+
+  std::optional<int> Poll() override {
+    MutexLock lock(&agent_->mu);
+    return agent_->exit;
+  }
+
+  void Kill() override {
+    if (agent_->kill_requested.exchange(true)) return;
+    poller_->Wake();
+  }
+
+  std::string StderrTail() override {
+    MutexLock lock(&agent_->mu);
+    return agent_->tail.Text();
+  }
+
+ private:
+  const std::shared_ptr<SshPoller> poller_;
+  const std::shared_ptr<SshAgent> agent_;
 };
 
 class SshAgentStarter final : public AgentStarter {
@@ -215,18 +335,30 @@ class SshAgentStarter final : public AgentStarter {
     RINGRUN_RETURN_IF_ERROR(session->Exec(BuildAgentCommand(launch, address)));
     RINGRUN_RETURN_IF_ERROR(session->WriteStdin(launch.secret + "\n"));
 
-    Result<Pipe> wake = MakePipe();
-    if (!wake.ok()) return wake.status().Annotate(display);
-    RINGRUN_RETURN_IF_ERROR(SetNonBlocking(wake->read.get(), true));
-    RINGRUN_RETURN_IF_ERROR(SetNonBlocking(wake->write.get(), true));
-    return std::unique_ptr<AgentHandle>(
-        std::make_unique<SshAgentHandle>(display, std::move(session), std::move(*wake)));
+    Result<std::shared_ptr<SshPoller>> poller = Poller();
+    if (!poller.ok()) return poller.status().Annotate(display);
+    return std::unique_ptr<AgentHandle>(std::make_unique<SshAgentHandle>(
+        *poller, std::make_shared<SshAgent>(display, std::move(session))));
   }
 
  private:
+  // The starter's poller, made with its first agent; the handles share it, so it outlives the
+  // starter while they run.
+  Result<std::shared_ptr<SshPoller>> Poller() {
+    MutexLock lock(&poller_mu_);
+    if (!poller_) {
+      Result<std::shared_ptr<SshPoller>> made = SshPoller::Make();
+      if (!made.ok()) return made.status();
+      poller_ = std::move(*made);
+    }
+    return poller_;
+  }
+
   const SshConfig config_;
   const std::shared_ptr<SshConnector> connector_;
   Gate gate_;
+  Mutex poller_mu_;
+  std::shared_ptr<SshPoller> poller_ GUARDED_BY(poller_mu_);
 };
 
 }  // namespace

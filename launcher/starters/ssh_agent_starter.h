@@ -9,9 +9,12 @@
 // SshConfig::network_interfaces (--network-interfaces); else the local address of this host's SSH
 // connection, i.e. the address the host already reached us on.
 //
-// Each handle owns one I/O thread that drives its session: it relays the agent's stdout and
-// stderr to the launcher's stderr, one line per write, as "[agent HOST] line", keeps the last
-// kStderrTailLines stderr lines for StderrTail(), and records the exit status for Poll().
+// Once an agent runs, one I/O thread per starter (its poller) drives every agent's session:
+// it waits in poll() on their sockets, relays each agent's stdout and stderr to the launcher's
+// stderr, one line per write, as "[agent HOST] line", keeps the last kStderrTailLines stderr
+// lines for StderrTail(), and records the exit status for Poll(). So the threads of a job over
+// N SSH hosts are the poller and, while agents start, up to config.fanout starting threads
+// (the job's), not N.
 // Exit status 127 means ringrun-agent is not at that path on the host (the remote shell's
 // convention; the command checks for it first and prints nothing itself), 126 that it is not
 // executable; 255 that the SSH connection failed (StderrTail() then ends with the reason).

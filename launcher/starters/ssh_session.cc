@@ -187,6 +187,11 @@ class LibsshSession final : public SshSession {
     }
   }
 
+  int PollFd() const override {
+    if (closed_ || remote_closed_ || !ssh_is_connected(session_.get())) return -1;
+    return static_cast<int>(ssh_get_fd(session_.get()));
+  }
+
   void Terminate() override {
     if (channel_ == nullptr || terminated_) return;
     terminated_ = true;

@@ -65,8 +65,8 @@ struct ExecEvents {
 };
 
 // An authenticated connection. Not thread-safe: after Connect() returns it, one thread at a time
-// uses it (the agent handle's I/O thread). Destroying it closes the channel and the connection
-// without waiting for the peer.
+// uses it (the starting thread, then the starter's poller). Destroying it closes the channel and
+// the connection without waiting for the peer.
 class SshSession {
  public:
   virtual ~SshSession() = default;
@@ -80,8 +80,12 @@ class SshSession {
   // error here: the next Pump reports its exit status and stderr, which say why.
   virtual Status WriteStdin(std::string_view data) = 0;
   // Waits up to `timeout_ms` for the channel to make progress, or for `wake_fd` (-1: none) to
-  // become readable (it is not drained), and appends what happened to *events.
+  // become readable (it is not drained), and appends what happened to *events. With 0, takes
+  // what has arrived without waiting.
   virtual void Pump(int timeout_ms, int wake_fd, ExecEvents* events) = 0;
+  // The descriptor that becomes readable when the session has something for Pump (the
+  // connection's socket), for a caller that polls many sessions at once; -1 once closed.
+  virtual int PollFd() const = 0;
   // Asks the remote command to end (a TERM signal, stdin EOF, channel close) without waiting
   // for an answer. sshd then closes the command's stdin, which ringrun-agent treats as the
   // launcher's death. Idempotent.

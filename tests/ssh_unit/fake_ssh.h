@@ -3,7 +3,9 @@
 // plays the remote side (output, exit status, connection loss).
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,8 +20,20 @@
 
 namespace ringrun::launcher::starters::testing {
 
-// The remote end of one fake session. All members guarded by mu.
+// The remote end of one fake session. All members guarded by mu but `notify`, a pipe that
+// becomes readable when the remote has something for Pump (as a session's socket does).
 struct FakeRemote {
+  FakeRemote() {
+    if (::pipe2(notify, O_NONBLOCK | O_CLOEXEC) != 0) notify[0] = notify[1] = -1;
+  }
+  ~FakeRemote() {
+    for (int fd : notify) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  int notify[2];
+  void Notify() { (void)!::write(notify[1], "n", 1); }
+
   std::mutex mu;
   std::string command;
   std::string stdin_data;
@@ -31,18 +45,27 @@ struct FakeRemote {
   bool exec_fails = false;
 
   void Emit(const std::string& out, const std::string& err) {
-    std::lock_guard<std::mutex> l(mu);
-    pending_out += out;
-    pending_err += err;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pending_out += out;
+      pending_err += err;
+    }
+    Notify();
   }
   void Exit(int status) {
-    std::lock_guard<std::mutex> l(mu);
-    pending_exit = status;
-    close = true;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pending_exit = status;
+      close = true;
+    }
+    Notify();
   }
   void LoseConnection() {
-    std::lock_guard<std::mutex> l(mu);
-    lose = true;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      lose = true;
+    }
+    Notify();
   }
   template <typename T>
   T Get(T FakeRemote::*field) {
@@ -67,7 +90,11 @@ class FakeSession final : public SshSession {
     remote_->stdin_data.append(data);
     return Status::Ok();
   }
+  int PollFd() const override { return remote_->notify[0]; }
   void Pump(int timeout_ms, int wake_fd, ExecEvents* ev) override {
+    char drain[64];
+    while (::read(remote_->notify[0], drain, sizeof(drain)) > 0) {
+    }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       {

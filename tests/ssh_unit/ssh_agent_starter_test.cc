@@ -305,6 +305,58 @@ TEST_CASE("Kill terminates the remote command, a lost connection reads 255", "[s
   CHECK(fake->For("c").remote->Get(&FakeRemote::terminated));
 }
 
+// Threads of this process now.
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+TEST_CASE("One I/O thread drives every running agent's session", "[ssh][unit]") {
+  // 100 agents: their output, exits and kills all go through the starter's one poller thread.
+  constexpr int kAgents = 100;
+  auto fake = std::make_shared<FakeConnector>();
+  auto starter = MakeSshAgentStarter(SshConfig{}, fake);
+  const int before = ThreadCount();
+  std::vector<std::unique_ptr<AgentHandle>> handles;
+  for (int i = 0; i < kAgents; ++i) {
+    auto h = starter->Start(hosts::HostSpec{"", "h" + std::to_string(i), 1}, MakeLaunch());
+    REQUIRE(h.ok());
+    handles.push_back(std::move(*h));
+  }
+  CHECK(ThreadCount() == before + 1);
+  // Every agent's output reaches its own tail, and each exit its own handle.
+  for (int i = 0; i < kAgents; ++i) {
+    fake->For("h" + std::to_string(i)).remote->Emit("", "agent " + std::to_string(i) + " says\n");
+  }
+  for (int i = 0; i < kAgents; i += 2) fake->For("h" + std::to_string(i)).remote->Exit(i % 7);
+  for (int i = 1; i < kAgents; i += 4) handles[i]->Kill();
+  for (int i = 0; i < kAgents; ++i) {
+    INFO("agent " << i);
+    const bool ends = i % 2 == 0 || i % 4 == 1;
+    if (ends) {
+      REQUIRE(WaitFor([&] { return handles[i]->Poll().has_value(); }));
+      CHECK(*handles[i]->Poll() == (i % 2 == 0 ? i % 7 : 137));
+    }
+    if (i % 4 != 1) {  // a killed agent's output may be cut short
+      REQUIRE(WaitFor([&] {
+        return handles[i]->StderrTail().find("agent " + std::to_string(i) + " says") !=
+               std::string::npos;
+      }));
+    }
+  }
+  for (int i = 3; i < kAgents; i += 4) CHECK_FALSE(handles[i]->Poll().has_value());
+  // Destroying them all is prompt, and the poller goes with the last one.
+  const auto start = std::chrono::steady_clock::now();
+  handles.clear();
+  starter.reset();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  CHECK(ThreadCount() == before);
+}
+
 TEST_CASE("DescribeRemoteAgentExit names the host and the path", "[ssh][unit]") {
   CHECK(DescribeRemoteAgentExit("rr-h2", "/x/ringrun-agent", 127) ==
         "rr-h2: ringrun-agent not found at /x/ringrun-agent (exit status 127)");

@@ -5,7 +5,8 @@
 #     anchors' Open MPI program: MPI_Init, the same two allreduces, MPI_Finalize), over the same
 #     hosts, alternating, ROUNDS times each;
 #  2. the same ringrun command over HOSTS hosts x 2 ranks (32 by default), with the launcher's CPU
-#     time, peak memory and peak thread count.
+#     time, peak memory and peak thread count, and its threads while every rank of a job over
+#     those hosts runs (the agents started).
 # Brings the cluster up with HOSTS hosts (scripts/test-cluster.sh up) and leaves it up.
 #
 #   benchmarks/ssh_scale.sh [BUILD_DIR]    (ROUNDS=5, HOSTS=32, FANOUT=32 by default)
@@ -93,5 +94,18 @@ wait "$pid" || { tail -20 "$TMPD/err" >&2; exit 1; }
 /usr/bin/time -f "%U %S %M" -o "$TMPD/time" "${RRN[@]}" >/dev/null 2>"$TMPD/err" ||
   { tail -20 "$TMPD/err" >&2; exit 1; }
 read -r user sys rss <"$TMPD/time"
-printf "launcher over %d hosts: cpu_s=%.2f (user %.2f sys %.2f) max_rss_MB=%.1f peak_threads=%d\n" \
-  "$HOSTS" "$(echo "$user + $sys" | bc -l)" "$user" "$sys" "$(echo "$rss / 1024" | bc -l)" "$peak"
+# Its threads while every rank runs (the agents started): ranks that print "up" and sleep.
+"$RINGRUN" -np $((HOSTS * 2)) -H "$(hosts_list "$HOSTS")" "${SSH_OPTS[@]}" \
+  sh -c 'echo up; sleep 3' >"$TMPD/up" 2>"$TMPD/err" &
+pid=$!
+running=0
+for _ in $(seq 600); do
+  if (( $(grep -c 'up$' "$TMPD/up") == HOSTS * 2 )); then
+    running=$(awk '/^Threads:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    break
+  fi
+  sleep 0.02
+done
+wait "$pid" || { tail -20 "$TMPD/err" >&2; exit 1; }
+printf "launcher over %d hosts: cpu_s=%.2f (user %.2f sys %.2f) max_rss_MB=%.1f peak_threads=%d running_threads=%d\n" \
+  "$HOSTS" "$(echo "$user + $sys" | bc -l)" "$user" "$sys" "$(echo "$rss / 1024" | bc -l)" "$peak" "$running"

@@ -129,15 +129,23 @@ Result<std::vector<Response>> Controller::Apply(const std::vector<std::string>& 
 }
 
 Result<size_t> Controller::Apply(const std::vector<std::string>& frames, int64_t now_us,
-                                 std::vector<Response>* out_vec, const Response** ready) {
+                                 std::vector<Response>* out_vec, const Response** ready,
+                                 bool equal) {
   ++round_;
   repeated_ = false;
-  if (std::optional<size_t> n = ApplyUniform(frames, now_us)) {
+  if (std::optional<size_t> n = ApplyUniform(frames, now_us, equal)) {
     uniform_ = true;
     *ready = uniform_out_.data();
     return *n;
   }
   uniform_ = false;
+  if (equal && size_ > 1) {
+    // The general path reads every rank's frame: the one given, n times.
+    std::vector<std::string> all(static_cast<size_t>(size_), frames[0]);
+    Result<size_t> k = ApplyGeneral(all, now_us, out_vec);
+    *ready = out_vec->data();
+    return k;
+  }
   Result<size_t> k = ApplyGeneral(frames, now_us, out_vec);
   *ready = out_vec->data();
   return k;
@@ -286,7 +294,7 @@ Result<size_t> Controller::ApplyGeneral(const std::vector<std::string>& frames, 
 }
 
 std::optional<size_t> Controller::ApplyUniform(const std::vector<std::string>& frames,
-                                               int64_t now_us) {
+                                               int64_t now_us, bool equal) {
   // The steady state of training: nothing pending, no rank joined, and every rank announces
   // the same cached names in the same order. Then each is ready now, in frame order, which is
   // what the general path below would find after counting every rank's announcement of each.
@@ -295,7 +303,7 @@ std::optional<size_t> Controller::ApplyUniform(const std::vector<std::string>& f
   // before that (uniform_round is this shortcut's own).
   if (fast_pending_ != 0 || !table_.empty() || joined_count_ != 0) return std::nullopt;
   const std::string& f = frames[0];
-  for (int r = 1; r < size_; ++r) {
+  for (int r = 1; !equal && r < size_; ++r) {
     if (frames[r] != f) return std::nullopt;
   }
   // The same frame as the last uniform round's, and no cache entry changed since: the

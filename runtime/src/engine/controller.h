@@ -74,9 +74,10 @@ class Controller {
   // (*out)[0, k) (*out only grows: its elements beyond k are left as they were, so that a
   // cached response is copied into storage that an earlier round allocated), or in the
   // controller's own storage for the steady state's uniform rounds (uniform()). Valid until
-  // the next Apply.
+  // the next Apply. equal: every rank's frame is frames[0], the only one given (an exchange
+  // that found them equal; Engine::Exchange's uniform).
   Result<size_t> Apply(const std::vector<std::string>& frames, int64_t now_us,
-                       std::vector<Response>* out, const Response** ready);
+                       std::vector<Response>* out, const Response** ready, bool equal = false);
 
   // Names announced by some ranks and not all (joined ranks count as announced), but for a
   // pending join: what the stall inspector and a timed-out call report.
@@ -128,7 +129,9 @@ class Controller {
   Result<size_t> ApplyGeneral(const std::vector<std::string>& frames, int64_t now_us,
                               std::vector<Response>* out);
   // It writes its responses to uniform_out_.
-  std::optional<size_t> ApplyUniform(const std::vector<std::string>& frames, int64_t now_us);
+  // equal: the frames are known to be equal (only frames[0] is given).
+  std::optional<size_t> ApplyUniform(const std::vector<std::string>& frames, int64_t now_us,
+                                     bool equal);
   void BuildFast(uint32_t id, Response* resp);  // overwrites every field of *resp
   void FillFast(uint32_t id, Response* resp);   // the same but for announced_us and the slot
   // The error for a kind that cannot run while ranks have joined, or nullopt.

@@ -279,7 +279,9 @@ class Engine {
   // slots by cache id or name), and everything after the exchange of frames (`start`: when
   // the round started).
   void Announce(const std::vector<Slot*>& fresh);
-  Status Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start);
+  // uniform: every rank's frame is the same, and *frames holds it once (Exchange's uniform).
+  Status Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start,
+                bool uniform = false);
   // Round, with an exception turned into the status that breaks the engine.
   Status GuardedRound(std::vector<Slot*> fresh);
   // Every rank's frame (by rank), `mine` among them: Bruck's allgather, ceil(log2 n) steps, each
@@ -287,8 +289,12 @@ class Engine {
   // exchange with the peer at n = 2). A rank asleep is woken by the first step that reaches
   // it, so a round started by any rank reaches every rank.
   // spin_us: how long to busy-wait for a partner's message (the transport's Run).
+  // uniform (optional): set when every rank's frame turned out to be the same (the exchange
+  // saw one run of equal frames); the result then holds that frame once instead of n copies,
+  // so that a warm round costs no O(n) copying or comparing of frames.
   Result<std::vector<std::string>> Exchange(const std::string& mine,
-                                            int spin_us = kNegotiationSpinUs);
+                                            int spin_us = kNegotiationSpinUs,
+                                            bool* uniform = nullptr);
   // A fusion plan: batches[0, planned) made of the responses [of, of + n).
   struct Plan {
     std::vector<Batch> batches;  // kept with their vectors' capacity

@@ -270,13 +270,15 @@ CollectiveContext Engine::Context() {
                            hierarchical_};
 }
 
-Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int spin_us) {
+Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int spin_us,
+                                                  bool* uniform) {
   // An allgather of frames by Bruck's algorithm: at step k this rank sends the frames it holds
   // (its own and those of the next 2^k - 1 ranks) to rank - 2^k and receives as many from
   // rank + 2^k, so after ceil(log2 n) steps it holds all n, for any n. A message carries its
   // frames as runs of equal frames (repeat, frame): where every rank announces the same (the
   // steady state), each message is one frame long whatever n is.
   const int n = options_.size, me = options_.rank;
+  if (uniform != nullptr) *uniform = false;
   std::vector<std::string> all(n);
   all[me] = mine;
   if (n == 1) return all;
@@ -359,6 +361,13 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
       return Internal("malformed negotiation message from " + transport_->peers().Describe(from));
     }
   }
+  if (uniform != nullptr && runs.size() == 1) {
+    // One run of n equal frames (its first is this rank's own): the frame once.
+    *uniform = true;
+    std::vector<std::string> one(1);
+    one[0] = std::move(all[me]);
+    return one;
+  }
   // Every rank's frame in its own slot.
   for (const Run& r : runs) {
     for (int i = 1; i < r.repeat; ++i) all[(r.first + i) % n] = all[r.first];
@@ -375,9 +384,10 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   if (tuning_) PutTuned(&frame);
   PutString(&frame, abort);
   frame += controller_.EncodeFrame(announce_, &announce_ids_);
-  Result<std::vector<std::string>> frames = Exchange(frame);
+  bool uniform = false;
+  Result<std::vector<std::string>> frames = Exchange(frame, kNegotiationSpinUs, &uniform);
   if (!frames.ok()) return frames.status();
-  return Settle(std::move(fresh), &*frames, start);
+  return Settle(std::move(fresh), &*frames, start, uniform);
 }
 
 void Engine::Announce(const std::vector<Slot*>& fresh) {
@@ -407,7 +417,8 @@ void Engine::Announce(const std::vector<Slot*>& fresh) {
   }
 }
 
-Status Engine::Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start) {
+Status Engine::Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames, int64_t start,
+                      bool uniform) {
   // A lone frame (a peer's blocking call, lone.cc) stands for its request in full.
   for (std::string& f : *frames) {
     if (IsLoneFrame(f)) RINGRUN_RETURN_IF_ERROR(LoneAsGeneral(&f));
@@ -421,7 +432,7 @@ Status Engine::Settle(std::vector<Slot*> fresh, std::vector<std::string>* frames
     f.erase(0, pos);
   }
   const Response* responses = nullptr;
-  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_, &responses);
+  Result<size_t> ready = controller_.Apply(*frames, Now(), &responses_, &responses, uniform);
   if (!ready.ok()) return ready.status();
   if (timeline_) {
     if (mark_cycles_) timeline_->MarkCycle(start);

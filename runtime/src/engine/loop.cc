@@ -316,13 +316,16 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
     const size_t tail = 4 + size_t{len} > kFrameHeadBytes ? 4 + size_t{len} - kFrameHeadBytes : 0;
     out.resize(std::max(out.size(), kFrameHeadBytes), '\0');
     in.assign(kFrameHeadBytes, '\0');
+    // The head starts with its length: a same-host pair moves only the bytes it uses.
     std::vector<transport::Op> ops{transport::Op::Send(to, out.data(), kFrameHeadBytes)};
+    ops.back().length_prefixed = true;
     bump(neg_messages_, tail > 0 ? 2 : 1);
     bump(neg_bytes_, kFrameHeadBytes + tail);
     const bool eager = tail > 0 && tail <= kEagerTailBytes;
     if (eager) ops.push_back(transport::Op::Send(to, out.data() + kFrameHeadBytes, tail));
     ops.push_back(transport::Op::Recv(from, in.data(), kFrameHeadBytes));
     ops.back().round = round;
+    ops.back().length_prefixed = true;
     RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
     uint32_t in_len;
     std::memcpy(&in_len, in.data(), 4);

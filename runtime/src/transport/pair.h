@@ -14,7 +14,8 @@ namespace ringrun::runtime::transport {
 // The progress of one Op.
 struct OpState {
   Op* op;
-  size_t done = 0;  // bytes of the op moved (shm: wire bytes, including padding)
+  size_t done = 0;    // bytes of the op moved (shm: wire bytes, including padding)
+  size_t length = 0;  // shm, a length-prefixed receive: the message's length once seen (else 0)
   bool complete = false;
 };
 

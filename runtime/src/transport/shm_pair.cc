@@ -53,25 +53,53 @@ Result<std::unique_ptr<ShmSegment>> MapShm(int fd, size_t ring_bytes, bool creat
 Result<bool> ShmPair::Progress(OpState& st) {
   ShmHeader* h = seg_->header();
   Op& op = *st.op;
-  const size_t wire = (op.bytes + 7) & ~size_t{7};
-  const bool small = wire <= kSmallMessageBytes;
+  // Both sides pick the lane from the buffer's length, which a length-prefixed message does not
+  // exceed.
+  const bool small = ((op.bytes + 7) & ~size_t{7}) <= kSmallMessageBytes;
+  const bool prefixed = op.length_prefixed && op.bytes >= 4;
   bool moved = false;
   // Each step moves at most kShmChunk so that a Run alternates between its ops.
   if (op.kind == Op::kSend) {
+    size_t len = op.bytes;
+    if (prefixed) {
+      uint32_t l;
+      std::memcpy(&l, op.buf, 4);
+      len = std::min(op.bytes, 4 + size_t{l});
+    }
+    const size_t wire = (len + 7) & ~size_t{7};
     const Lane l = GetLane(side_, small);
     const uint64_t head = h->head[l.index].v.load(std::memory_order_relaxed);
-    const uint64_t tail = h->tail[l.index].v.load(std::memory_order_acquire);
-    size_t n = std::min<size_t>({l.bytes - (head - tail), wire - st.done, kShmChunk});
+    // The receiver's tail as last read: reading it again (a cache line that the receiver
+    // writes) only when what it left free is too little.
+    uint64_t& tail = seen_tail_[small ? 1 : 0];
+    const size_t want = std::min(wire - st.done, kShmChunk);
+    if (l.bytes - (head - tail) < want) {
+      tail = h->tail[l.index].v.load(std::memory_order_acquire);
+    }
+    size_t n = std::min<size_t>({l.bytes - (head - tail), want});
     if (n > 0) {
       CopyIn(l, head, static_cast<const char*>(op.buf), op.bytes, st.done, n);
       h->head[l.index].v.store(head + n, std::memory_order_seq_cst);
       Notify(1 - side_);
       st.done += n, moved = true;
     }
+    st.complete = st.done == wire;
   } else {
     const Lane l = GetLane(1 - side_, small);
     const uint64_t head = h->head[l.index].v.load(std::memory_order_acquire);
     const uint64_t tail = h->tail[l.index].v.load(std::memory_order_relaxed);
+    size_t len = op.bytes;
+    if (prefixed) {
+      if (st.length == 0 && head != tail) {
+        // The sender moves multiples of 8 bytes, and its first move holds the length word,
+        // which never straddles the ring's end (positions are multiples of 8).
+        uint32_t l32;
+        std::memcpy(&l32, l.ring + tail % l.bytes, 4);
+        st.length = std::min(op.bytes, 4 + size_t{l32});
+      }
+      len = st.length;  // 0 until seen: nothing moves
+    }
+    const size_t wire = (len + 7) & ~size_t{7};
     size_t n = std::min<size_t>({head - tail, wire - st.done, kShmChunk});
     if (n > 0) {
       CopyOut(l, tail, op, st.done, n);
@@ -79,8 +107,8 @@ Result<bool> ShmPair::Progress(OpState& st) {
       Notify(1 - side_);
       st.done += n, moved = true;
     }
+    st.complete = st.done == wire && (!prefixed || st.length > 0);
   }
-  st.complete = st.done == wire;
   return moved;
 }
 

@@ -121,18 +121,23 @@ class ShmPair final : public Pair {
     }
     return HasInput();
   }
-  // Takes back an armed or quiet idle wake-up (another thread of this side runs the pair now).
+  // Takes back an armed idle wake-up (another thread of this side runs the pair now). A quiet
+  // one stays: the peer's changes wake nobody then either, and the word, which the peer reads
+  // on every change, is not written on every blocking call (a cache line that moves between
+  // the CPUs each time). A peer that waits kQuietKickUs meanwhile wakes the sleeper, which then
+  // waits for the running thread's `asleep` mutex and finds nothing left to do.
   void QuietIdleWake() {
     std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
     uint32_t w = waiting.load(std::memory_order_seq_cst);
-    if (w == kIdleWaiting || w == kQuietWaiting) {
-      waiting.compare_exchange_strong(w, 0, std::memory_order_seq_cst);
-    }
+    if (w == kIdleWaiting) waiting.compare_exchange_strong(w, 0, std::memory_order_seq_cst);
   }
   // After such a round, while this side's engine thread still sleeps: the peer's changes wake
-  // nobody (see kQuietWaiting).
+  // nobody (see kQuietWaiting). Written only when it changes (see QuietIdleWake).
   void LeaveIdleWakeQuiet() {
-    seg_->header()->waiting[side_].v.store(kQuietWaiting, std::memory_order_seq_cst);
+    std::atomic<uint32_t>& waiting = seg_->header()->waiting[side_].v;
+    if (waiting.load(std::memory_order_seq_cst) != kQuietWaiting) {
+      waiting.store(kQuietWaiting, std::memory_order_seq_cst);
+    }
   }
   // The peer's side of it: wakes this pair's other side if its wake-ups are quiet (one byte on
   // the lifeline, as Notify sends to an armed side). Whether it did.
@@ -199,6 +204,9 @@ class ShmPair final : public Pair {
   std::unique_ptr<ShmSegment> seg_;
   const int side_;
   const size_t ring_bytes_;
+  // This side's send lanes (large, small): the receiver's tail when last read (acquire), so
+  // that the bytes before it are free.
+  uint64_t seen_tail_[2] = {0, 0};
 };
 
 // Sleeps until one of `bells` no longer holds its value in `seen`, or max_us pass.

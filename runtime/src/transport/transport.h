@@ -48,6 +48,11 @@ struct Op {
   // rank 2 starts reaches rank 0 only through rank 1). A same-host peer that this Run has waited
   // on for kQuietKickUs is asked to join that exchange (WaitForInput).
   uint64_t round = 0;
+  // kSend and kRecv, optional (both sides alike): the message is a u32 length L and L bytes,
+  // `bytes` at most (the rest of the buffer is padding). A same-host pair moves only those
+  // 4 + L bytes (rounded up to 8) and leaves the rest of a receive's buffer as it was, so that a
+  // short message costs the cache lines it uses, not its buffer's; TCP moves all `bytes`.
+  bool length_prefixed = false;
 
   static Op Send(int peer, const void* p, size_t n) {
     Op o;

@@ -845,6 +845,7 @@ Status SettleElastic(Given& g) {
       break;
     }
   }
+  const char* elastic_flag = e.min_np != 0 ? "--min-np" : "--max-np";  // the one given
   if (e.min_np == 0) e.min_np = o.np;
   if (e.max_np == 0) e.max_np = std::max(o.np, e.min_np);
   if (e.min_np > o.np) {
@@ -865,7 +866,8 @@ Status SettleElastic(Given& g) {
   }
   if (!e.discovery_script.empty()) return Status();
   if (o.hosts.size() == 1) {
-    o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
+    o.notes.push_back(std::string(elastic_flag) + ": an elastic job on one host (" +
+                      o.hosts[0].name +
                       ") ends at its first failure: the failed rank's host is left out");
   }
   if (e.max_np > o.np) {

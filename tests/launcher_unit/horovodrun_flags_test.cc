@@ -240,6 +240,15 @@ TEST_CASE("horovodrun: tuning knobs set HOROVOD_* in every rank, and ringrun's o
              Contains("--gloo-timeout-seconds 0: must be at least 1"));
 }
 
+TEST_CASE("horovodrun: the one-host elastic note names the flag given", "[options][horovodrun]") {
+  Options o = Ok({"-np", "2", "--max-np", "2", "prog"});
+  REQUIRE(o.notes.size() == 1);
+  CHECK_THAT(o.notes[0], Contains("--max-np: an elastic job on one host"));
+  o = Ok({"-np", "2", "--min-np", "1", "prog"});
+  REQUIRE(o.notes.size() == 1);
+  CHECK_THAT(o.notes[0], Contains("--min-np: an elastic job on one host"));
+}
+
 TEST_CASE("horovodrun: --torus-allreduce reaches the ranks, with a note that none runs here",
           "[options][horovodrun]") {
   Options o = Ok({"-np", "1", "--torus-allreduce", "prog"});

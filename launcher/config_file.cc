@@ -51,6 +51,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"params.cache_capacity", "--cache-capacity"},
       {"params.hierarchical_allreduce", "--hierarchical-allreduce", "--no-hierarchical-allreduce"},
       {"params.hierarchical_allgather", "--hierarchical-allgather", "--no-hierarchical-allgather"},
+      {"params.torus_allreduce", "--torus-allreduce", "--no-torus-allreduce"},
       {"autotune.enabled", "--autotune", "--no-autotune"},
       {"autotune.log_file", "--autotune-log-file"},
       {"autotune.warmup_samples", "--autotune-warmup-samples"},
@@ -64,7 +65,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"stall_check.shutdown_time_seconds", "--stall-check-shutdown-time-seconds"},
       {"library_options.mpi_threads_disable", "--mpi-threads-disable", "--no-mpi-threads-disable"},
       {"library_options.num_nccl_streams", "--num-nccl-streams"},
-      {"library_options.ccl_bgt_affinity", "--thread-affinity"},
+      {"library_options.thread_affinity", "--thread-affinity"},
+      {"library_options.ccl_bgt_affinity", "--thread-affinity"},  // its name before Horovod 0.21.1
       {"library_options.gloo_timeout_seconds", "--gloo-timeout-seconds"},
       {"logging.level", "--log-level"},
       {"logging.with_timestamp", "--log-with-timestamp", "--log-without-timestamp"},

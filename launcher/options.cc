@@ -392,9 +392,8 @@ Status ApplyLogLevel(const FlagUse& u, Given& g) {
   return Status();
 }
 
-// --log-with-timestamp and its opposites: the launcher's log, and HOROVOD_LOG_HIDE_TIME as its
-// name says (Horovod's own launcher inverts it: launch.py passes log_with_timestamp through
-// unchanged, so its --log-with-timestamp hides the time).
+// --log-with-timestamp and its opposites: the launcher's log, and HOROVOD_LOG_HIDE_TIME as
+// horovodrun sets it (config_parser.py, set_env_from_args: the flag's complement).
 Kind LogTimestamps(bool with) {
   return Action([with](const FlagUse&, Given& g) {
     g.o.log_timestamps = with;
@@ -577,6 +576,13 @@ const std::vector<FlagGroup>& FlagGroups() {
            {"--no-hierarchical-allgather", "",
             SetsValues({{"HOROVOD_HIERARCHICAL_ALLGATHER", "0"}}),
             "Flat allgather, fixed (autotune leaves it)."},
+           {"--torus-allreduce", "",
+            Noted(SetsValues({{"HOROVOD_TORUS_ALLREDUCE", "1"}}),
+                  "set in the ranks as HOROVOD_TORUS_ALLREDUCE; ringrun has no torus allreduce "
+                  "(its two-level allreduce is --hierarchical-allreduce)"),
+            "HOROVOD_TORUS_ALLREDUCE (Horovod's 2D NCCL allreduce; none here)."},
+           {"--no-torus-allreduce", "", SetsValues({{"HOROVOD_TORUS_ALLREDUCE", "0"}}),
+            "HOROVOD_TORUS_ALLREDUCE=0."},
            {"--autotune", "", SetsValues({{"HOROVOD_AUTOTUNE", "1"}}),
             "Tune the knobs not given while training."},
            {"--no-autotune", "", SetsValues({{"HOROVOD_AUTOTUNE", "0"}}), "No autotuning."},
@@ -839,6 +845,7 @@ Status SettleElastic(Given& g) {
       break;
     }
   }
+  const char* elastic_flag = e.min_np != 0 ? "--min-np" : "--max-np";  // the one given
   if (e.min_np == 0) e.min_np = o.np;
   if (e.max_np == 0) e.max_np = std::max(o.np, e.min_np);
   if (e.min_np > o.np) {
@@ -859,7 +866,8 @@ Status SettleElastic(Given& g) {
   }
   if (!e.discovery_script.empty()) return Status();
   if (o.hosts.size() == 1) {
-    o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
+    o.notes.push_back(std::string(elastic_flag) + ": an elastic job on one host (" +
+                      o.hosts[0].name +
                       ") ends at its first failure: the failed rank's host is left out");
   }
   if (e.max_np > o.np) {
@@ -994,6 +1002,8 @@ const std::set<std::string>& HorovodrunOptionNames() {
                                                "--no-hierarchical-allreduce",
                                                "--hierarchical-allgather",
                                                "--no-hierarchical-allgather",
+                                               "--torus-allreduce",
+                                               "--no-torus-allreduce",
                                                "--autotune",
                                                "--no-autotune",
                                                "--autotune-log-file",
@@ -1050,6 +1060,7 @@ const std::vector<std::vector<std::string>>& ExclusiveFlags() {
   static const std::vector<std::vector<std::string>> kGroups = {
       {"--hierarchical-allreduce", "--no-hierarchical-allreduce"},
       {"--hierarchical-allgather", "--no-hierarchical-allgather"},
+      {"--torus-allreduce", "--no-torus-allreduce"},
       {"--autotune", "--no-autotune"},
       {"--timeline-mark-cycles", "--no-timeline-mark-cycles"},
       {"--no-stall-check", "--stall-check"},

@@ -127,6 +127,9 @@ const std::vector<HorovodVariable>& HorovodVariables() {
        "0: flat ring; 1 or unset: hierarchical where every host has the same number of ranks",
        true},
       {"HOROVOD_HIERARCHICAL_ALLGATHER", "allgather is always one ring", false},
+      {"HOROVOD_TORUS_ALLREDUCE",
+       "there is no torus allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE chooses the two-level one)",
+       false},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "1: a CYCLE_START mark on the timeline per round", true},
       {"HOROVOD_AUTOTUNE",
        "1: rank 0 tunes the fusion threshold, the burst window and hierarchical allreduce (those "

@@ -117,7 +117,7 @@ const std::map<std::string, std::vector<std::string>>& SampleValues() {
 
 TEST_CASE("horovodrun: every option of launch.py is accepted or refused by name",
           "[options][horovodrun]") {
-  CHECK(HorovodrunOptionNames().size() == 71);  // 60 options with -h, 11 of them with two names
+  CHECK(HorovodrunOptionNames().size() == 73);  // 62 options with -h, 11 of them with two names
   for (const std::string& name : HorovodrunOptionNames()) {
     INFO(name);
     std::vector<std::string> args = {"-np", "1", name};
@@ -240,6 +240,29 @@ TEST_CASE("horovodrun: tuning knobs set HOROVOD_* in every rank, and ringrun's o
              Contains("--gloo-timeout-seconds 0: must be at least 1"));
 }
 
+TEST_CASE("horovodrun: the one-host elastic note names the flag given", "[options][horovodrun]") {
+  Options o = Ok({"-np", "2", "--max-np", "2", "prog"});
+  REQUIRE(o.notes.size() == 1);
+  CHECK_THAT(o.notes[0], Contains("--max-np: an elastic job on one host"));
+  o = Ok({"-np", "2", "--min-np", "1", "prog"});
+  REQUIRE(o.notes.size() == 1);
+  CHECK_THAT(o.notes[0], Contains("--min-np: an elastic job on one host"));
+}
+
+TEST_CASE("horovodrun: --torus-allreduce reaches the ranks, with a note that none runs here",
+          "[options][horovodrun]") {
+  Options o = Ok({"-np", "1", "--torus-allreduce", "prog"});
+  CHECK(Var(o, "HOROVOD_TORUS_ALLREDUCE") == "1");
+  REQUIRE(o.notes.size() == 1);
+  CHECK_THAT(o.notes[0], Contains("--torus-allreduce: set in the ranks as HOROVOD_TORUS_ALLREDUCE; "
+                                  "ringrun has no torus allreduce"));
+  // Its abbreviation, as argparse reads it; the "no" flag asks for what ringrun does anyway.
+  CHECK(Var(Ok({"-np", "1", "--torus", "prog"}), "HOROVOD_TORUS_ALLREDUCE") == "1");
+  o = Ok({"-np", "1", "--no-torus-allreduce", "prog"});
+  CHECK(Var(o, "HOROVOD_TORUS_ALLREDUCE") == "0");
+  CHECK(o.notes.empty());
+}
+
 TEST_CASE("horovodrun: autotune flags", "[options][horovodrun]") {
   Options o =
       Ok({"-np", "1", "--autotune", "--autotune-log-file", "at.csv", "--autotune-warmup-samples",
@@ -265,6 +288,8 @@ TEST_CASE("horovodrun: mutually exclusive flags, as its argparse groups", "[opti
              Contains("cannot be used together"));
   CHECK_THAT(Usage({"-np", "1", "--stall-check", "--no-stall-check", "p"}),
              Contains("cannot be used together"));
+  CHECK(Usage({"-np", "1", "--no-torus", "--torus-allreduce", "p"}) ==
+        "--no-torus-allreduce and --torus-allreduce cannot be used together");
   CHECK_THAT(Usage({"-np", "1", "--gloo", "--mpi", "p"}), Contains("cannot be used together"));
   CHECK_THAT(Usage({"-np", "1", "--log-with-timestamp", "-prefix-timestamp", "p"}),
              Contains("--log-with-timestamp and -prefix-timestamp cannot be used together"));
@@ -527,6 +552,7 @@ TEST_CASE("config file: Horovod's schema becomes the flags it stands for",
       "  cache_capacity: 2048\n"
       "  hierarchical_allreduce: false\n"
       "  hierarchical_allgather: true\n"
+      "  torus_allreduce: false\n"
       "autotune:\n"
       "  enabled: true\n"
       "  log_file: /tmp/at.csv\n"
@@ -544,7 +570,7 @@ TEST_CASE("config file: Horovod's schema becomes the flags it stands for",
       "library_options:\n"
       "  mpi_threads_disable: true\n"
       "  num_nccl_streams: 2\n"
-      "  ccl_bgt_affinity: 1\n"
+      "  thread_affinity: 1\n"
       "  gloo_timeout_seconds: 20\n"
       "logging:\n"
       "  level: DEBUG\n"
@@ -556,6 +582,7 @@ TEST_CASE("config file: Horovod's schema becomes the flags it stands for",
   CHECK(Var(o, "HOROVOD_CACHE_CAPACITY") == "2048");
   CHECK(Var(o, "HOROVOD_HIERARCHICAL_ALLREDUCE") == "0");
   CHECK(Var(o, "HOROVOD_HIERARCHICAL_ALLGATHER") == "1");
+  CHECK(Var(o, "HOROVOD_TORUS_ALLREDUCE") == "0");
   CHECK(Var(o, "HOROVOD_AUTOTUNE") == "1");
   CHECK(Var(o, "HOROVOD_AUTOTUNE_LOG") == "/tmp/at.csv");
   CHECK(Var(o, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES") == "1");
@@ -574,9 +601,17 @@ TEST_CASE("config file: Horovod's schema becomes the flags it stands for",
   CHECK(Var(o, "HOROVOD_LOG_LEVEL") == "DEBUG");
   CHECK(o.log_level == "debug");
   CHECK(o.log_timestamps == true);
+  for (const std::string& n : o.notes) CHECK_THAT(n, !Contains("not a horovodrun setting"));
   bool gloo_noted = false;
   for (const std::string& n : o.notes) gloo_noted |= n.find("controller") != std::string::npos;
   CHECK(gloo_noted);
+}
+
+TEST_CASE("config file: library_options.ccl_bgt_affinity, thread_affinity's old name",
+          "[options][horovodrun][config]") {
+  TempFile f("library_options:\n  ccl_bgt_affinity: 2\n");
+  Options o = Ok({"-np", "1", "--config-file", f.path, "prog"});
+  CHECK(Var(o, "HOROVOD_THREAD_AFFINITY") == "2");
 }
 
 TEST_CASE("config file: flags on the command line win, wherever they stand",

@@ -261,15 +261,18 @@ TEST_CASE("HOROVOD_AUTOTUNE and its knobs, a knob given is not tuned", "[runtime
 TEST_CASE("a Horovod variable that means nothing here is said, not ignored", "[runtime]") {
   Result<JobEnv> e = ReadJobEnv(Env({{"HOROVOD_THREAD_AFFINITY", "1"},
                                      {"HOROVOD_NUM_NCCL_STREAMS", "2"},
+                                     {"HOROVOD_TORUS_ALLREDUCE", "1"},
                                      {"HOROVOD_AUTOTUNE", "1"},    // honoured
                                      {"HOROVOD_ELASTIC", "1"}}));  // honoured (ringrun.torch)
   REQUIRE(e.ok());
   std::string all;
   for (const std::string& n : e->knob_notes) all += n + "\n";
   INFO(all);
-  CHECK(e->knob_notes.size() == 2);
+  CHECK(e->knob_notes.size() == 3);
   CHECK(all.find("HOROVOD_THREAD_AFFINITY=1 has no effect") != std::string::npos);
   CHECK(all.find("HOROVOD_NUM_NCCL_STREAMS=2 has no effect") != std::string::npos);
+  CHECK(all.find("HOROVOD_TORUS_ALLREDUCE=1 has no effect: there is no torus allreduce") !=
+        std::string::npos);
   CHECK(all.find("HOROVOD_ELASTIC") == std::string::npos);
 }
 

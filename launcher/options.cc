@@ -682,10 +682,11 @@ const std::vector<FlagGroup>& FlagGroups() {
             "out and the others go on. Default: -np."},
            {"--max-np --max-num-proc", "N", Value([](const FlagUse& u, Given& g) {
               Result<int> v = ParseIntFlag(u, 1, kMaxNumProc);
-              if (v.ok()) g.o.elastic.max_np = *v, g.o.elastic.enabled = true;
+              if (v.ok()) g.o.elastic.max_np = *v;
               return v.status();
             }),
-            "Most ranks; makes the job elastic. Default: -np."},
+            "Most ranks of an elastic job (--min-np or --host-discovery-script); alone it makes "
+            "nothing elastic, as with horovodrun. Default: -np."},
            {"--slots-per-host", "N", Value([](const FlagUse& u, Given& g) {
               Result<int> v = ParseIntFlag(u, 1, 65536);
               if (v.ok()) g.o.elastic.slots_per_host = *v;
@@ -829,10 +830,18 @@ Status SettleElastic(Given& g) {
   Options& o = g.o;
   Options::Elastic& e = o.elastic;
   if (!e.enabled) {
+    // horovodrun's rule (launch.py's _is_elastic): --min-np or a discovery script make a job
+    // elastic; --max-np alone does not.
+    if (e.max_np != 0) {
+      o.notes.push_back("--max-np " + std::to_string(e.max_np) +
+                        " without --min-np or --host-discovery-script: the job is not elastic "
+                        "(as with horovodrun), so it has no effect");
+      e.max_np = 0;
+    }
     if (e.reset_limit || e.cooldown_s || e.elastic_timeout_s != kElasticTimeoutS) {
       o.notes.push_back(
           "--reset-limit, --blacklist-cooldown-range and --elastic-timeout apply to elastic jobs "
-          "only (--min-np, --max-np): no effect here");
+          "only (--min-np, --host-discovery-script): no effect here");
     }
     return Status();
   }
@@ -845,7 +854,6 @@ Status SettleElastic(Given& g) {
       break;
     }
   }
-  const char* elastic_flag = e.min_np != 0 ? "--min-np" : "--max-np";  // the one given
   if (e.min_np == 0) e.min_np = o.np;
   if (e.max_np == 0) e.max_np = std::max(o.np, e.min_np);
   if (e.min_np > o.np) {
@@ -858,7 +866,8 @@ Status SettleElastic(Given& g) {
   }
   if (o.max_restarts > 0) {
     return InvalidArgument(
-        "--max-restarts and an elastic job (--min-np, --max-np) cannot be used together");
+        "--max-restarts and an elastic job (--min-np, --host-discovery-script) cannot be used "
+        "together");
   }
   if (o.check_gpu || o.check_build) {
     return InvalidArgument(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
@@ -866,8 +875,7 @@ Status SettleElastic(Given& g) {
   }
   if (!e.discovery_script.empty()) return Status();
   if (o.hosts.size() == 1) {
-    o.notes.push_back(std::string(elastic_flag) + ": an elastic job on one host (" +
-                      o.hosts[0].name +
+    o.notes.push_back("--min-np: an elastic job on one host (" + o.hosts[0].name +
                       ") ends at its first failure: the failed rank's host is left out");
   }
   if (e.max_np > o.np) {

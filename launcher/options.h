@@ -110,7 +110,8 @@ struct ParseOutcome {
 //
 // Every option of horovodrun (HorovodrunOptionNames) is accepted: it sets what it sets in
 // Horovod (the HOROVOD_* variables of every rank, and ringrun's own where ringrun has the
-// feature), or it is accepted with a note, or, for the elastic flags, refused as unsupported.
+// feature), or it is accepted with a note. The elastic flags make an elastic job as in
+// horovodrun: --min-np or --host-discovery-script (not --max-np alone).
 // --config-file reads Horovod's YAML schema (config_file.h); a setting whose flag is also on
 // the command line is left out, as horovodrun does. Error messages are one line without "ringrun:"
 // or a newline; the help and version texts end with a newline.

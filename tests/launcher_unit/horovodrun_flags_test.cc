@@ -240,13 +240,20 @@ TEST_CASE("horovodrun: tuning knobs set HOROVOD_* in every rank, and ringrun's o
              Contains("--gloo-timeout-seconds 0: must be at least 1"));
 }
 
-TEST_CASE("horovodrun: the one-host elastic note names the flag given", "[options][horovodrun]") {
+TEST_CASE("horovodrun: --max-np alone makes no job elastic, as horovodrun's _is_elastic",
+          "[options][horovodrun]") {
   Options o = Ok({"-np", "2", "--max-np", "2", "prog"});
+  CHECK_FALSE(o.elastic.enabled);
   REQUIRE(o.notes.size() == 1);
-  CHECK_THAT(o.notes[0], Contains("--max-np: an elastic job on one host"));
+  CHECK_THAT(o.notes[0], Contains("--max-np 2 without --min-np or --host-discovery-script: the "
+                                  "job is not elastic (as with horovodrun)"));
   o = Ok({"-np", "2", "--min-np", "1", "prog"});
+  CHECK(o.elastic.enabled);
   REQUIRE(o.notes.size() == 1);
   CHECK_THAT(o.notes[0], Contains("--min-np: an elastic job on one host"));
+  o = Ok({"-np", "2", "--max-np", "4", "--host-discovery-script", "./hosts.sh", "prog"});
+  CHECK(o.elastic.enabled);
+  CHECK(o.elastic.max_np == 4);
 }
 
 TEST_CASE("horovodrun: --torus-allreduce reaches the ranks, with a note that none runs here",
@@ -383,10 +390,12 @@ TEST_CASE("horovodrun: elastic flags and their defaults", "[options][horovodrun]
   CHECK(o.elastic.elastic_timeout_s == 600);
   CHECK_FALSE(o.elastic.reset_limit);
   CHECK_FALSE(o.elastic.cooldown_s);
-  o = Ok({"-np", "4", "--max-num-proc", "4", "--reset-limit", "3", "--elastic-timeout", "30",
-          "--blacklist-cooldown-range", "10", "100", "--slots-per-host", "2", "prog"});
+  o = Ok({"-np", "4", "--host-discovery-script", "./hosts.sh", "--max-num-proc", "6",
+          "--reset-limit", "3", "--elastic-timeout", "30", "--blacklist-cooldown-range", "10",
+          "100", "--slots-per-host", "2", "prog"});
   CHECK(o.elastic.enabled);
   CHECK(o.elastic.min_np == 4);  // -np, as horovodrun
+  CHECK(o.elastic.max_np == 6);
   CHECK(o.elastic.reset_limit == 3);
   CHECK(o.elastic.elastic_timeout_s == 30);
   CHECK(o.elastic.cooldown_s == std::make_pair(10, 100));
@@ -405,7 +414,7 @@ TEST_CASE("horovodrun: elastic flags and their defaults", "[options][horovodrun]
   o = Ok({"-np", "2", "--min-np", "1", "prog"});
   CHECK_THAT(o.notes.at(0), Contains("an elastic job on one host (localhost) ends at its first"));
   // --max-np above -np: a note (a fixed host set does not grow).
-  o = Ok({"-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"});
+  o = Ok({"-np", "2", "--min-np", "1", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"});
   CHECK(o.elastic.max_np == 4);
   CHECK_THAT(o.notes.at(0), Contains("never grows past -np 2"));
 }
@@ -413,7 +422,7 @@ TEST_CASE("horovodrun: elastic flags and their defaults", "[options][horovodrun]
 TEST_CASE("horovodrun: elastic usage errors start nothing", "[options][horovodrun][elastic]") {
   CHECK_THAT(Usage({"-np", "4", "--min-np", "5", "prog"}),
              Contains("--min-np 5 is more than -np 4"));
-  CHECK_THAT(Usage({"-np", "4", "--max-np", "3", "prog"}),
+  CHECK_THAT(Usage({"-np", "4", "--min-np", "2", "--max-np", "3", "prog"}),
              Contains("--max-np 3 is less than -np 4"));
   CHECK_THAT(Usage({"-np", "2", "--min-np", "0", "prog"}), Contains("--min-np 0"));
   CHECK_THAT(Usage({"-np", "2", "--min-np", "x", "prog"}),
@@ -521,7 +530,8 @@ TEST_CASE("torchrun's --max-restarts: both spellings, a whole number from 0", "[
         "--max-restarts 99999999999: must be at most " + std::to_string(job::kMaxRestarts));
   // Whole-job restarts and an elastic job are two answers to a failure: one at a time.
   CHECK(Usage({"-np", "2", "--max-restarts", "3", "--min-np", "1", "prog"}) ==
-        "--max-restarts and an elastic job (--min-np, --max-np) cannot be used together");
+        "--max-restarts and an elastic job (--min-np, --host-discovery-script) cannot be used "
+        "together");
 }
 
 TEST_CASE("mpirun habits: -wdir, --timeout, --report-bindings, --oversubscribe",

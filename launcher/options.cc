@@ -885,6 +885,52 @@ Status SettleElastic(Given& g) {
   return Status();
 }
 
+// Horovod's variables that horovodrun sets for its own machinery and that a user may have
+// exported before calling it: they are not passed to the ranks (job/environment.cc), so the
+// launcher says what each means here, once. HOROVOD_GLOO_IFACE chooses the interface as
+// --network-interfaces does, unless that flag was given.
+void SettleHorovodEnvironment(Given& g) {
+  Options& o = g.o;
+  auto value_of = [&](std::string_view name) -> std::optional<std::string> {
+    for (const std::string& kv : g.environ_vars) {
+      if (kv.size() > name.size() && kv.compare(0, name.size(), name) == 0 &&
+          kv[name.size()] == '=') {
+        return kv.substr(name.size() + 1);
+      }
+    }
+    return std::nullopt;
+  };
+  auto exported = [&](std::string_view name) {
+    for (const auto& [n, v] : o.exports) {
+      if (n == name) return true;
+    }
+    return false;
+  };
+  if (std::optional<std::string> v = value_of("HOROVOD_GLOO_IFACE"); v && !v->empty()) {
+    if (o.network_interfaces.empty()) {
+      for (const std::string& name : SplitOn(*v, ',')) {
+        auto& list = o.network_interfaces;
+        if (!name.empty() && std::find(list.begin(), list.end(), name) == list.end()) {
+          list.push_back(name);
+        }
+      }
+      o.notes.push_back("HOROVOD_GLOO_IFACE=" + *v +
+                        ": taken as --network-interfaces (the ranks' data-plane interface and "
+                        "NCCL_SOCKET_IFNAME)");
+    } else {
+      o.notes.push_back("HOROVOD_GLOO_IFACE=" + *v + ": --network-interfaces wins over it");
+    }
+  }
+  for (const char* name : {"HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS"}) {
+    std::optional<std::string> v = value_of(name);
+    if (!v || exported(name)) continue;
+    o.notes.push_back(std::string(name) + "=" + *v +
+                      ": not passed to the ranks; ringrun's engine is its own controller and "
+                      "runs host collectives on its TCP and shared-memory data plane (Horovod's "
+                      "gloo, mpi and ccl do not apply)");
+  }
+}
+
 // After every flag: the combinations, then the hosts, the starter and np.
 Status Settle(Given& g) {
   Options& o = g.o;
@@ -897,6 +943,7 @@ Status Settle(Given& g) {
       break;
     }
   }
+  SettleHorovodEnvironment(g);
   if (!o.network_interfaces.empty()) {
     std::string list;
     for (const std::string& name : o.network_interfaces) list += (list.empty() ? "" : ",") + name;

@@ -240,6 +240,31 @@ TEST_CASE("horovodrun: tuning knobs set HOROVOD_* in every rank, and ringrun's o
              Contains("--gloo-timeout-seconds 0: must be at least 1"));
 }
 
+TEST_CASE("horovodrun: Horovod's own machinery variables are named at start, GLOO_IFACE is used",
+          "[options][horovodrun]") {
+  auto has = [](const Options& o, const std::string& text) {
+    for (const std::string& n : o.notes) {
+      if (n.find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  Options o = Ok({"-np", "2", "prog"}, {"HOROVOD_GLOO_IFACE=eth1,eth0", "HOROVOD_CONTROLLER=gloo",
+                                        "HOROVOD_CPU_OPERATIONS=mpi"});
+  CHECK(o.network_interfaces == std::vector<std::string>{"eth1", "eth0"});
+  CHECK(has(o, "HOROVOD_GLOO_IFACE=eth1,eth0: taken as --network-interfaces"));
+  CHECK(has(o, "HOROVOD_CONTROLLER=gloo: not passed to the ranks"));
+  CHECK(has(o, "HOROVOD_CPU_OPERATIONS=mpi: not passed to the ranks"));
+  bool nccl_ifname = false;
+  for (const auto& [n, v] : o.exports) nccl_ifname |= n == "NCCL_SOCKET_IFNAME" && v == "eth1,eth0";
+  CHECK(nccl_ifname);
+  // The flag wins; nothing set, nothing said.
+  o = Ok({"-np", "2", "--network-interfaces", "lo", "prog"}, {"HOROVOD_GLOO_IFACE=eth1"});
+  CHECK(o.network_interfaces == std::vector<std::string>{"lo"});
+  CHECK(has(o, "HOROVOD_GLOO_IFACE=eth1: --network-interfaces wins over it"));
+  o = Ok({"-np", "2", "prog"});
+  CHECK_FALSE(has(o, "HOROVOD_"));
+}
+
 TEST_CASE("horovodrun: --max-np alone makes no job elastic, as horovodrun's _is_elastic",
           "[options][horovodrun]") {
   Options o = Ok({"-np", "2", "--max-np", "2", "prog"});

@@ -798,7 +798,7 @@ t_restarts_exhausted() {
   expect_contains "$WORK/err" "--max-restarts three: not a whole number"
   "$RINGRUN" -np 1 --max-restarts 1 --min-np 1 touch "$WORK/started" 2>"$WORK/err"; rc=$?
   expect_rc 2 $rc "--min-np beside --max-restarts"
-  expect_contains "$WORK/err" "--max-restarts and an elastic job (--min-np, --max-np) cannot be"
+  expect_contains "$WORK/err" "--max-restarts and an elastic job (--min-np, --host-discovery-script) cannot be"
   [[ ! -e $WORK/started ]] || fail "a usage error started the command"
   expect_no_orphans
 }

@@ -440,6 +440,18 @@ def _every_op_on(ps, tag):
     assert torch.equal(w.grad, torch.ones(1, 2))
 
 
+def _ones_under_optimizer(lr, process_set):
+    """(model, optimizer): a 2 -> 1 linear layer without bias, its weights 1, under a
+    DistributedOptimizer of SGD(lr) on process_set."""
+    model = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                   named_parameters=model.named_parameters(),
+                                   process_set=process_set)
+    return model, opt
+
+
 def test_process_sets_every_op_overlapping_and_interleaved():
     """Two overlapping sets registered at init (and dynamically), every op on each, the same
     names in both, interleaved with the job's own collectives and with each other."""
@@ -469,12 +481,7 @@ def test_process_sets_every_op_overlapping_and_interleaved():
                 assert hvd.synchronize(h).tolist() == [float(k)] * 2
         # DistributedOptimizer on a set averages gradients over its members only.
         if a.included():
-            model = nn.Linear(2, 1, bias=False)
-            with torch.no_grad():
-                model.weight.fill_(1.0)
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
-                                           named_parameters=model.named_parameters(),
-                                           process_set=a)
+            model, opt = _ones_under_optimizer(1.0, a)
             model(torch.full((1, 2), float(r + 1))).sum().backward()
             opt.step()
             mean = sum(m + 1 for m in a.ranks) / a.size()
@@ -499,6 +506,28 @@ def test_process_sets_every_op_overlapping_and_interleaved():
         os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
         hvd.shutdown()
         hvd.init()
+
+
+def test_distributed_optimizer_on_a_set_made_on_every_rank():
+    """As in Horovod, a rank outside a DistributedOptimizer's process set may make it too: it
+    reduces nothing, and its step() is the wrapped optimizer's on its own gradients, step after
+    step, while the members average theirs over the set."""
+    n, r = hvd.size(), hvd.rank()
+    evens = list(range(0, n, 2))
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+    ps = hvd.add_process_set(evens)
+    try:
+        model, opt = _ones_under_optimizer(0.5, ps)
+        grad = sum(m + 1 for m in evens) / len(evens) if r in evens else r + 1
+        for step in range(1, 3):
+            opt.zero_grad()
+            model(torch.full((1, 2), float(r + 1))).sum().backward()
+            opt.step()
+            assert torch.equal(model.weight, torch.full((1, 2), 1.0 - step * 0.5 * grad))
+        assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n
+    finally:
+        hvd.remove_process_set(ps)
+        os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
 
 
 # ---- failures, join, and names -----------------------------------------------------------------

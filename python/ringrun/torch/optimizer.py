@@ -82,10 +82,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set_id=0):
+                 sparse_as_dense=False, process_set_id=0, included=True):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._process_set_id = process_set_id  # the gradients' reductions run on it
+        # A rank outside the process set reduces nothing: as in Horovod, it registers no hooks
+        # and its step() is the wrapped optimizer's, on its own gradients.
+        self._included = included
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -119,9 +122,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._stepped_without_backward = False
-        self._instance = next(_instances[process_set_id])
+        self._instance = next(_instances[process_set_id]) if included else None
 
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if not included:
+            params = []
         self._buckets = self._make_buckets(params, groups)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._allreduce_delay = {p: backward_passes_per_step for p in params}
@@ -339,7 +344,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "context after optimizer.synchronize(). The gradients are already "
                               "averaged: ringrun does not reduce them again.")
             else:
-                if self._stepped_without_backward and not self._pending():
+                if self._stepped_without_backward and self._included and not self._pending():
                     raise AssertionError(
                         "optimizer.step() was called twice without a backward pass in between; "
                         "the gradients would be averaged again. Call loss.backward() before each "
@@ -463,7 +468,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=mpi_ops.global_process_set):
     """Wraps a torch optimizer so that step() applies gradients averaged over every rank (of
-    process_set: its members only construct and step it, as in Horovod).
+    process_set; on a rank outside it, as in Horovod, step() is the wrapped optimizer's on the
+    rank's own gradients).
 
     Arguments as Horovod's: named_parameters (names for the gradients), compression
     (Compression.none, .fp16, .bf16), backward_passes_per_step (local accumulation passes per
@@ -473,6 +479,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     _DistributedAdasumOptimizer)."""
     mpi_ops._check_op(op)
     ps_id = mpi_ops._check_process_set(process_set, "DistributedOptimizer")
+    included = ps_id == 0 or bool(process_set.included())
     if op == mpi_ops.Adasum and ps_id != 0:
         raise NotImplementedError("DistributedOptimizer: op=Adasum on a process set other than "
                                   "the global one is not supported")
@@ -493,4 +500,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense, ps_id)
+               op, gradient_predivide_factor, groups, sparse_as_dense, ps_id, included)

@@ -10,7 +10,6 @@ backward produces them), the same on every rank; step() waits for them.
 Buckets: `groups` (Horovod's argument) fixes them explicitly; otherwise parameters are packed
 in reverse order up to RINGRUN_BUCKET_BYTES (default 4 MiB) per bucket, per dtype and device.
 """
-import collections
 import contextlib
 import itertools
 import os
@@ -24,9 +23,18 @@ from . import mpi_ops
 from .compression import Compression
 
 DEFAULT_BUCKET_BYTES = 4 << 20
-# Optimizers made so far, which name their reductions: counted per process set, as only a
-# set's members make an optimizer on it.
-_instances = collections.defaultdict(itertools.count)
+# Optimizers made so far, which name their reductions: counted per process set, since a rank
+# outside a set takes no number on it, and per registration of the set, since remove_process_set
+# frees its id for the next add_process_set (whose optimizers count from 0 on every rank again).
+# process set id -> (the set registered under it, its counter).
+_instances = {}
+
+
+def _next_instance(process_set_id, process_set):
+    entry = _instances.get(process_set_id)
+    if entry is None or entry[0] is not process_set:
+        entry = _instances[process_set_id] = (process_set, itertools.count())
+    return next(entry[1])
 
 
 class _Bucket:
@@ -82,7 +90,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=mpi_ops.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set_id=0, included=True):
+                 sparse_as_dense=False, process_set_id=0, included=True,
+                 process_set=mpi_ops.global_process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._process_set_id = process_set_id  # the gradients' reductions run on it
@@ -122,7 +131,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._stepped_without_backward = False
-        self._instance = next(_instances[process_set_id]) if included else None
+        self._instance = _next_instance(process_set_id, process_set) if included else None
 
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         if not included:
@@ -382,7 +391,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                              "usually produced by model.named_parameters().")
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
-        self._instance = next(_instances[0])
+        self._instance = _next_instance(0, mpi_ops.global_process_set)
         self._delay = {}
         self._handles = {}
         self._starts = {}
@@ -500,4 +509,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense, ps_id, included)
+               op, gradient_predivide_factor, groups, sparse_as_dense, ps_id, included,
+               process_set)

@@ -60,8 +60,8 @@ class JobService::SessionReactor final
   // before the agent does, so an agent's exit never overtakes its Session's end.
   void Conclude();
 
-  // The agent's host index: written once, from its Hello, under mu_, while this Session is
-  // reachable from no other thread; read-only after that.
+  // The agent's host index, set from its Hello before any other thread can reach this
+  // Session; constant after that, so it is read without mu_.
   int host = -1;
   std::atomic<int64_t> last_heard_ms{0};
   Clock::time_point next_ping GUARDED_BY(service_.mu_);

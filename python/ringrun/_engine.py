@@ -87,11 +87,12 @@ class Handle:
     Several threads may poll and wait on one handle: `_lock` makes one of them at a time call
     into the C handle, and the one that sees it complete runs `finish` and releases it."""
     __slots__ = ("_holder", "name", "release_after", "on_failure", "_finish", "_keep", "_done",
-                 "_result", "_error", "_lock")
+                 "_result", "_error", "_lock", "_held")
 
-    def __init__(self, holder, name, finish, keep):
+    def __init__(self, holder, name, finish, keep, held=None):
         self._holder = holder
         self.name, self._finish, self._keep = name, finish, keep
+        self._held = held  # its name's entry in _held_names, until waited on or dropped
         # Set by finish when device work enqueued on the caller's stream still reads memory
         # that the handle owns: an object whose query() is True once that work is done.
         self.release_after = None
@@ -132,6 +133,7 @@ class Handle:
         # Dropped before it completed (an interrupted wait, a synchronize that raised for
         # another part of the same operation, or never waited on): the collective still runs,
         # and _live still holds its buffers. Parked here, it is released once done.
+        _let_go(getattr(self, "_held", None))
         holder = getattr(self, "_holder", None)
         if holder is not None and holder.value and _detached is not None:
             _detached.append(holder)
@@ -142,6 +144,40 @@ class Handle:
 # Handle. A C handle whose Handle never got made (an exception right after the C call) is
 # parked in _detached by _submit and released like a dropped one.
 _live = {}
+
+# The names this rank's collectives hold: (process set id, name) -> a token of the Handle that
+# holds it, from the submission until that handle is waited on (wait() returns or raises; in
+# ringrun.torch, synchronize()) or dropped, and all of them at shutdown. A second collective of
+# that name meanwhile is refused (ValueError) before it reaches the engine. The engine alone
+# frees a name when its collective completes, which here takes microseconds (Horovod's takes
+# at least a cycle of its background loop): a program that submits a name twice in a row would
+# then be refused or not by timing, and one rank's Horovod-style duplicate check could pass
+# where another's fails, leaving the ranks out of step. Held until synchronize, the answer is
+# the same on every rank, every time. Automatic names (".noname.") are unique and not held.
+# Read and written without a lock: dict.setdefault, get and pop are atomic, and __del__ (which
+# lets go) may run on any thread at any allocation.
+_held_names = {}
+
+
+def _hold(what, name):
+    """Takes `name` on the current process set for a submission; None for an automatic name."""
+    if not isinstance(name, str) or ".noname." in name:
+        return None  # not a name (the call refuses it) or an automatic one
+    key, token = (current_set(), name), object()
+    if _held_names.setdefault(key, token) is not token:
+        raise ValueError(f"{what}: '{name}' is still in flight on this rank, or done and not "
+                         "synchronized yet (a name is taken from its submission until its "
+                         "handle is synchronized)")
+    return key, token
+
+
+def _let_go(held):
+    if held is None or _held_names is None:  # None: at interpreter exit
+        return
+    key, token = held
+    if _held_names.get(key) is token:
+        _held_names.pop(key, None)
+
 
 # Holders of handles dropped while pending. Appended by Handle.__del__, which may run on any
 # thread at any allocation (so no lock: deque.append and popleft are atomic); released once
@@ -177,6 +213,7 @@ def after_shutdown():
     uses no buffer of ours."""
     _release_detached(everything=True)
     _live.clear()
+    _held_names.clear()
 
 
 # Handles whose device output is still read by a copy on a caller's stream: (ptr, waitable),
@@ -269,6 +306,7 @@ def _submit(what, call, name, finish=None, keep=(), shapes=None):
         _release_deferred()
     if _detached:
         _release_detached()
+    held = _hold(what, name)
     holder = ctypes.c_void_p()
     _live[id(holder)] = (holder, keep)  # before the call: see Handle
     try:
@@ -279,16 +317,19 @@ def _submit(what, call, name, finish=None, keep=(), shapes=None):
             _lib.lib.ringrun_next_process_set(ps)  # taken by the call below too
         status = call(ctypes.byref(holder))
         if status == 0:
-            return Handle(holder, name, finish, keep)
+            return Handle(holder, name, finish, keep, held)
     except BaseException:
         # Raised before the C call (a bad argument), or after it (a signal): nothing to keep,
-        # or a collective that runs on, parked until it is done.
+        # or a collective that runs on, parked until it is done (the engine holds its name
+        # until then).
+        _let_go(held)
         if holder.value:
             _detached.append(holder)
         else:
             _live.pop(id(holder), None)
         raise
     del _live[id(holder)]
+    _let_go(held)
     message = f"{what}: {_lib.error_message() or 'failed (%d)' % status}"
     if status in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME, _lib.ERR_NOT_INITIALIZED):
         raise ValueError(message)
@@ -319,7 +360,8 @@ def wait(h):
     As Horovod's: waits until the collective completes or fails. A tensor that some rank has
     not submitted is no failure (that rank may be evaluating or saving a checkpoint): the stall
     inspector warns, naming it, and with RINGRUN_STALL_SHUTDOWN_SECONDS ends the job. A dead
-    peer or a transfer that stops fails it, within RINGRUN_TIMEOUT_MS."""
+    peer or a transfer that stops fails it, within RINGRUN_TIMEOUT_MS. Once it returns or
+    raises, the collective's name is free for the next one (see _held_names)."""
     while not h._done:
         with h._lock:  # released between slices, so that pollers and other waiters get a turn
             if h._done:
@@ -329,6 +371,8 @@ def wait(h):
                 h._complete(status)
                 break
             _lib.lib.ringrun_wait_for(h.ptr, int(WAIT_SLICE_S * 1000))
+    held, h._held = h._held, None
+    _let_go(held)
     if h._error is not None:
         raise_shared(h._error)
     return h._result

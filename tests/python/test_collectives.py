@@ -460,6 +460,29 @@ def test_duplicate_name_in_flight():
     hvd.synchronize(h)
 
 
+def test_a_name_is_held_until_synchronized():
+    # Horovod's duplicate-name tests submit a name twice in a row. The first has usually
+    # completed by the second (here it has: polled until done), and the second is refused on
+    # every rank alike all the same, until the first is synchronized.
+    h = hvd.allreduce_async(torch.ones(2), name="held", op=hvd.Sum)
+    while not hvd.poll(h):
+        time.sleep(0.001)
+    with pytest.raises(ValueError, match="'held' is still in flight on this rank, or done and "
+                                         "not synchronized yet"):
+        hvd.allreduce_async(torch.ones(2), name="held", op=hvd.Sum)
+    with pytest.raises(ValueError, match="'held' is still in flight"):
+        hvd.broadcast_async(torch.ones(2), 0, name="held")
+    assert torch.equal(hvd.synchronize(h), torch.full((2,), float(hvd.size())))
+    # Synchronized: the name is free for its next collective.
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="held", op=hvd.Sum),
+                       torch.full((2,), float(hvd.size())))
+    # A refused submission took nothing: the name is free after it too.
+    with pytest.raises(ValueError):
+        hvd.allreduce_async(torch.ones(2), name="held", op=12345)
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="held", op=hvd.Sum),
+                       torch.full((2,), float(hvd.size())))
+
+
 def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch():
     n, r = hvd.size(), hvd.rank()
     torch.manual_seed(5)

@@ -291,10 +291,15 @@ class Engine {
   // spin_us: how long to busy-wait for a partner's message (the transport's Run).
   // uniform (optional): set when every rank's frame turned out to be the same (the exchange
   // saw one run of equal frames); the result then holds that frame once instead of n copies,
-  // so that a warm round costs no O(n) copying or comparing of frames.
-  Result<std::vector<std::string>> Exchange(const std::string& mine,
-                                            int spin_us = kNegotiationSpinUs,
-                                            bool* uniform = nullptr);
+  // so that a warm round costs no O(n) copying or comparing of frames. The frames go to
+  // *frames, whose strings keep their capacity for the next exchange.
+  Status Exchange(const std::string& mine, std::vector<std::string>* frames,
+                  int spin_us = kNegotiationSpinUs, bool* uniform = nullptr);
+  // Exchange's runs of equal frames: all[first] stands for ranks first .. first + repeat - 1.
+  struct FrameRun {
+    int first;
+    int repeat;
+  };
   // A fusion plan: batches[0, planned) made of the responses [of, of + n).
   struct Plan {
     std::vector<Batch> batches;  // kept with their vectors' capacity
@@ -441,7 +446,13 @@ class Engine {
   Plan uniform_plan_, general_plan_;      // Execute's, for uniform rounds and for the others
   std::vector<size_t> open_;
   std::vector<int64_t> announce_ids_;
-  std::string lone_frame_;          // SubmitLone's frame, kept for its capacity
+  std::string lone_frame_;  // SubmitLone's frame, kept for its capacity
+  // Exchange's buffers, kept for their capacity (Round and SubmitLone hold round_mu_): the
+  // frames it fills for them, its runs, its messages and its ops.
+  std::vector<std::string> frames_;
+  std::vector<FrameRun> exchange_runs_;
+  std::string exchange_out_, exchange_in_;
+  std::vector<transport::Op> exchange_ops_;
   std::vector<char> lone_scratch_;  // ReduceLone's scaled copy of a rank's data
   // negotiation_counters(): written by the thread that holds round_mu_, read by any.
   std::atomic<uint64_t> neg_rounds_{0}, neg_messages_{0}, neg_bytes_{0}, neg_lone_{0};

@@ -108,17 +108,15 @@ bool Engine::SubmitLone(const TensorArgs& t, HandleState** handle) {
     std::memcpy(lone_frame_.data(), &hd, sizeof(hd));
     if (bytes > 0) std::memcpy(lone_frame_.data() + sizeof(hd), t.send, bytes);
     // The exchange is the collective here: it busy-waits as the data plane does.
-    Result<std::vector<std::string>> frames = Exchange(lone_frame_, kShmSpinUs);
-    if (!frames.ok()) {
-      st = frames.status();
-    } else if (ReduceLone(*frames, t.recv)) {
+    st = Exchange(lone_frame_, &frames_, kShmSpinUs);  // a failure: the handle below carries it
+    if (st.ok() && ReduceLone(frames_, t.recv)) {
       neg_lone_.store(neg_lone_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       h = NewHandleState();
       h->kind = Kind::kAllreduce;
       h->elem = elem;
       h->wait_ms = options_.timeout_ms;
       h->flags.store(HandleState::kDone | HandleState::kEngineGone, std::memory_order_release);
-    } else {
+    } else if (st.ok()) {
       // The general round, with the frames exchanged: this rank's request as Round would have
       // announced it.
       Slot* s = LoneSlot(t, k, &h);
@@ -126,7 +124,7 @@ bool Engine::SubmitLone(const TensorArgs& t, HandleState** handle) {
       fresh.swap(spare_);
       fresh.push_back(s);
       Announce(fresh);
-      st = Settle(std::move(fresh), &*frames, Now());
+      st = Settle(std::move(fresh), &frames_, Now());
     }
   } catch (const std::bad_alloc&) {
     st = Internal("out of memory in the engine");

@@ -251,10 +251,10 @@ Status Engine::Hello() {
   Put<uint64_t>(&mine, options_.cache_capacity);
   Put<uint8_t>(&mine, options_.hierarchical ? 1 : 0);
   Put<uint8_t>(&mine, options_.autotune.enabled ? 1 : 0);
-  Result<std::vector<std::string>> all = Exchange(mine);
-  if (!all.ok()) return all.status();
+  std::vector<std::string> all;
+  RINGRUN_RETURN_IF_ERROR(Exchange(mine, &all));
   for (int r = 0; r < options_.size; ++r) {
-    if ((*all)[r] != mine) {
+    if (all[r] != mine) {
       return InvalidArgument(
           "rank " + std::to_string(r) + " runs with other engine settings than rank " +
           std::to_string(options_.rank) +
@@ -270,18 +270,21 @@ CollectiveContext Engine::Context() {
                            hierarchical_};
 }
 
-Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int spin_us,
-                                                  bool* uniform) {
+Status Engine::Exchange(const std::string& mine, std::vector<std::string>* frames, int spin_us,
+                        bool* uniform) {
   // An allgather of frames by Bruck's algorithm: at step k this rank sends the frames it holds
   // (its own and those of the next 2^k - 1 ranks) to rank - 2^k and receives as many from
   // rank + 2^k, so after ceil(log2 n) steps it holds all n, for any n. A message carries its
   // frames as runs of equal frames (repeat, frame): where every rank announces the same (the
   // steady state), each message is one frame long whatever n is.
+  // Every buffer here (the frames, the messages, the runs and the ops) keeps its capacity from
+  // one exchange to the next: a blocking call's exchange allocates nothing.
   const int n = options_.size, me = options_.rank;
   if (uniform != nullptr) *uniform = false;
-  std::vector<std::string> all(n);
-  all[me] = mine;
-  if (n == 1) return all;
+  std::vector<std::string>& all = *frames;
+  all.resize(static_cast<size_t>(n));
+  all[me].assign(mine);
+  if (n == 1) return Status::Ok();
   const Deadline deadline = DeadlineAfter(options_.timeout_ms);
   auto bump = [](std::atomic<uint64_t>& c, uint64_t by) {  // one writer: no locked add
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
@@ -289,13 +292,12 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
   bump(neg_rounds_, 1);
   // Every rank runs the same exchanges in the same order, so their count numbers them alike.
   const uint64_t round = neg_rounds_.load(std::memory_order_relaxed);
-  struct Run {
-    int first;  // the rank of its first frame (its frame is all[first])
-    int repeat;
-  };
   // The frames held: this rank's and the next ones', as many as dist at the start of a step.
-  std::vector<Run> runs{{me, 1}};
-  std::string out, in;
+  std::vector<FrameRun>& runs = exchange_runs_;
+  runs.assign(1, FrameRun{me, 1});
+  std::string& out = exchange_out_;
+  std::string& in = exchange_in_;
+  std::vector<transport::Op>& ops = exchange_ops_;
   for (int dist = 1; dist < n; dist *= 2) {
     const int count = std::min(dist, n - dist);  // frames sent, and received
     const int to = (me - dist % n + n) % n, from = (me + dist) % n;
@@ -315,9 +317,9 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
     // receiver learns the tail's length from the head.
     const size_t tail = 4 + size_t{len} > kFrameHeadBytes ? 4 + size_t{len} - kFrameHeadBytes : 0;
     out.resize(std::max(out.size(), kFrameHeadBytes), '\0');
-    in.assign(kFrameHeadBytes, '\0');
+    in.resize(kFrameHeadBytes);  // no need to clear it: only what arrives is read
     // The head starts with its length: a same-host pair moves only the bytes it uses.
-    std::vector<transport::Op> ops{transport::Op::Send(to, out.data(), kFrameHeadBytes)};
+    ops.assign(1, transport::Op::Send(to, out.data(), kFrameHeadBytes));
     ops.back().length_prefixed = true;
     bump(neg_messages_, tail > 0 ? 2 : 1);
     bump(neg_bytes_, kFrameHeadBytes + tail);
@@ -340,23 +342,26 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
       ops.back().round = round;
     }
     if (!ops.empty()) RINGRUN_RETURN_IF_ERROR(transport_->Run(ops, deadline, spin_us));
-    // The frames of ranks from, from + 1, ... (count of them), appended to those held.
+    // The frames of ranks from, from + 1, ... (count of them), appended to those held; each
+    // read where it lies in the message.
     in.resize(4 + size_t{in_len});
     size_t pos = 4;
     int got = 0;
     while (got < count) {
-      uint32_t repeat;
-      std::string frame;
-      if (!Get(in, &pos, &repeat) || !GetString(in, &pos, &frame) || repeat == 0 ||
-          repeat > static_cast<uint32_t>(count - got)) {
+      uint32_t repeat, frame_len;
+      if (!Get(in, &pos, &repeat) || !Get(in, &pos, &frame_len) || in.size() - pos < frame_len ||
+          repeat == 0 || repeat > static_cast<uint32_t>(count - got)) {
         return Internal("malformed negotiation message from " + transport_->peers().Describe(from));
       }
+      const char* frame = in.data() + pos;
+      pos += frame_len;
       const int first = (from + got) % n;
-      if (all[runs.back().first] == frame) {
+      const std::string& last = all[runs.back().first];
+      if (last.size() == frame_len && std::memcmp(last.data(), frame, frame_len) == 0) {
         runs.back().repeat += static_cast<int>(repeat);
       } else {
-        all[first] = std::move(frame);
-        runs.push_back(Run{first, static_cast<int>(repeat)});
+        all[first].assign(frame, frame_len);
+        runs.push_back(FrameRun{first, static_cast<int>(repeat)});
       }
       got += static_cast<int>(repeat);
     }
@@ -367,15 +372,15 @@ Result<std::vector<std::string>> Engine::Exchange(const std::string& mine, int s
   if (uniform != nullptr && runs.size() == 1) {
     // One run of n equal frames (its first is this rank's own): the frame once.
     *uniform = true;
-    std::vector<std::string> one(1);
-    one[0] = std::move(all[me]);
-    return one;
+    if (me != 0) all[0].swap(all[me]);
+    all.resize(1);
+    return Status::Ok();
   }
   // Every rank's frame in its own slot.
-  for (const Run& r : runs) {
-    for (int i = 1; i < r.repeat; ++i) all[(r.first + i) % n] = all[r.first];
+  for (const FrameRun& r : runs) {
+    for (int i = 1; i < r.repeat; ++i) all[(r.first + i) % n].assign(all[r.first]);
   }
-  return all;
+  return Status::Ok();
 }
 
 Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
@@ -388,9 +393,8 @@ Status Engine::Round(std::vector<Slot*> fresh, const std::string& abort) {
   PutString(&frame, abort);
   frame += controller_.EncodeFrame(announce_, &announce_ids_);
   bool uniform = false;
-  Result<std::vector<std::string>> frames = Exchange(frame, kNegotiationSpinUs, &uniform);
-  if (!frames.ok()) return frames.status();
-  return Settle(std::move(fresh), &*frames, start, uniform);
+  RINGRUN_RETURN_IF_ERROR(Exchange(frame, &frames_, kNegotiationSpinUs, &uniform));
+  return Settle(std::move(fresh), &frames_, start, uniform);
 }
 
 void Engine::Announce(const std::vector<Slot*>& fresh) {

@@ -51,7 +51,8 @@ namespace {
 // host's ranks do not outnumber its CPUs). Waking a sleeping rank costs tens of microseconds
 // under a hypervisor, paid once per collective phase when ranks arrive a little apart; Open MPI
 // and NCCL poll without end (measured: benchmarks/README.md, "Data-plane constants").
-constexpr int kSpinUs = kShmSpinUs;  // defaults.h
+constexpr int kSpinUs = kShmSpinUs;    // defaults.h
+constexpr int kPollsBeforeClock = 64;  // polls of a spinning Wait before it reads the clock
 
 class SocketTransport final : public Transport {
  public:
@@ -170,6 +171,9 @@ class SocketTransport final : public Transport {
   // in a negotiation exchange to join it (AskToJoin).
   std::optional<std::chrono::steady_clock::time_point> waiting_since_;
   bool kicked_ = false;
+  // RunOps' op states and Wait's list of pairs, kept for their capacity (one Run at a time).
+  std::vector<OpState> states_;
+  std::vector<ShmPair*> shm_waits_;
   // Wakes every same-host peer whose engine sleeps with its wake-ups quiet (kQuietWaiting): all
   // of them, not only this Run's, so that a round that reaches a rank through another peer
   // wakes it at once from then on.
@@ -448,7 +452,9 @@ Result<bool> SocketTransport::ProgressAll(std::vector<OpState>& states, size_t* 
 
 Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bool* progressed) {
   *progressed = false;
-  std::vector<ShmPair*> shm_waits;  // the distinct shared-memory pairs with pending ops
+  std::vector<ShmPair*>& shm_waits =
+      shm_waits_;  // the distinct shared-memory pairs with pending ops
+  shm_waits.clear();
   bool tcp_pending = false;
   for (OpState& s : states) {
     if (s.complete) continue;
@@ -456,6 +462,16 @@ Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bo
     tcp_pending |= !p->is_shm();
     if (p->is_shm() && std::find(shm_waits.begin(), shm_waits.end(), p) == shm_waits.end()) {
       shm_waits.push_back(static_cast<ShmPair*>(p));
+    }
+  }
+  if (!shm_waits.empty() && spin_us_ > 0) {
+    // A same-host partner's message usually comes within a few polls: those read no clock
+    // (two reads of it cost about as much as a small exchange's own work).
+    size_t remaining;
+    for (int i = 0; i < kPollsBeforeClock; ++i) {
+      Result<bool> r = ProgressAll(states, &remaining);
+      if (!r.ok()) return r.status();
+      if (*r) return *progressed = true, Status::Ok();
     }
   }
   int ms = MsUntil(deadline);
@@ -689,8 +705,8 @@ Status SocketTransport::RunOps(std::vector<Op>& ops, Deadline deadline) {
   RINGRUN_RETURN_IF_ERROR(EnsureConnected(ops, deadline));
   waiting_since_.reset();
   kicked_ = false;
-  std::vector<OpState> states;
-  states.reserve(ops.size());
+  std::vector<OpState>& states = states_;
+  states.clear();
   for (Op& op : ops) states.push_back(OpState{&op});
   for (;;) {
     size_t remaining;

@@ -957,9 +957,15 @@ Status Settle(Given& g) {
     return InvalidArgument("--allreduce needs --check-gpu");
   }
   const bool diagnostic = o.check_gpu || o.check_build;
-  if (diagnostic && !o.command.empty()) {
-    return InvalidArgument(std::string(o.check_gpu ? "--check-gpu" : "--check-build") +
-                           " runs no command, but '" + o.command[0] + "' was given");
+  if (o.check_gpu && !o.command.empty()) {
+    return InvalidArgument("--check-gpu runs no command, but '" + o.command[0] + "' was given");
+  }
+  if (o.check_build && !o.command.empty()) {
+    // horovodrun's --check-build prints the build and exits 0 whatever else is on the line
+    // (launch.py: check_build() ends in sys.exit(0)); a script written for it gets the same.
+    o.notes.push_back("--check-build: the command ('" + o.command[0] +
+                      "' ...) is not run, as with horovodrun");
+    o.command.clear();
   }
   if (!diagnostic && o.command.empty()) {
     return InvalidArgument(std::string("no command given; ") + kUsageLine +

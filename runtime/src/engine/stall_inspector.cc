@@ -10,7 +10,11 @@ int64_t StallInspector::NextCheckUs(const std::vector<PendingView>& pending) con
   int64_t next = -1;
   auto consider = [&](int64_t t) { next = next < 0 ? t : std::min(next, t); };
   for (const PendingView& p : pending) {
-    if (!warned_.count(*p.name)) consider(p.first_us + options_.warning_us);
+    // The first warning a warning time after the name was first announced; then one more
+    // every warning time while it stays pending (Horovod's inspector warns at every check).
+    auto w = warned_.find(*p.name);
+    const int64_t last = w != warned_.end() && w->second >= p.first_us ? w->second : -1;
+    consider((last >= 0 ? last : p.first_us) + options_.warning_us);
     if (options_.shutdown_us > 0) consider(p.first_us + options_.shutdown_us);
   }
   return next;
@@ -63,13 +67,28 @@ Status StallInspector::Check(const std::vector<PendingView>& pending, int64_t no
       return Aborted("stall shutdown (RINGRUN_STALL_SHUTDOWN_SECONDS): " + report);
     }
   }
-  bool fresh = false;
+  // Names no longer pending are forgotten: a later stall of the same name is a new one.
+  std::map<std::string, int64_t> still;
+  bool due = false;
   for (const PendingView& p : pending) {
-    if (now_us - p.first_us >= options_.warning_us && warned_.insert(*p.name).second) {
-      fresh = true;
+    auto w = warned_.find(*p.name);
+    const int64_t last = w != warned_.end() && w->second >= p.first_us ? w->second : -1;
+    if (now_us - p.first_us >= options_.warning_us &&
+        (last < 0 || now_us - last >= options_.warning_us)) {
+      due = true;
+    } else if (last >= 0) {
+      still.emplace(*p.name, last);
     }
   }
-  if (fresh && rank_ == 0) {
+  if (due) {
+    // One report over every stalled name, as each check of Horovod's; each name reported
+    // now waits a warning time before the next.
+    for (const PendingView& p : pending) {
+      if (now_us - p.first_us >= options_.warning_us) still[*p.name] = now_us;
+    }
+  }
+  warned_.swap(still);
+  if (due && rank_ == 0) {
     std::string report = Report(pending, now_us, options_.warning_us);
     if (!report.empty()) sink_("warning: " + report);
   }

@@ -1,5 +1,6 @@
 // The stall inspector: names, for each rank, the tensors it has not submitted while other ranks
-// have, once they have waited RINGRUN_STALL_WARNING_SECONDS, and fails the job after
+// have, once they have waited RINGRUN_STALL_WARNING_SECONDS (and again every such period while
+// they wait, as Horovod's), and fails the job after
 // RINGRUN_STALL_SHUTDOWN_SECONDS when that is set. It reads the replicated negotiation table,
 // so it works the same whether a name travelled in full or as a cache id. It never polls: the
 // engine sleeps until NextCheckUs() (only while something is pending).
@@ -7,7 +8,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ class StallInspector {
   // The earliest time at which a name pending since oldest_us can need a look (-1: never): a
   // bound that costs nothing to compute, for the steady state, where names wait microseconds.
   int64_t EarliestCheckUs(int64_t oldest_us) const;
-  // Warns about newly stalled names; returns kAborted with the report once the shutdown time
-  // has passed for some name.
+  // Warns when a name has stalled for a warning time, or for another warning time since it was
+  // last warned about; returns kAborted with the report once the shutdown time has passed for
+  // some name.
   Status Check(const std::vector<PendingView>& pending, int64_t now_us);
   // The report over names stalled for at least `min_us` (empty when none).
   std::string Report(const std::vector<PendingView>& pending, int64_t now_us, int64_t min_us) const;
@@ -44,7 +46,7 @@ class StallInspector {
   const StallOptions options_;
   const int rank_;
   Sink sink_;
-  std::set<std::string> warned_;
+  std::map<std::string, int64_t> warned_;  // pending names warned about: when, last
 };
 
 }  // namespace ringrun::runtime::engine

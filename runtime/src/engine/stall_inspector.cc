@@ -12,12 +12,16 @@ int64_t StallInspector::NextCheckUs(const std::vector<PendingView>& pending) con
   for (const PendingView& p : pending) {
     // The first warning a warning time after the name was first announced; then one more
     // every warning time while it stays pending (Horovod's inspector warns at every check).
-    auto w = warned_.find(*p.name);
-    const int64_t last = w != warned_.end() && w->second >= p.first_us ? w->second : -1;
+    const int64_t last = LastWarnedUs(p);
     consider((last >= 0 ? last : p.first_us) + options_.warning_us);
     if (options_.shutdown_us > 0) consider(p.first_us + options_.shutdown_us);
   }
   return next;
+}
+
+int64_t StallInspector::LastWarnedUs(const PendingView& p) const {
+  auto w = warned_.find(*p.name);
+  return w != warned_.end() && w->second >= p.first_us ? w->second : -1;
 }
 
 int64_t StallInspector::EarliestCheckUs(int64_t oldest_us) const {
@@ -71,8 +75,7 @@ Status StallInspector::Check(const std::vector<PendingView>& pending, int64_t no
   std::map<std::string, int64_t> still;
   bool due = false;
   for (const PendingView& p : pending) {
-    auto w = warned_.find(*p.name);
-    const int64_t last = w != warned_.end() && w->second >= p.first_us ? w->second : -1;
+    const int64_t last = LastWarnedUs(p);
     if (now_us - p.first_us >= options_.warning_us &&
         (last < 0 || now_us - last >= options_.warning_us)) {
       due = true;

@@ -46,6 +46,8 @@ class StallInspector {
   const StallOptions options_;
   const int rank_;
   Sink sink_;
+  // When this stall of p's name was last warned about, or -1 (not yet, or an earlier stall).
+  int64_t LastWarnedUs(const PendingView& p) const;
   std::map<std::string, int64_t> warned_;  // pending names warned about: when, last
 };
 

@@ -452,8 +452,8 @@ Result<bool> SocketTransport::ProgressAll(std::vector<OpState>& states, size_t* 
 
 Status SocketTransport::Wait(std::vector<OpState>& states, Deadline deadline, bool* progressed) {
   *progressed = false;
-  std::vector<ShmPair*>& shm_waits =
-      shm_waits_;  // the distinct shared-memory pairs with pending ops
+  // The distinct shared-memory pairs with pending ops.
+  std::vector<ShmPair*>& shm_waits = shm_waits_;
   shm_waits.clear();
   bool tcp_pending = false;
   for (OpState& s : states) {
